@@ -1,0 +1,12 @@
+//! Code shared by `harvester-cloud-provider` and `harvester-csi-driver`.
+//!
+//! - [`harvester`]: typed Harvester and KubeVirt resources (only the fields we read; the rest is
+//!   preserved) and the KubeVirt hot-plug subresource calls.
+//! - [`cloud_config`]: the Harvester kubeconfig ("cloud-config") -> client + VM namespace.
+//! - [`ipam`]: a pure IP pool allocator with Harvester IPPool semantics.
+//! - [`quantity`]: Kubernetes quantities as bytes.
+
+pub mod cloud_config;
+pub mod harvester;
+pub mod ipam;
+pub mod quantity;

@@ -1,0 +1,16 @@
+//! Compiles the vendored CSI spec with protox (pure Rust), so no protoc binary is needed.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=csi/v1.12.0/csi.proto");
+    let fds = protox::compile(["csi.proto"], ["csi/v1.12.0"])?;
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(
+        out.join("csi_descriptor.bin"),
+        prost::Message::encode_to_vec(&fds),
+    )?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_fds(fds)?;
+    Ok(())
+}

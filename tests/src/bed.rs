@@ -1,0 +1,228 @@
+//! `TestBed::start`: the whole bed, up and ready; dropping it stops everything it started.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::Api;
+
+use crate::apply::apply_yaml;
+use crate::certs::Pki;
+use crate::cluster::{ApiServer, ApiServerArgs, Etcd, kubeconfig_text};
+use crate::sim::Sim;
+use crate::{BedError, wait};
+
+const CRDS: [(&str, &str); 3] = [
+    ("kubevirt.yaml", include_str!("../crds/kubevirt.yaml")),
+    ("loadbalancer.yaml", include_str!("../crds/loadbalancer.yaml")),
+    ("snapshot.yaml", include_str!("../crds/snapshot.yaml")),
+];
+
+#[derive(Clone, Debug)]
+pub struct BedOptions {
+    /// Harvester namespace holding the guest VMs (the cloud-config's context namespace).
+    pub vm_namespace: String,
+    /// How long the stand-in takes from `addvolume` to volumeStatus `Ready`.
+    pub hotplug_delay: Duration,
+    /// Keep the bed's directory (logs, kubeconfigs) after drop.
+    pub keep_dir: bool,
+}
+
+impl Default for BedOptions {
+    fn default() -> Self {
+        BedOptions {
+            vm_namespace: "guest-vms".into(),
+            hotplug_delay: Duration::from_millis(200),
+            keep_dir: std::env::var_os("TESTBED_KEEP_DIR").is_some(),
+        }
+    }
+}
+
+/// Field order is drop order: the stand-in stops first, etcd last, the directory after all.
+pub struct TestBed {
+    pub sim: Sim,
+    pub guest: ApiServer,
+    pub harvester: ApiServer,
+    pub etcd: Etcd,
+    /// The Harvester cloud-config: a kubeconfig whose context namespace is `vm_namespace`.
+    pub cloud_config: PathBuf,
+    pub vm_namespace: String,
+    pub pki: Pki,
+    pub started_in: Duration,
+    pub dir: tempfile::TempDir,
+}
+
+impl TestBed {
+    pub async fn start(opts: BedOptions) -> Result<TestBed, BedError> {
+        let t0 = Instant::now();
+        let dir = tempfile::Builder::new()
+            .prefix("harvester-testbed-")
+            .disable_cleanup(opts.keep_dir)
+            .tempdir()
+            .map_err(|e| BedError::Setup(format!("creating the bed directory: {e}")))?;
+        let root = dir.path().to_path_buf();
+        let pki = Pki::generate(&root)?;
+        let etcd = Etcd::start(&root).await?;
+        let (guest, harvester) = tokio::try_join!(
+            ApiServer::start(
+                &root,
+                &pki,
+                ApiServerArgs {
+                    name: "guest",
+                    etcd_url: &etcd.url,
+                    service_cidr: "10.96.0.0/16",
+                    namespace: "default",
+                },
+            ),
+            ApiServer::start(
+                &root,
+                &pki,
+                ApiServerArgs {
+                    name: "harvester",
+                    etcd_url: &etcd.url,
+                    service_cidr: "10.97.0.0/16",
+                    namespace: &opts.vm_namespace,
+                },
+            ),
+        )?;
+        let cloud_config = root.join("cloud-config");
+        std::fs::write(
+            &cloud_config,
+            kubeconfig_text(&harvester.url, &pki, &pki.admin, "admin", &opts.vm_namespace),
+        )
+        .map_err(|e| BedError::Setup(format!("writing the cloud-config: {e}")))?;
+
+        install_crds(&harvester.client).await?;
+        let namespaces = format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {}}}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: kubevirt}}\n",
+            opts.vm_namespace
+        );
+        apply_yaml(&harvester.client, &namespaces, "default").await?;
+
+        let sim = Sim::start(
+            &pki,
+            harvester.client.clone(),
+            guest.client.clone(),
+            opts.vm_namespace.clone(),
+            &root,
+            opts.hotplug_delay,
+        )
+        .await?;
+        register_virt_api(&harvester.client, &pki, sim.virt_api.port).await?;
+
+        let started_in = t0.elapsed();
+        eprintln!(
+            "test bed ready in {:.1}s (dir {}, guest {}, harvester {})",
+            started_in.as_secs_f64(),
+            root.display(),
+            guest.url,
+            harvester.url
+        );
+        Ok(TestBed {
+            sim,
+            guest,
+            harvester,
+            etcd,
+            cloud_config,
+            vm_namespace: opts.vm_namespace,
+            pki,
+            started_in,
+            dir,
+        })
+    }
+
+    /// Pids of every process the bed started (for the no-orphans test).
+    pub fn pids(&self) -> Vec<u32> {
+        vec![self.etcd.proc.pid(), self.guest.proc.pid(), self.harvester.proc.pid()]
+    }
+}
+
+async fn install_crds(client: &kube::Client) -> Result<(), BedError> {
+    let mut names = Vec::new();
+    for (file, yaml) in CRDS {
+        for obj in apply_yaml(client, yaml, "default")
+            .await
+            .map_err(|e| BedError::Setup(format!("installing {file}: {e}")))?
+        {
+            names.extend(obj.metadata.name);
+        }
+    }
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for name in names {
+        wait::until(&format!("CRD {name} Established"), Duration::from_secs(30), || {
+            let crds = crds.clone();
+            let name = name.clone();
+            async move {
+                let crd = crds.get(&name).await.map_err(|e| e.to_string())?;
+                let conditions = crd.status.and_then(|s| s.conditions).unwrap_or_default();
+                Ok(
+                    if conditions
+                        .iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True")
+                    {
+                        Ok(())
+                    } else {
+                        Err(conditions)
+                    },
+                )
+            }
+        })
+        .await
+        .map_err(BedError::Setup)?;
+    }
+    Ok(())
+}
+
+/// APIService `v1.subresources.kubevirt.io` -> ExternalName Service `kubevirt/virt-api` ->
+/// localhost:<port>, as real KubeVirt registers it; waits until the aggregator calls it Available.
+async fn register_virt_api(client: &kube::Client, pki: &Pki, port: u16) -> Result<(), BedError> {
+    let ca = base64::engine::general_purpose::STANDARD.encode(&pki.ca.cert_pem);
+    let yaml = format!(
+        r#"apiVersion: v1
+kind: Service
+metadata: {{name: virt-api, namespace: kubevirt}}
+spec: {{type: ExternalName, externalName: localhost, ports: [{{name: https, port: {port}, protocol: TCP}}]}}
+---
+apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+metadata: {{name: v1.subresources.kubevirt.io}}
+spec:
+  group: subresources.kubevirt.io
+  version: v1
+  groupPriorityMinimum: 1000
+  versionPriority: 15
+  service: {{namespace: kubevirt, name: virt-api, port: {port}}}
+  caBundle: {ca}
+"#
+    );
+    apply_yaml(client, &yaml, "kubevirt").await?;
+    let api: Api<k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService> =
+        Api::all(client.clone());
+    wait::until(
+        "APIService v1.subresources.kubevirt.io Available",
+        Duration::from_secs(60),
+        || {
+            let api = api.clone();
+            async move {
+                let svc = api
+                    .get("v1.subresources.kubevirt.io")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let conditions = svc.status.and_then(|s| s.conditions).unwrap_or_default();
+                Ok(
+                    if conditions
+                        .iter()
+                        .any(|c| c.type_ == "Available" && c.status == "True")
+                    {
+                        Ok(())
+                    } else {
+                        Err(conditions)
+                    },
+                )
+            }
+        },
+    )
+    .await
+    .map_err(BedError::Setup)
+}

@@ -1,0 +1,65 @@
+//! The test bed: real etcd and two real kube-apiservers ("guest" and "harvester"), the KubeVirt,
+//! Harvester LoadBalancer and snapshot CRDs, KubeVirt's hot-plug subresources served through the
+//! real API aggregation layer, and a stand-in ("sim") that plays KubeVirt, Longhorn and the
+//! Harvester LB controller against the Harvester API server.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), testbed::BedError> {
+//! let bed = testbed::TestBed::start(testbed::BedOptions::default()).await?;
+//! bed.sim.create_host("h1", Some("r1"), Some("z1")).await?;
+//! # Ok(()) }
+//! ```
+
+pub mod apply;
+pub mod bed;
+pub mod certs;
+pub mod cluster;
+pub mod process;
+pub mod sim;
+pub mod tools;
+pub mod wait;
+
+use std::path::PathBuf;
+
+pub use bed::{BedOptions, TestBed};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BedError {
+    #[error("test bed: {tool} is not built ({path}); run {script} (`make test` does)")]
+    MissingTool {
+        tool: String,
+        path: PathBuf,
+        script: PathBuf,
+    },
+    #[error("test bed: starting {component} failed: {reason} (log: {log})")]
+    Start {
+        component: String,
+        log: PathBuf,
+        reason: String,
+    },
+    #[error("test bed: {component} exited ({status}); log: {log}\n{tail}")]
+    Died {
+        component: String,
+        log: PathBuf,
+        status: String,
+        tail: String,
+    },
+    #[error("test bed: timed out waiting for {component}: {what} (log: {log})")]
+    Timeout {
+        component: String,
+        log: PathBuf,
+        what: String,
+    },
+    #[error("test bed: {0}")]
+    Setup(String),
+    #[error("test bed: API call failed: {0}")]
+    Api(String),
+    #[error("test bed: {0}")]
+    Storage(String),
+}
+
+impl From<kube::Error> for BedError {
+    fn from(e: kube::Error) -> Self {
+        BedError::Api(e.to_string())
+    }
+}

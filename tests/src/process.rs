@@ -1,0 +1,114 @@
+//! Child processes of the bed: each logs to a file, dies with the test process (PR_SET_PDEATHSIG)
+//! and is killed and reaped when its handle is dropped.
+
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use crate::BedError;
+
+pub struct Proc {
+    pub name: String,
+    pub log: PathBuf,
+    child: Child,
+}
+
+impl Proc {
+    /// Starts `cmd` with stdout and stderr going to `<log_dir>/<name>.log`.
+    pub fn spawn(name: &str, mut cmd: Command, log_dir: &Path) -> Result<Proc, BedError> {
+        let log = log_dir.join(format!("{name}.log"));
+        let out = File::create(&log).map_err(|e| BedError::Start {
+            component: name.to_string(),
+            log: log.clone(),
+            reason: format!("creating the log file: {e}"),
+        })?;
+        let err = out.try_clone().map_err(|e| BedError::Start {
+            component: name.to_string(),
+            log: log.clone(),
+            reason: e.to_string(),
+        })?;
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+        die_with_parent(&mut cmd);
+        let child = cmd.spawn().map_err(|e| BedError::Start {
+            component: name.to_string(),
+            log: log.clone(),
+            reason: format!("spawning {:?}: {e}", cmd.get_program()),
+        })?;
+        Ok(Proc {
+            name: name.to_string(),
+            log,
+            child,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// An error naming the component and its log if the process has exited.
+    pub fn check_alive(&mut self) -> Result<(), BedError> {
+        match self.child.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => Err(BedError::Died {
+                component: self.name.clone(),
+                log: self.log.clone(),
+                status: status.to_string(),
+                tail: tail(&self.log, 15),
+            }),
+            Err(e) => Err(BedError::Died {
+                component: self.name.clone(),
+                log: self.log.clone(),
+                status: format!("unknown ({e})"),
+                tail: tail(&self.log, 15),
+            }),
+        }
+    }
+
+    /// Kills and reaps the process (idempotent).
+    pub fn stop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The last `n` lines of a log file, for error messages.
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> Result<u16, BedError> {
+    let l = TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| BedError::Setup(format!("finding a free port: {e}")))?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|e| BedError::Setup(format!("finding a free port: {e}")))
+}
+
+/// Asks the kernel to SIGKILL the child when the thread that started it dies, so a test run that
+/// is killed leaves no etcd or kube-apiserver behind.
+#[allow(unsafe_code)]
+fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs between fork and exec and only calls prctl, which is
+    // async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,281 @@
+//! The Harvester LB controller's part for `workloadType: cluster` LoadBalancers: IP allocation
+//! from IPPools (with `harvester_common::ipam`), `0.0.0.0` for DHCP, the Ready condition, and the
+//! release of the address when the LoadBalancer goes. Woken by LoadBalancer and IPPool watches:
+//! a LoadBalancer waiting for a pool converges as soon as one matches.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use harvester_common::harvester::loadbalancer::{
+    ANN_CLUSTER, ANN_NAMESPACE, ANN_NETWORK, ANN_PROJECT, AllocatedAddress, Condition,
+    DHCP_SENTINEL, GLOBAL_POOL_LABEL, IPPoolStatus, LB_CONTROLLER_FINALIZER,
+};
+use harvester_common::harvester::{IPPool, LoadBalancer};
+use harvester_common::ipam::{self, PoolState, PoolView, Range, Requirement, Scope, Selector};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Config as CtrlConfig, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LbSimError {
+    #[error("{0}")]
+    Kube(#[from] kube::Error),
+    #[error("IPPool {pool} changed under us; retrying")]
+    Conflict { pool: String },
+}
+
+struct Ctx {
+    client: kube::Client,
+}
+
+/// Runs the controller until the task is aborted.
+pub async fn run(client: kube::Client) {
+    let lbs: Api<LoadBalancer> = Api::all(client.clone());
+    let pools: Api<IPPool> = Api::all(client.clone());
+    let controller = Controller::new(lbs, watcher::Config::default())
+        .with_config(CtrlConfig::default().concurrency(1));
+    let store = controller.store();
+    controller
+        .watches(pools, watcher::Config::default(), move |_pool: IPPool| {
+            store
+                .state()
+                .iter()
+                .filter(|lb| lb.allocated_ip().is_none())
+                .map(|lb| ObjectRef::from_obj(lb.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .run(reconcile, error_policy, Arc::new(Ctx { client }))
+        .for_each(|_| async {})
+        .await;
+}
+
+fn error_policy(_lb: Arc<LoadBalancer>, err: &LbSimError, _ctx: Arc<Ctx>) -> Action {
+    tracing::debug!("sim lb: {err}");
+    Action::requeue(Duration::from_millis(200))
+}
+
+fn applicant(lb: &LoadBalancer) -> String {
+    format!("{}/{}", lb.namespace().unwrap_or_default(), lb.name_any())
+}
+
+async fn reconcile(lb: Arc<LoadBalancer>, ctx: Arc<Ctx>) -> Result<Action, LbSimError> {
+    let ns = lb.namespace().unwrap_or_default();
+    let api: Api<LoadBalancer> = Api::namespaced(ctx.client.clone(), &ns);
+    let has_finalizer = lb.finalizers().iter().any(|f| f == LB_CONTROLLER_FINALIZER);
+    if lb.meta().deletion_timestamp.is_some() {
+        if has_finalizer {
+            release_everywhere(&ctx.client, &applicant(&lb)).await?;
+            let rest: Vec<String> = lb
+                .finalizers()
+                .iter()
+                .filter(|f| *f != LB_CONTROLLER_FINALIZER)
+                .cloned()
+                .collect();
+            patch(&api, &lb, json!({"metadata": {"finalizers": rest,
+                "resourceVersion": lb.resource_version()}}))
+            .await?;
+        }
+        return Ok(Action::await_change());
+    }
+    if !has_finalizer {
+        let mut f = lb.finalizers().to_vec();
+        f.push(LB_CONTROLLER_FINALIZER.into());
+        patch(&api, &lb, json!({"metadata": {"finalizers": f,
+            "resourceVersion": lb.resource_version()}}))
+        .await?;
+        // The patch wakes us again with the new object.
+        return Ok(Action::await_change());
+    }
+    if lb.is_dhcp() {
+        if lb.allocated_ip() != Some(DHCP_SENTINEL) || !is_ready(&lb) {
+            let addr = AllocatedAddress { ip: DHCP_SENTINEL.into(), ..Default::default() };
+            set_status(&api, &lb, Some(addr), ready(true, None)).await?;
+        }
+        return Ok(Action::await_change());
+    }
+    if lb.allocated_ip().is_some() {
+        if !is_ready(&lb) {
+            set_status(&api, &lb, None, ready(true, None)).await?;
+        }
+        return Ok(Action::await_change());
+    }
+    match allocate(&ctx.client, &lb).await? {
+        Ok(addr) => set_status(&api, &lb, Some(addr), ready(true, None)).await?,
+        // Woken again by the IPPool watch when pools change.
+        Err(message) => set_status(&api, &lb, None, ready(false, Some(message))).await?,
+    }
+    Ok(Action::await_change())
+}
+
+fn is_ready(lb: &LoadBalancer) -> bool {
+    lb.ready_condition().is_some_and(|c| c.status == "True")
+}
+
+fn ready(ok: bool, message: Option<String>) -> Condition {
+    let now = jiff::Timestamp::now().to_string();
+    Condition {
+        type_: "Ready".into(),
+        status: if ok { "True" } else { "False" }.into(),
+        reason: None,
+        message,
+        last_update_time: Some(now.clone()),
+        last_transition_time: Some(now),
+    }
+}
+
+async fn patch(api: &Api<LoadBalancer>, lb: &LoadBalancer, body: serde_json::Value) -> Result<(), LbSimError> {
+    api.patch(&lb.name_any(), &PatchParams::default(), &Patch::Merge(body))
+        .await?;
+    Ok(())
+}
+
+/// The CRD has no status subresource: status is merged into the object itself.
+async fn set_status(
+    api: &Api<LoadBalancer>,
+    lb: &LoadBalancer,
+    addr: Option<AllocatedAddress>,
+    condition: Condition,
+) -> Result<(), LbSimError> {
+    let current = lb.ready_condition();
+    if addr.is_none()
+        && current.is_some_and(|c| c.status == condition.status && c.message == condition.message)
+    {
+        return Ok(());
+    }
+    let mut status = json!({"conditions": [condition]});
+    if let Some(addr) = addr {
+        status["allocatedAddress"] = json!(addr);
+    }
+    patch(api, lb, json!({"status": status})).await
+}
+
+fn requirement(lb: &LoadBalancer) -> Requirement {
+    let ann = lb.annotations();
+    let get = |k: &str| ann.get(k).cloned().unwrap_or_default();
+    let namespace = ann
+        .get(ANN_NAMESPACE)
+        .cloned()
+        .unwrap_or_else(|| lb.namespace().unwrap_or_default());
+    Requirement {
+        network: get(ANN_NETWORK),
+        project: get(ANN_PROJECT),
+        namespace,
+        cluster: get(ANN_CLUSTER),
+    }
+}
+
+fn view(pool: &IPPool) -> PoolView {
+    let s = &pool.spec.selector;
+    PoolView {
+        name: pool.name_any(),
+        selector: Selector {
+            priority: s.priority,
+            network: s.network.clone(),
+            scope: s
+                .scope
+                .iter()
+                .map(|t| Scope {
+                    project: t.project.clone(),
+                    namespace: t.namespace.clone(),
+                    guest_cluster: t.guest_cluster.clone(),
+                })
+                .collect(),
+        },
+        global: pool.labels().get(GLOBAL_POOL_LABEL).map(String::as_str) == Some("true"),
+    }
+}
+
+fn ranges(pool: &IPPool) -> Result<Vec<Range>, String> {
+    pool.spec
+        .ranges
+        .iter()
+        .map(|r| {
+            Range::parse(&r.subnet, r.range_start.as_deref(), r.range_end.as_deref(), r.gateway.as_deref())
+                .map_err(|e| format!("IPPool {}: {e}", pool.name_any()))
+        })
+        .collect()
+}
+
+fn state(pool: &IPPool) -> PoolState {
+    let status = pool.status.clone().unwrap_or_default();
+    serde_json::from_value(json!({
+        "allocated": status.allocated,
+        "allocatedHistory": status.allocated_history,
+        "lastAllocated": status.last_allocated,
+    }))
+    .unwrap_or_default()
+}
+
+/// Writes `state` into the pool's status with the pool's resourceVersion (optimistic lock).
+async fn store_state(
+    client: &kube::Client,
+    pool: &IPPool,
+    ranges: &[Range],
+    state: &PoolState,
+) -> Result<(), LbSimError> {
+    let mut pool = pool.clone();
+    let status = pool.status.get_or_insert_with(IPPoolStatus::default);
+    status.allocated = state.allocated.iter().map(|(ip, id)| (ip.to_string(), id.clone())).collect();
+    status.allocated_history = state.history.iter().map(|(ip, id)| (ip.to_string(), id.clone())).collect();
+    status.last_allocated = state.last_allocated.map(|ip| ip.to_string());
+    status.total = i64::try_from(ipam::total(ranges)).unwrap_or(i64::MAX);
+    status.available = i64::try_from(ipam::available(ranges, state)).unwrap_or(i64::MAX);
+    let name = pool.name_any();
+    match Api::<IPPool>::all(client.clone()).replace(&name, &PostParams::default(), &pool).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Err(LbSimError::Conflict { pool: name }),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `Ok(Err(message))` is a condition to report (no pool, exhausted), not a failure to retry.
+async fn allocate(client: &kube::Client, lb: &LoadBalancer) -> Result<Result<AllocatedAddress, String>, LbSimError> {
+    let pools = Api::<IPPool>::all(client.clone()).list(&Default::default()).await?.items;
+    let views: Vec<PoolView> = pools.iter().map(view).collect();
+    let cluster = lb.spec.workload_type.as_deref() == Some("cluster");
+    let wanted = lb.spec.ip_pool.clone().filter(|p| !p.is_empty());
+    let chosen = match &wanted {
+        Some(name) => views.iter().find(|v| &v.name == name).ok_or_else(|| format!("IPPool {name} not found")),
+        None => ipam::select_pool(&views, &requirement(lb), cluster).map_err(|e| e.to_string()),
+    };
+    let chosen = match chosen {
+        Ok(v) => v.name.clone(),
+        Err(m) => return Ok(Err(m)),
+    };
+    let Some(pool) = pools.iter().find(|p| p.name_any() == chosen) else {
+        return Ok(Err(format!("IPPool {chosen} vanished")));
+    };
+    let ranges = match ranges(pool) {
+        Ok(r) => r,
+        Err(m) => return Ok(Err(m)),
+    };
+    let mut st = state(pool);
+    match ipam::allocate(&ranges, &mut st, &applicant(lb)) {
+        Ok(a) => {
+            store_state(client, pool, &ranges, &st).await?;
+            Ok(Ok(AllocatedAddress {
+                ip_pool: Some(chosen),
+                ip: a.ip.to_string(),
+                mask: Some(a.mask),
+                gateway: a.gateway.map(|g| g.to_string()),
+            }))
+        }
+        Err(e) => Ok(Err(e.to_string())),
+    }
+}
+
+async fn release_everywhere(client: &kube::Client, id: &str) -> Result<(), LbSimError> {
+    let pools = Api::<IPPool>::all(client.clone()).list(&Default::default()).await?.items;
+    for pool in &pools {
+        let mut st = state(pool);
+        if ipam::release(&mut st, id).is_some() {
+            let ranges = ranges(pool).unwrap_or_default();
+            store_state(client, pool, &ranges, &st).await?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,76 @@
+//! The Harvester stand-in: plays KubeVirt (VM/VMI status, hot-plug), Longhorn (PVC binding on loop
+//! devices) and the Harvester LB controller (IPPool allocation) against the real Harvester API
+//! server. It never stands in for an API: every object lives in kube-apiserver.
+
+pub mod lb;
+pub mod storage;
+pub mod virt_api;
+pub mod vm;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+
+use crate::BedError;
+use crate::certs::Pki;
+use storage::Storage;
+use virt_api::{HotplugCtx, VirtApi};
+
+pub use vm::GuestVm;
+
+pub struct Sim {
+    /// Admin client of the Harvester API server.
+    pub harvester: kube::Client,
+    /// Admin client of the guest API server (guest Nodes are created there).
+    pub guest: kube::Client,
+    pub vm_namespace: String,
+    pub storage: Arc<Storage>,
+    pub hotplug: Arc<HotplugCtx>,
+    pub virt_api: VirtApi,
+    tasks: JoinSet<()>,
+}
+
+impl Sim {
+    pub async fn start(
+        pki: &Pki,
+        harvester: kube::Client,
+        guest: kube::Client,
+        vm_namespace: String,
+        dir: &Path,
+        hotplug_delay: Duration,
+    ) -> Result<Sim, BedError> {
+        let storage = Arc::new(Storage::new(dir)?);
+        let hotplug = Arc::new(HotplugCtx {
+            client: harvester.clone(),
+            storage: storage.clone(),
+            by_id_root: dir.join("by-id"),
+            delay: hotplug_delay,
+        });
+        let virt_api = VirtApi::start(pki, hotplug.clone()).await?;
+        let mut tasks = JoinSet::new();
+        tasks.spawn(storage::run_pvc_binder(harvester.clone(), storage.clone()));
+        tasks.spawn(lb::run(harvester.clone()));
+        Ok(Sim {
+            harvester,
+            guest,
+            vm_namespace,
+            storage,
+            hotplug,
+            virt_api,
+            tasks,
+        })
+    }
+
+    /// The by-id directory (`/dev/disk/by-id` stand-in) of guest node `node`.
+    pub fn by_id_dir(&self, node: &str) -> PathBuf {
+        self.hotplug.by_id_dir(node)
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        self.tasks.abort_all();
+    }
+}

@@ -1,0 +1,211 @@
+//! Longhorn's part: every Harvester PVC gets a backing volume and is marked Bound. As root the
+//! volume is a sparse file on a loop device (a real block device); otherwise only the sparse file,
+//! so tests that need a device must run as root and check for `/dev/loop*`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use harvester_common::quantity;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::watcher::{self, Event};
+use serde_json::json;
+
+use crate::BedError;
+
+#[derive(Clone, Debug)]
+pub struct Backing {
+    pub file: PathBuf,
+    /// `/dev/loopN` as root, otherwise the file itself.
+    pub device: PathBuf,
+    pub size: u64,
+}
+
+pub struct Storage {
+    dir: PathBuf,
+    use_loop: bool,
+    volumes: Mutex<HashMap<String, Backing>>,
+}
+
+fn key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+fn run(cmd: &mut Command) -> Result<String, BedError> {
+    let out = cmd
+        .output()
+        .map_err(|e| BedError::Storage(format!("running {cmd:?}: {e}")))?;
+    if !out.status.success() {
+        return Err(BedError::Storage(format!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+pub fn is_root() -> bool {
+    // The effective uid of /proc/self is ours.
+    std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap_or(false)
+}
+
+impl Storage {
+    pub fn new(dir: &Path) -> Result<Storage, BedError> {
+        let dir = dir.join("volumes");
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| BedError::Storage(format!("creating {}: {e}", dir.display())))?;
+        Ok(Storage {
+            dir,
+            use_loop: is_root(),
+            volumes: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn uses_loop_devices(&self) -> bool {
+        self.use_loop
+    }
+
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Backing> {
+        self.lock().get(&key(namespace, name)).cloned()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Backing>> {
+        self.volumes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Creates the volume of `size` bytes, or grows it to `size` (never shrinks).
+    pub fn ensure(&self, namespace: &str, name: &str, size: u64) -> Result<Backing, BedError> {
+        let k = key(namespace, name);
+        if let Some(b) = self.lock().get(&k).cloned() {
+            if size <= b.size {
+                return Ok(b);
+            }
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&b.file)
+                .map_err(|e| BedError::Storage(format!("opening {}: {e}", b.file.display())))?;
+            f.set_len(size)
+                .map_err(|e| BedError::Storage(format!("growing {}: {e}", b.file.display())))?;
+            if self.use_loop {
+                run(Command::new("losetup").arg("-c").arg(&b.device))?;
+            }
+            let grown = Backing { size, ..b };
+            self.lock().insert(k, grown.clone());
+            return Ok(grown);
+        }
+        let file = self.dir.join(format!("{namespace}_{name}.img"));
+        let f = std::fs::File::create(&file)
+            .map_err(|e| BedError::Storage(format!("creating {}: {e}", file.display())))?;
+        f.set_len(size)
+            .map_err(|e| BedError::Storage(format!("sizing {}: {e}", file.display())))?;
+        let device = if self.use_loop {
+            PathBuf::from(run(Command::new("losetup").args(["-f", "--show"]).arg(&file))?)
+        } else {
+            file.clone()
+        };
+        let b = Backing { file, device, size };
+        self.lock().insert(k, b.clone());
+        Ok(b)
+    }
+
+    /// Detaches and deletes the volume (idempotent).
+    pub fn release(&self, namespace: &str, name: &str) {
+        if let Some(b) = self.lock().remove(&key(namespace, name)) {
+            detach(&b, self.use_loop);
+        }
+    }
+}
+
+fn detach(b: &Backing, use_loop: bool) {
+    if use_loop && let Err(e) = run(Command::new("losetup").arg("-d").arg(&b.device)) {
+        tracing::warn!("sim storage: {e}");
+    }
+    let _ = std::fs::remove_file(&b.file);
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        for (_, b) in self.lock().drain() {
+            detach(&b, self.use_loop);
+        }
+    }
+}
+
+/// Watches Harvester PVCs: binds new ones, honours size increases, frees deleted ones.
+pub async fn run_pvc_binder(client: kube::Client, storage: Arc<Storage>) {
+    let api: Api<PersistentVolumeClaim> = Api::all(client);
+    let mut events = watcher::watcher(api.clone(), watcher::Config::default()).boxed();
+    while let Some(ev) = events.next().await {
+        match ev {
+            Ok(Event::Apply(pvc) | Event::InitApply(pvc)) => {
+                if let Err(e) = bind(&client_api(&api, &pvc), &pvc, &storage).await {
+                    tracing::warn!("sim storage: {e}");
+                }
+            }
+            Ok(Event::Delete(pvc)) => {
+                let ns = pvc.metadata.namespace.clone().unwrap_or_default();
+                storage.release(&ns, &pvc.metadata.name.clone().unwrap_or_default());
+            }
+            Ok(_) => {}
+            Err(e) => tracing::debug!("sim storage watch: {e}"),
+        }
+    }
+}
+
+fn client_api(all: &Api<PersistentVolumeClaim>, pvc: &PersistentVolumeClaim) -> Api<PersistentVolumeClaim> {
+    let client: kube::Client = all.clone().into_client();
+    Api::namespaced(client, pvc.metadata.namespace.as_deref().unwrap_or("default"))
+}
+
+async fn bind(
+    api: &Api<PersistentVolumeClaim>,
+    pvc: &PersistentVolumeClaim,
+    storage: &Storage,
+) -> Result<(), BedError> {
+    if pvc.metadata.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    let ns = pvc.metadata.namespace.clone().unwrap_or_default();
+    let name = pvc.metadata.name.clone().unwrap_or_default();
+    let requested = pvc
+        .spec
+        .as_ref()
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .map(|q| q.0.clone())
+        .unwrap_or_default();
+    let Some(size) = quantity::to_bytes(&requested) else {
+        return Err(BedError::Storage(format!(
+            "PVC {ns}/{name}: spec.resources.requests.storage {requested:?} is not a quantity"
+        )));
+    };
+    let status = pvc.status.clone().unwrap_or_default();
+    let current = status
+        .capacity
+        .as_ref()
+        .and_then(|c| c.get("storage"))
+        .and_then(|q| quantity::to_bytes(&q.0));
+    let bound = status.phase.as_deref() == Some("Bound");
+    if bound && current.is_some_and(|c| c >= size) && storage.get(&ns, &name).is_some() {
+        return Ok(());
+    }
+    let backing = storage.ensure(&ns, &name, size)?;
+    let access_modes = pvc.spec.as_ref().and_then(|s| s.access_modes.clone());
+    api.patch_status(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {
+            "phase": "Bound",
+            "accessModes": access_modes,
+            "capacity": {"storage": quantity::from_bytes(backing.size)},
+        }})),
+    )
+    .await?;
+    Ok(())
+}

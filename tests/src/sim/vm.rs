@@ -1,0 +1,294 @@
+//! Guest VMs as KubeVirt would run them: a VM with status, a running VMI on a Harvester host with
+//! interface IPs and the host's topology copied onto it as annotations (as Harvester does).
+
+use std::collections::BTreeMap;
+
+use harvester_common::harvester::kubevirt::{
+    Interface, MultusNetwork, Network, VirtualMachineSpec, VirtualMachineStatus, VmiSpec, VmiStatus,
+};
+use harvester_common::harvester::{
+    Rest, TOPOLOGY_REGION, TOPOLOGY_ZONE, VirtualMachine, VirtualMachineInstance,
+};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use super::Sim;
+use super::virt_api::update_vmi;
+use crate::BedError;
+
+/// Label Harvester's VMI controller requires before it copies host topology (node driver VMs).
+pub const CREATOR_LABEL: (&str, &str) = ("harvesterhci.io/creator", "docker-machine-driver-harvester");
+pub const UNINITIALIZED_TAINT: &str = "node.cloudprovider.kubernetes.io/uninitialized";
+
+/// A guest VM to create: `GuestVm::new("worker-1").on_host("h1").ip("10.0.0.11")`.
+#[derive(Clone, Debug)]
+pub struct GuestVm {
+    pub name: String,
+    pub host: String,
+    /// Multus network name (`namespace/nad`) of the VM's NIC.
+    pub network: String,
+    pub ips: Vec<String>,
+}
+
+impl GuestVm {
+    pub fn new(name: &str) -> GuestVm {
+        GuestVm {
+            name: name.into(),
+            host: "harvester-1".into(),
+            network: "default/mgmt-vlan".into(),
+            ips: Vec::new(),
+        }
+    }
+    pub fn on_host(mut self, host: &str) -> Self {
+        self.host = host.into();
+        self
+    }
+    pub fn network(mut self, network: &str) -> Self {
+        self.network = network.into();
+        self
+    }
+    pub fn ip(mut self, ip: &str) -> Self {
+        self.ips.push(ip.into());
+        self
+    }
+}
+
+fn meta(name: &str, ns: Option<&str>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: ns.map(str::to_string),
+        ..Default::default()
+    }
+}
+
+impl Sim {
+    fn vms(&self) -> Api<VirtualMachine> {
+        Api::namespaced(self.harvester.clone(), &self.vm_namespace)
+    }
+    fn vmis(&self) -> Api<VirtualMachineInstance> {
+        Api::namespaced(self.harvester.clone(), &self.vm_namespace)
+    }
+
+    /// A Harvester host Node with topology labels.
+    pub async fn create_host(
+        &self,
+        name: &str,
+        region: Option<&str>,
+        zone: Option<&str>,
+    ) -> Result<Node, BedError> {
+        let mut labels = BTreeMap::from([("kubernetes.io/hostname".to_string(), name.to_string())]);
+        if let Some(r) = region {
+            labels.insert(TOPOLOGY_REGION.into(), r.into());
+        }
+        if let Some(z) = zone {
+            labels.insert(TOPOLOGY_ZONE.into(), z.into());
+        }
+        let node = Node {
+            metadata: ObjectMeta {
+                labels: Some(labels),
+                ..meta(name, None)
+            },
+            ..Default::default()
+        };
+        Ok(Api::<Node>::all(self.harvester.clone())
+            .create(&PostParams::default(), &node)
+            .await?)
+    }
+
+    /// The topology annotations Harvester copies from host `host` onto a VMI.
+    async fn host_topology(&self, host: &str) -> Result<BTreeMap<String, String>, BedError> {
+        let node = Api::<Node>::all(self.harvester.clone()).get(host).await?;
+        let labels = node.metadata.labels.unwrap_or_default();
+        Ok([TOPOLOGY_REGION, TOPOLOGY_ZONE, "kubernetes.io/hostname"]
+            .into_iter()
+            .filter_map(|k| labels.get(k).map(|v| (k.to_string(), v.clone())))
+            .collect())
+    }
+
+    /// A running VM and its VMI on `vm.host`.
+    pub async fn create_vm(
+        &self,
+        vm: &GuestVm,
+    ) -> Result<(VirtualMachine, VirtualMachineInstance), BedError> {
+        let labels = BTreeMap::from([(CREATOR_LABEL.0.to_string(), CREATOR_LABEL.1.to_string())]);
+        let networks = vec![Network {
+            name: "nic-1".into(),
+            multus: Some(MultusNetwork {
+                network_name: vm.network.clone(),
+                rest: Rest::new(),
+            }),
+            rest: Rest::new(),
+        }];
+        let mut object = VirtualMachine::new(
+            &vm.name,
+            VirtualMachineSpec {
+                running: Some(true),
+                template: harvester_common::harvester::kubevirt::VmTemplate {
+                    metadata: Some(json!({"labels": labels})),
+                    spec: VmiSpec {
+                        networks: networks.clone(),
+                        ..Default::default()
+                    },
+                },
+                ..Default::default()
+            },
+        );
+        object.metadata.namespace = Some(self.vm_namespace.clone());
+        object.metadata.labels = Some(labels.clone());
+        let created = self.vms().create(&PostParams::default(), &object).await?;
+        let created = self.set_vm_status(&vm.name, true, "Running").await.or(Ok::<_, BedError>(created))?;
+        let vmi = self.start_vmi(vm, networks).await?;
+        Ok((created, vmi))
+    }
+
+    async fn set_vm_status(
+        &self,
+        name: &str,
+        ready: bool,
+        printable: &str,
+    ) -> Result<VirtualMachine, BedError> {
+        let status = VirtualMachineStatus {
+            ready,
+            created: Some(ready),
+            printable_status: Some(printable.into()),
+            rest: Rest::new(),
+        };
+        Ok(self
+            .vms()
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": status })),
+            )
+            .await?)
+    }
+
+    async fn start_vmi(
+        &self,
+        vm: &GuestVm,
+        networks: Vec<Network>,
+    ) -> Result<VirtualMachineInstance, BedError> {
+        let mut annotations = self.host_topology(&vm.host).await?;
+        annotations.retain(|k, _| k != "kubernetes.io/hostname" || !vm.host.is_empty());
+        let labels = BTreeMap::from([
+            (CREATOR_LABEL.0.to_string(), CREATOR_LABEL.1.to_string()),
+            ("kubevirt.io/nodeName".to_string(), vm.host.clone()),
+        ]);
+        let mut vmi = VirtualMachineInstance::new(
+            &vm.name,
+            VmiSpec {
+                networks,
+                ..Default::default()
+            },
+        );
+        vmi.metadata.namespace = Some(self.vm_namespace.clone());
+        vmi.metadata.annotations = Some(annotations);
+        vmi.metadata.labels = Some(labels);
+        vmi.status = Some(VmiStatus {
+            phase: Some("Running".into()),
+            node_name: Some(vm.host.clone()),
+            interfaces: vec![Interface {
+                name: "nic-1".into(),
+                ip_address: vm.ips.first().cloned(),
+                ip_addresses: vm.ips.clone(),
+                mac: Some("52:54:00:00:00:01".into()),
+                rest: Rest::new(),
+            }],
+            ..Default::default()
+        });
+        Ok(self.vmis().create(&PostParams::default(), &vmi).await?)
+    }
+
+    /// A guest Node as kubelet registers it with `--cloud-provider=external`: tainted uninitialized.
+    pub async fn create_guest_node(&self, name: &str) -> Result<Node, BedError> {
+        let node = Node {
+            metadata: meta(name, None),
+            spec: Some(NodeSpec {
+                taints: Some(vec![Taint {
+                    key: UNINITIALIZED_TAINT.into(),
+                    value: Some("true".into()),
+                    effect: "NoSchedule".into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        Ok(Api::<Node>::all(self.guest.clone())
+            .create(&PostParams::default(), &node)
+            .await?)
+    }
+
+    /// Stops the VM: `running: false`, not ready, VMI gone.
+    pub async fn stop_vm(&self, name: &str) -> Result<(), BedError> {
+        self.vms()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"running": false}})),
+            )
+            .await?;
+        self.set_vm_status(name, false, "Stopped").await?;
+        self.delete_vmi(name).await
+    }
+
+    /// Starts a stopped VM again on `host`.
+    pub async fn start_vm(&self, vm: &GuestVm) -> Result<VirtualMachineInstance, BedError> {
+        let current = self.vms().get(&vm.name).await?;
+        self.vms()
+            .patch(
+                &vm.name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"running": true}})),
+            )
+            .await?;
+        self.set_vm_status(&vm.name, true, "Running").await?;
+        self.start_vmi(vm, current.spec.template.spec.networks).await
+    }
+
+    /// Deletes the VMI and the VM.
+    pub async fn delete_vm(&self, name: &str) -> Result<(), BedError> {
+        self.delete_vmi(name).await?;
+        match self.vms().delete(name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn delete_vmi(&self, name: &str) -> Result<(), BedError> {
+        match self.vmis().delete(name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Live migration: the VMI moves to `to_host`, and Harvester re-copies that host's topology.
+    pub async fn migrate_vm(&self, name: &str, to_host: &str) -> Result<VirtualMachineInstance, BedError> {
+        let topology = self.host_topology(to_host).await?;
+        let moved = update_vmi(&self.vmis(), name, |vmi| {
+            let ann = vmi.metadata.annotations.get_or_insert_with(Default::default);
+            for k in [TOPOLOGY_REGION, TOPOLOGY_ZONE, "kubernetes.io/hostname"] {
+                match topology.get(k) {
+                    Some(v) => ann.insert(k.to_string(), v.clone()),
+                    None => ann.remove(k),
+                };
+            }
+            vmi.metadata
+                .labels
+                .get_or_insert_with(Default::default)
+                .insert("kubevirt.io/nodeName".into(), to_host.into());
+            let status = vmi.status.get_or_insert_with(Default::default);
+            let from = status.node_name.replace(to_host.to_string());
+            status.rest.insert(
+                "migrationState".into(),
+                json!({"sourceNode": from, "targetNode": to_host, "completed": true}),
+            );
+        })
+        .await?;
+        moved.ok_or_else(|| BedError::Api(format!("VMI {name} not found for migration")))
+    }
+}
