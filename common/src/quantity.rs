@@ -41,9 +41,9 @@ pub fn to_bytes(q: &str) -> Option<u64> {
 pub fn from_bytes(bytes: u64) -> String {
     const GI: u64 = 1 << 30;
     const MI: u64 = 1 << 20;
-    if bytes != 0 && bytes % GI == 0 {
+    if bytes != 0 && bytes.is_multiple_of(GI) {
         format!("{}Gi", bytes / GI)
-    } else if bytes != 0 && bytes % MI == 0 {
+    } else if bytes != 0 && bytes.is_multiple_of(MI) {
         format!("{}Mi", bytes / MI)
     } else {
         bytes.to_string()

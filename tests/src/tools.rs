@@ -30,7 +30,12 @@ pub fn tools_dir() -> Result<PathBuf, BedError> {
 
 /// The path of one tool, or an error saying how to build it.
 pub fn tool(name: &str) -> Result<PathBuf, BedError> {
-    let path = tools_dir()?.join(name);
+    tool_in(&tools_dir()?, name)
+}
+
+/// The path of tool `name` in `dir`, or an error saying how to build it.
+pub fn tool_in(dir: &std::path::Path, name: &str) -> Result<PathBuf, BedError> {
+    let path = dir.join(name);
     if path.is_file() {
         Ok(path)
     } else {

@@ -17,7 +17,9 @@ pub(crate) fn to_bits(ip: IpAddr) -> u128 {
 /// does not fit that family.
 pub(crate) fn from_bits(like: IpAddr, bits: u128) -> Option<IpAddr> {
     match like {
-        IpAddr::V4(_) => u32::try_from(bits).ok().map(|b| IpAddr::V4(Ipv4Addr::from(b))),
+        IpAddr::V4(_) => u32::try_from(bits)
+            .ok()
+            .map(|b| IpAddr::V4(Ipv4Addr::from(b))),
         IpAddr::V6(_) => Some(IpAddr::V6(Ipv6Addr::from(bits))),
     }
 }

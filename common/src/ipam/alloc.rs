@@ -247,25 +247,37 @@ fn whole(range: &Range) -> Segment<'_> {
 
 /// The lowest address in the segment that is neither the gateway nor allocated.
 ///
-/// Walks the allocated keys inside the segment in order alongside the candidate, so the cost is
-/// the length of the allocated run in front of the first gap, not the size of the segment: a
-/// mostly free /8 answers at once, and a 99% full /16 walks at most its allocated entries.
+/// One pass over the allocated keys inside the segment, in order, alongside the candidate: the
+/// cost is the length of the allocated run in front of the first gap, never the size of the
+/// segment. A mostly free /8 (or IPv6 /64) answers at once; a 99% full /16 whose only gaps are
+/// far away walks its allocated entries (~0.5 ms in release), and keys below the candidate (a
+/// stale entry on the gateway) are simply passed over.
 fn first_free(seg: &Segment<'_>, allocated: &BTreeMap<IpAddr, String>) -> Option<IpAddr> {
     let gateway = seg.range.gateway().map(to_bits);
+    let skip_gateway = |c: u128| {
+        if Some(c) == gateway {
+            c.checked_add(1)
+        } else {
+            Some(c)
+        }
+    };
     let end = to_bits(seg.to);
-    let mut taken = allocated.range(seg.from..=seg.to).map(|(ip, _)| to_bits(*ip));
-    let mut next_taken = taken.next();
-    let mut candidate = to_bits(seg.from);
-    while candidate <= end {
-        while next_taken.is_some_and(|t| t < candidate) {
-            next_taken = taken.next();
+    let mut candidate = skip_gateway(to_bits(seg.from))?;
+    for taken in allocated
+        .range(seg.from..=seg.to)
+        .map(|(ip, _)| to_bits(*ip))
+    {
+        if taken > candidate {
+            break;
         }
-        if Some(candidate) != gateway && Some(candidate) != next_taken {
-            return from_bits(seg.from, candidate);
+        if taken == candidate {
+            candidate = skip_gateway(candidate.checked_add(1)?)?;
         }
-        candidate = candidate.checked_add(1)?;
     }
-    None
+    if candidate > end {
+        return None;
+    }
+    from_bits(seg.from, candidate)
 }
 
 /// Reads an IP-keyed map written by Go (`map[string]string`). A key that is not an IP cannot be
@@ -279,7 +291,11 @@ fn de_ip_map<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<IpAddr, String>
         .filter_map(|(key, id)| match key.parse::<IpAddr>() {
             Ok(ip) => Some((ip.to_canonical(), id)),
             Err(_) => {
-                tracing::warn!(key, applicant = id, "ignoring IPPool status entry whose key is not an IP");
+                tracing::warn!(
+                    key,
+                    applicant = id,
+                    "ignoring IPPool status entry whose key is not an IP"
+                );
                 None
             }
         })

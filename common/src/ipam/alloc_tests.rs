@@ -34,7 +34,10 @@ fn first_allocation_skips_the_default_gateway() {
             gateway: Some(ip("10.0.0.1")),
         }
     );
-    assert_eq!(state.allocated.get(&ip("10.0.0.2")).map(String::as_str), Some("default/lb-a"));
+    assert_eq!(
+        state.allocated.get(&ip("10.0.0.2")).map(String::as_str),
+        Some("default/lb-a")
+    );
     assert_eq!(state.last_allocated, Some(ip("10.0.0.2")));
 }
 
@@ -42,7 +45,10 @@ fn first_allocation_skips_the_default_gateway() {
 fn explicit_gateway_inside_the_range_is_skipped() {
     let ranges = [r_gw("10.0.0.0/24", "10.0.0.10", "10.0.0.12", "10.0.0.11")];
     let mut state = PoolState::default();
-    let got: Vec<IpAddr> = ["a", "b"].iter().map(|id| alloc_ip(&ranges, &mut state, id)).collect();
+    let got: Vec<IpAddr> = ["a", "b"]
+        .iter()
+        .map(|id| alloc_ip(&ranges, &mut state, id))
+        .collect();
     assert_eq!(got, vec![ip("10.0.0.10"), ip("10.0.0.12")]);
     assert!(allocate(&ranges, &mut state, "c").is_err());
 }
@@ -51,7 +57,10 @@ fn explicit_gateway_inside_the_range_is_skipped() {
 fn gateway_outside_the_range_is_still_reported() {
     let ranges = [r("10.0.0.0/24", "10.0.0.10", "10.0.0.20")];
     let got = allocate(&ranges, &mut PoolState::default(), "a").unwrap();
-    assert_eq!((got.ip, got.gateway), (ip("10.0.0.10"), Some(ip("10.0.0.1"))));
+    assert_eq!(
+        (got.ip, got.gateway),
+        (ip("10.0.0.10"), Some(ip("10.0.0.1")))
+    );
 }
 
 #[test]
@@ -80,7 +89,10 @@ fn history_is_reused_before_round_robin() {
     let mut state = PoolState::default();
     state.history.insert(ip("10.0.0.77"), "default/lb-a".into());
     state.last_allocated = Some(ip("10.0.0.5"));
-    assert_eq!(alloc_ip(&ranges, &mut state, "default/lb-a"), ip("10.0.0.77"));
+    assert_eq!(
+        alloc_ip(&ranges, &mut state, "default/lb-a"),
+        ip("10.0.0.77")
+    );
     assert!(state.history.is_empty(), "the history entry is consumed");
     assert_eq!(state.last_allocated, Some(ip("10.0.0.77")));
 }
@@ -99,7 +111,11 @@ fn history_is_skipped_when_taken_or_out_of_range() {
         if let Some(h) = holder {
             state.allocated.insert(ip(old), h.into());
         }
-        assert_eq!(alloc_ip(&ranges, &mut state, "a"), ip("10.0.0.10"), "{name}");
+        assert_eq!(
+            alloc_ip(&ranges, &mut state, "a"),
+            ip("10.0.0.10"),
+            "{name}"
+        );
     }
 }
 
@@ -147,12 +163,24 @@ fn round_robin_continues_after_last_allocated() {
     }
     release(&mut state, "b");
     state.history.clear();
-    assert_eq!(alloc_ip(&ranges, &mut state, "d"), ip("10.0.0.13"), "not the freed .11");
+    assert_eq!(
+        alloc_ip(&ranges, &mut state, "d"),
+        ip("10.0.0.13"),
+        "not the freed .11"
+    );
 }
 
 #[test]
 fn round_robin_wraps_around() {
-    let rows: Vec<(&str, Vec<Range>, &[&str], &str, &str)> = vec![
+    // (name, ranges, already allocated, last allocated, expected)
+    type Row = (
+        &'static str,
+        Vec<Range>,
+        &'static [&'static str],
+        &'static str,
+        &'static str,
+    );
+    let rows: Vec<Row> = vec![
         (
             "last at the end of the only range",
             vec![r("10.0.0.0/24", "10.0.0.10", "10.0.0.20")],
@@ -169,14 +197,20 @@ fn round_robin_wraps_around() {
         ),
         (
             "next range after the end of the current one",
-            vec![r("10.0.0.0/24", "10.0.0.10", "10.0.0.11"), r("10.0.1.0/24", "10.0.1.5", "10.0.1.6")],
+            vec![
+                r("10.0.0.0/24", "10.0.0.10", "10.0.0.11"),
+                r("10.0.1.0/24", "10.0.1.5", "10.0.1.6"),
+            ],
             &[],
             "10.0.0.11",
             "10.0.1.5",
         ),
         (
             "wraps from the last range to the first",
-            vec![r("10.0.0.0/24", "10.0.0.10", "10.0.0.11"), r("10.0.1.0/24", "10.0.1.5", "10.0.1.6")],
+            vec![
+                r("10.0.0.0/24", "10.0.0.10", "10.0.0.11"),
+                r("10.0.1.0/24", "10.0.1.5", "10.0.1.6"),
+            ],
             &[],
             "10.0.1.6",
             "10.0.0.10",
@@ -208,7 +242,10 @@ fn round_robin_wraps_around() {
 
 #[test]
 fn exhaustion_reads_like_host_local() {
-    let ranges = [r("10.0.0.0/24", "10.0.0.10", "10.0.0.11"), r("10.0.1.7/32", "", "")];
+    let ranges = [
+        r("10.0.0.0/24", "10.0.0.10", "10.0.0.11"),
+        r("10.0.1.7/32", "", ""),
+    ];
     let mut state = PoolState::default();
     for id in ["a", "b", "c"] {
         alloc_ip(&ranges, &mut state, id);
@@ -231,7 +268,11 @@ fn no_ranges_is_an_error() {
 #[test]
 fn ipv6_small_range() {
     let ranges = [Range::parse("fd00:10::/126", None, None, None).unwrap()];
-    assert_eq!(total(&ranges), 2, "::1 is the gateway; ::2 and ::3 are usable");
+    assert_eq!(
+        total(&ranges),
+        2,
+        "::1 is the gateway; ::2 and ::3 are usable"
+    );
     let mut state = PoolState::default();
     let a = allocate(&ranges, &mut state, "a").unwrap();
     assert_eq!(a.ip, ip("fd00:10::2"));
@@ -244,8 +285,10 @@ fn ipv6_small_range() {
 #[test]
 fn ipv6_huge_range_is_not_enumerated() {
     let ranges = [Range::parse("fd00::/64", None, None, None).unwrap()];
-    let mut state = PoolState::default();
-    state.last_allocated = Some(ip("fd00::ffff:ffff:ffff:ffff"));
+    let mut state = PoolState {
+        last_allocated: Some(ip("fd00::ffff:ffff:ffff:ffff")),
+        ..PoolState::default()
+    };
     assert_eq!(alloc_ip(&ranges, &mut state, "a"), ip("fd00::2"), "wrapped");
     assert_eq!(available(&ranges, &state), (1u128 << 64) - 3);
 }
@@ -253,14 +296,18 @@ fn ipv6_huge_range_is_not_enumerated() {
 #[test]
 fn total_and_available() {
     let ranges = [
-        r("10.0.0.0/24", "", ""),                      // 254 - gateway = 253
+        r("10.0.0.0/24", "", ""),                     // 254 - gateway = 253
         r("10.0.1.0/24", "10.0.1.100", "10.0.1.109"), // 10, gateway .1 outside
     ];
     assert_eq!(total(&ranges), 263);
     let mut state = PoolState::default();
     alloc_ip(&ranges, &mut state, "a");
-    state.allocated.insert(ip("192.168.0.1"), "left over from old ranges".into());
-    state.allocated.insert(ip("10.0.0.1"), "on the gateway".into());
+    state
+        .allocated
+        .insert(ip("192.168.0.1"), "left over from old ranges".into());
+    state
+        .allocated
+        .insert(ip("10.0.0.1"), "on the gateway".into());
     assert_eq!(available(&ranges, &state), 262);
 }
 
@@ -272,7 +319,10 @@ fn prune_history_drops_entries_outside_the_ranges() {
     state.history.insert(ip("10.0.0.21"), "dropped".into());
     state.history.insert(ip("fd00::15"), "dropped".into());
     prune_history(&ranges, &mut state);
-    assert_eq!(state.history.keys().copied().collect::<Vec<_>>(), vec![ip("10.0.0.15")]);
+    assert_eq!(
+        state.history.keys().copied().collect::<Vec<_>>(),
+        vec![ip("10.0.0.15")]
+    );
 }
 
 #[test]
@@ -284,7 +334,9 @@ fn a_99_percent_full_slash_16_still_allocates_fast() {
     let usable = u32::try_from(total(&ranges)).unwrap();
     let free_tail = usable / 100;
     for n in 2..(usable - free_tail + 2) {
-        let addr = IpAddr::V4(std::net::Ipv4Addr::from(u32::from_be_bytes([10, 1, 0, 0]) + n));
+        let addr = IpAddr::V4(std::net::Ipv4Addr::from(
+            u32::from_be_bytes([10, 1, 0, 0]) + n,
+        ));
         state.allocated.insert(addr, format!("lb-{n}"));
     }
     state.last_allocated = Some(ip("10.1.0.1"));
@@ -294,7 +346,10 @@ fn a_99_percent_full_slash_16_still_allocates_fast() {
     }
     let per_allocation = started.elapsed() / 10;
     // Generous bound for unoptimised builds on a busy machine; the point is "no quadratic walk".
-    assert!(per_allocation.as_millis() < 50, "took {per_allocation:?} per allocation");
+    assert!(
+        per_allocation.as_millis() < 50,
+        "took {per_allocation:?} per allocation"
+    );
 }
 
 #[test]

@@ -49,7 +49,13 @@ impl RangeSpec {
 }
 
 fn range_spec() -> impl Strategy<Value = RangeSpec> {
-    (any::<bool>(), 1u8..=254, 1u8..=254, proptest::option::of(1u8..=254), proptest::bool::weighted(0.15))
+    (
+        any::<bool>(),
+        1u8..=254,
+        1u8..=254,
+        proptest::option::of(1u8..=254),
+        proptest::bool::weighted(0.15),
+    )
         .prop_map(|(v6, a, b, gateway, single)| RangeSpec {
             v6,
             // keep ranges small so exhaustion happens often
@@ -109,10 +115,16 @@ fn naive_next(ranges: &[Range], state: &PoolState) -> Option<IpAddr> {
 
 fn check_invariants(ranges: &[Range], state: &PoolState) -> Result<(), TestCaseError> {
     let holders: BTreeSet<&String> = state.allocated.values().collect();
-    prop_assert_eq!(holders.len(), state.allocated.len(), "an applicant holds two IPs");
+    prop_assert_eq!(
+        holders.len(),
+        state.allocated.len(),
+        "an applicant holds two IPs"
+    );
     for ip in state.allocated.keys() {
         prop_assert!(
-            ranges.iter().any(|r| r.contains(*ip) && r.gateway() != Some(*ip)),
+            ranges
+                .iter()
+                .any(|r| r.contains(*ip) && r.gateway() != Some(*ip)),
             "{} is outside the ranges or a gateway",
             ip
         );

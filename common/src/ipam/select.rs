@@ -206,10 +206,21 @@ mod tests {
     #[test]
     fn selection_rules() {
         let any = ("*", "*", "*");
-        let rows: Vec<(&str, Vec<PoolView>, Requirement, bool, Option<&str>)> = vec![
+        // (name, pools, requirement, workload is cluster, expected pool)
+        type Row = (
+            &'static str,
+            Vec<PoolView>,
+            Requirement,
+            bool,
+            Option<&'static str>,
+        );
+        let rows: Vec<Row> = vec![
             (
                 "network must match exactly",
-                vec![pool("a", 0, "default/vlan20", &[any]), pool("b", 0, NET, &[any])],
+                vec![
+                    pool("a", 0, "default/vlan20", &[any]),
+                    pool("b", 0, NET, &[any]),
+                ],
                 req(NET, "p", "ns", "c"),
                 true,
                 Some("b"),
@@ -265,14 +276,20 @@ mod tests {
             ),
             (
                 "strict match beats the global pool",
-                vec![pool("global", 0, "", &[any]), pool("a", 0, NET, &[("*", "ns", "*")])],
+                vec![
+                    pool("global", 0, "", &[any]),
+                    pool("a", 0, NET, &[("*", "ns", "*")]),
+                ],
                 req(NET, "p", "ns", "c"),
                 false,
                 Some("a"),
             ),
             (
                 "global pool is the fallback whatever its network",
-                vec![pool("global", 0, "other/net", &[any]), pool("a", 0, NET, &[("*", "x", "*")])],
+                vec![
+                    pool("global", 0, "other/net", &[any]),
+                    pool("a", 0, NET, &[("*", "x", "*")]),
+                ],
                 req(NET, "p", "ns", "c"),
                 false,
                 Some("global"),
@@ -347,7 +364,10 @@ mod tests {
             pool("g1", 0, "x", &[("*", "*", "*")]),
             pool("g2", 0, "y", &[("*", "*", "*")]),
         ];
-        assert_eq!(pick(&pools, &req(NET, "p", "ns", "c"), false).as_deref(), Some("g2"));
+        assert_eq!(
+            pick(&pools, &req(NET, "p", "ns", "c"), false).as_deref(),
+            Some("g2")
+        );
     }
 
     #[test]

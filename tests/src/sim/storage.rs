@@ -11,6 +11,8 @@ use futures::StreamExt;
 use harvester_common::quantity;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{Api, Patch, PatchParams};
+use harvester_common::harvester::VirtualMachineInstance;
+use kube::ResourceExt;
 use kube::runtime::watcher::{self, Event};
 use serde_json::json;
 
@@ -136,30 +138,90 @@ impl Drop for Storage {
     }
 }
 
-/// Watches Harvester PVCs: binds new ones, honours size increases, frees deleted ones.
+/// Finalizer kube-apiserver's admission puts on every PVC; kube-controller-manager's
+/// pvc-protection controller removes it once no pod uses the claim. The bed has no
+/// controller-manager, so the stand-in plays that controller: a claim hot-plugged into a VMI
+/// (whose hot-plug pod would use it) stays until it is unplugged.
+pub const PVC_PROTECTION: &str = "kubernetes.io/pvc-protection";
+
+/// Watches Harvester PVCs and VMIs: binds new claims, honours size increases, and frees deleted
+/// claims once no VMI uses them.
 pub async fn run_pvc_binder(client: kube::Client, storage: Arc<Storage>) {
-    let api: Api<PersistentVolumeClaim> = Api::all(client);
-    let mut events = watcher::watcher(api.clone(), watcher::Config::default()).boxed();
-    while let Some(ev) = events.next().await {
-        match ev {
-            Ok(Event::Apply(pvc) | Event::InitApply(pvc)) => {
-                if let Err(e) = bind(&client_api(&api, &pvc), &pvc, &storage).await {
+    let pvcs: Api<PersistentVolumeClaim> = Api::all(client.clone());
+    let vmis: Api<VirtualMachineInstance> = Api::all(client.clone());
+    let mut pvc_events = watcher::watcher(pvcs, watcher::Config::default()).boxed();
+    let mut vmi_events = watcher::watcher(vmis, watcher::Config::default()).boxed();
+    loop {
+        tokio::select! {
+            Some(ev) = pvc_events.next() => match ev {
+                Ok(Event::Apply(pvc) | Event::InitApply(pvc)) => {
+                    if let Err(e) = reconcile_pvc(&client, &pvc, &storage).await {
+                        tracing::warn!("sim storage: {e}");
+                    }
+                }
+                Ok(Event::Delete(pvc)) => {
+                    storage.release(&pvc.namespace().unwrap_or_default(), &pvc.name_any());
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!("sim storage watch: {e}"),
+            },
+            Some(ev) = vmi_events.next() => {
+                // A VMI changed or went: a terminating claim it held may be free now.
+                let ns = match &ev {
+                    Ok(Event::Apply(v) | Event::Delete(v)) => v.namespace(),
+                    _ => None,
+                };
+                if let Some(ns) = ns && let Err(e) = release_terminating(&client, &ns, &storage).await {
                     tracing::warn!("sim storage: {e}");
                 }
-            }
-            Ok(Event::Delete(pvc)) => {
-                let ns = pvc.metadata.namespace.clone().unwrap_or_default();
-                storage.release(&ns, &pvc.metadata.name.clone().unwrap_or_default());
-            }
-            Ok(_) => {}
-            Err(e) => tracing::debug!("sim storage watch: {e}"),
+            },
+            else => return,
         }
     }
 }
 
-fn client_api(all: &Api<PersistentVolumeClaim>, pvc: &PersistentVolumeClaim) -> Api<PersistentVolumeClaim> {
-    let client: kube::Client = all.clone().into_client();
-    Api::namespaced(client, pvc.metadata.namespace.as_deref().unwrap_or("default"))
+async fn release_terminating(client: &kube::Client, ns: &str, storage: &Storage) -> Result<(), BedError> {
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    for pvc in pvcs.list(&Default::default()).await?.items {
+        if pvc.metadata.deletion_timestamp.is_some() {
+            reconcile_pvc(client, &pvc, storage).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether a VMI in the claim's namespace mounts it (its hot-plug pod would hold it).
+async fn in_use(client: &kube::Client, ns: &str, claim: &str) -> Result<bool, BedError> {
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), ns);
+    Ok(vmis.list(&Default::default()).await?.items.iter().any(|vmi| {
+        vmi.spec.volumes.iter().any(|v| {
+            v.persistent_volume_claim.as_ref().is_some_and(|p| p.claim_name == claim)
+        })
+    }))
+}
+
+async fn reconcile_pvc(
+    client: &kube::Client,
+    pvc: &PersistentVolumeClaim,
+    storage: &Storage,
+) -> Result<(), BedError> {
+    let ns = pvc.namespace().unwrap_or_default();
+    let name = pvc.name_any();
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    if pvc.metadata.deletion_timestamp.is_none() {
+        return bind(&api, pvc, storage).await;
+    }
+    if !pvc.finalizers().iter().any(|f| f == PVC_PROTECTION) || in_use(client, &ns, &name).await? {
+        return Ok(());
+    }
+    let rest: Vec<&String> = pvc.finalizers().iter().filter(|f| *f != PVC_PROTECTION).collect();
+    api.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": rest, "resourceVersion": pvc.resource_version()}})),
+    )
+    .await?;
+    Ok(())
 }
 
 async fn bind(
@@ -167,9 +229,6 @@ async fn bind(
     pvc: &PersistentVolumeClaim,
     storage: &Storage,
 ) -> Result<(), BedError> {
-    if pvc.metadata.deletion_timestamp.is_some() {
-        return Ok(());
-    }
     let ns = pvc.metadata.namespace.clone().unwrap_or_default();
     let name = pvc.metadata.name.clone().unwrap_or_default();
     let requested = pvc
