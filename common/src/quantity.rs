@@ -30,7 +30,11 @@ pub fn to_bytes(q: &str) -> Option<u64> {
     }
     let int: u128 = if int.is_empty() { 0 } else { int.parse().ok()? };
     let scale = 10u128.pow(frac.len() as u32);
-    let frac: u128 = if frac.is_empty() { 0 } else { frac.parse().ok()? };
+    let frac: u128 = if frac.is_empty() {
+        0
+    } else {
+        frac.parse().ok()?
+    };
     let total = int
         .checked_mul(multiplier)?
         .checked_add((frac.checked_mul(multiplier)?).div_ceil(scale))?;

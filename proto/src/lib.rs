@@ -10,7 +10,8 @@ pub mod csi {
 }
 
 /// The encoded file descriptor set of `csi.proto`, for gRPC reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/csi_descriptor.bin"));
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/csi_descriptor.bin"));
 
 /// The CSI spec version this crate was generated from.
 pub const CSI_SPEC_VERSION: &str = "1.12.0";

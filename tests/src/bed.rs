@@ -15,7 +15,10 @@ use crate::{BedError, wait};
 
 const CRDS: [(&str, &str); 3] = [
     ("kubevirt.yaml", include_str!("../crds/kubevirt.yaml")),
-    ("loadbalancer.yaml", include_str!("../crds/loadbalancer.yaml")),
+    (
+        "loadbalancer.yaml",
+        include_str!("../crds/loadbalancer.yaml"),
+    ),
     ("snapshot.yaml", include_str!("../crds/snapshot.yaml")),
 ];
 
@@ -89,7 +92,13 @@ impl TestBed {
         let cloud_config = root.join("cloud-config");
         std::fs::write(
             &cloud_config,
-            kubeconfig_text(&harvester.url, &pki, &pki.admin, "admin", &opts.vm_namespace),
+            kubeconfig_text(
+                &harvester.url,
+                &pki,
+                &pki.admin,
+                "admin",
+                &opts.vm_namespace,
+            ),
         )
         .map_err(|e| BedError::Setup(format!("writing the cloud-config: {e}")))?;
 
@@ -134,7 +143,11 @@ impl TestBed {
 
     /// Pids of every process the bed started (for the no-orphans test).
     pub fn pids(&self) -> Vec<u32> {
-        vec![self.etcd.proc.pid(), self.guest.proc.pid(), self.harvester.proc.pid()]
+        vec![
+            self.etcd.proc.pid(),
+            self.guest.proc.pid(),
+            self.harvester.proc.pid(),
+        ]
     }
 }
 
@@ -150,24 +163,28 @@ async fn install_crds(client: &kube::Client) -> Result<(), BedError> {
     }
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for name in names {
-        wait::until(&format!("CRD {name} Established"), Duration::from_secs(30), || {
-            let crds = crds.clone();
-            let name = name.clone();
-            async move {
-                let crd = crds.get(&name).await.map_err(|e| e.to_string())?;
-                let conditions = crd.status.and_then(|s| s.conditions).unwrap_or_default();
-                Ok(
-                    if conditions
-                        .iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True")
-                    {
-                        Ok(())
-                    } else {
-                        Err(conditions)
-                    },
-                )
-            }
-        })
+        wait::until(
+            &format!("CRD {name} Established"),
+            Duration::from_secs(30),
+            || {
+                let crds = crds.clone();
+                let name = name.clone();
+                async move {
+                    let crd = crds.get(&name).await.map_err(|e| e.to_string())?;
+                    let conditions = crd.status.and_then(|s| s.conditions).unwrap_or_default();
+                    Ok(
+                        if conditions
+                            .iter()
+                            .any(|c| c.type_ == "Established" && c.status == "True")
+                        {
+                            Ok(())
+                        } else {
+                            Err(conditions)
+                        },
+                    )
+                }
+            },
+        )
         .await
         .map_err(BedError::Setup)?;
     }

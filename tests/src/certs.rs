@@ -85,7 +85,9 @@ fn leaf(
     let key = KeyPair::generate().map_err(|e| err(name, e))?;
     let sans: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
     let mut params = CertificateParams::new(sans).map_err(|e| err(name, e))?;
-    params.distinguished_name.push(DnType::CommonName, common_name);
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
     for org in orgs {
         params
             .distinguished_name
@@ -116,7 +118,15 @@ impl Pki {
             &["127.0.0.1", "localhost", "kubernetes.default.svc"],
             ServerAuth,
         )?;
-        let admin = leaf(dir, &ca, "admin", "admin", &["system:masters"], &[], ClientAuth)?;
+        let admin = leaf(
+            dir,
+            &ca,
+            "admin",
+            "admin",
+            &["system:masters"],
+            &[],
+            ClientAuth,
+        )?;
         let virt_api = leaf(
             dir,
             &ca,
@@ -174,6 +184,14 @@ impl Pki {
             files: self.ca.clone(),
         };
         let name = format!("user-{user}");
-        leaf(dir, &ca, &name, user, groups, &[], ExtendedKeyUsagePurpose::ClientAuth)
+        leaf(
+            dir,
+            &ca,
+            &name,
+            user,
+            groups,
+            &[],
+            ExtendedKeyUsagePurpose::ClientAuth,
+        )
     }
 }

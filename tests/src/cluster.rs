@@ -30,7 +30,9 @@ impl Etcd {
             .arg(format!("--listen-client-urls={url}"))
             .arg(format!("--advertise-client-urls={url}"))
             .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
-            .arg(format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"))
+            .arg(format!(
+                "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+            ))
             .arg(format!("--initial-cluster=testbed=http://127.0.0.1:{peer}"))
             .arg("--unsafe-no-fsync")
             .arg("--log-level=warn");
@@ -75,7 +77,11 @@ pub struct ApiServerArgs<'a> {
 }
 
 impl ApiServer {
-    pub async fn start(dir: &Path, pki: &Pki, args: ApiServerArgs<'_>) -> Result<ApiServer, BedError> {
+    pub async fn start(
+        dir: &Path,
+        pki: &Pki,
+        args: ApiServerArgs<'_>,
+    ) -> Result<ApiServer, BedError> {
         let bin = tools::tool("kube-apiserver")?;
         let port = free_port()?;
         let url = format!("https://127.0.0.1:{port}");
@@ -92,16 +98,31 @@ impl ApiServer {
             .arg("--authorization-mode=RBAC")
             .arg("--service-account-issuer=https://kubernetes.default.svc")
             .arg(format!("--service-account-key-file={}", p(&pki.sa_pub)))
-            .arg(format!("--service-account-signing-key-file={}", p(&pki.sa_key)))
+            .arg(format!(
+                "--service-account-signing-key-file={}",
+                p(&pki.sa_key)
+            ))
             .arg(format!("--service-cluster-ip-range={}", args.service_cidr))
-            .arg(format!("--requestheader-client-ca-file={}", p(&pki.front_proxy_ca.cert)))
+            .arg(format!(
+                "--requestheader-client-ca-file={}",
+                p(&pki.front_proxy_ca.cert)
+            ))
             .arg("--requestheader-allowed-names=front-proxy-client")
             .arg("--requestheader-username-headers=X-Remote-User")
             .arg("--requestheader-group-headers=X-Remote-Group")
             .arg("--requestheader-extra-headers-prefix=X-Remote-Extra-")
-            .arg(format!("--proxy-client-cert-file={}", p(&pki.front_proxy_client.cert)))
-            .arg(format!("--proxy-client-key-file={}", p(&pki.front_proxy_client.key)))
-            .arg(format!("--cert-dir={}", dir.join(format!("certs-{}", args.name)).display()))
+            .arg(format!(
+                "--proxy-client-cert-file={}",
+                p(&pki.front_proxy_client.cert)
+            ))
+            .arg(format!(
+                "--proxy-client-key-file={}",
+                p(&pki.front_proxy_client.key)
+            ))
+            .arg(format!(
+                "--cert-dir={}",
+                dir.join(format!("certs-{}", args.name)).display()
+            ))
             .arg("--enable-priority-and-fairness=false")
             .arg("--profiling=false")
             .arg("--allow-privileged=true")

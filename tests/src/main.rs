@@ -9,7 +9,10 @@ use testbed::sim::GuestVm;
 use testbed::{BedOptions, TestBed};
 
 #[derive(Parser)]
-#[command(version, about = "Test bed for the Harvester cloud provider and CSI driver")]
+#[command(
+    version,
+    about = "Test bed for the Harvester cloud provider and CSI driver"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Cmd>,
@@ -56,10 +59,17 @@ async fn demo() -> anyhow::Result<()> {
         bed.harvester.url,
         bed.cloud_config.display()
     );
-    let host = bed.sim.create_host("harvester-1", Some("region-a"), Some("zone-1")).await?;
+    let host = bed
+        .sim
+        .create_host("harvester-1", Some("region-a"), Some("zone-1"))
+        .await?;
     let (vm, vmi) = bed
         .sim
-        .create_vm(&GuestVm::new("worker-1").on_host("harvester-1").ip("10.52.0.11"))
+        .create_vm(
+            &GuestVm::new("worker-1")
+                .on_host("harvester-1")
+                .ip("10.52.0.11"),
+        )
         .await?;
     let node = bed.sim.create_guest_node("worker-1").await?;
     show("Harvester host Node", &host)?;
@@ -67,6 +77,9 @@ async fn demo() -> anyhow::Result<()> {
     show("Harvester VirtualMachineInstance", &vmi)?;
     show("guest Node", &node)?;
     drop(bed);
-    println!("test bed stopped; demo took {:.1}s", t0.elapsed().as_secs_f64());
+    println!(
+        "test bed stopped; demo took {:.1}s",
+        t0.elapsed().as_secs_f64()
+    );
     Ok(())
 }

@@ -29,13 +29,23 @@ async fn bed_stops_every_process_and_removes_its_dir() {
     let dir = bed.dir.path().to_path_buf();
     assert_eq!(pids.len(), 3, "etcd and two kube-apiservers");
     for pid in &pids {
-        assert!(std::path::Path::new(&format!("/proc/{pid}")).exists(), "{pid} runs while the bed is up");
+        assert!(
+            std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "{pid} runs while the bed is up"
+        );
     }
     drop(bed);
     for pid in &pids {
-        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "process {pid} outlived the bed");
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "process {pid} outlived the bed"
+        );
     }
-    assert!(!dir.exists(), "bed directory {} was left behind", dir.display());
+    assert!(
+        !dir.exists(),
+        "bed directory {} was left behind",
+        dir.display()
+    );
 }
 
 #[tokio::test]
@@ -44,45 +54,96 @@ async fn crds_are_served_by_the_harvester_api_server() {
     let c = &bed.harvester.client;
     let ns = &bed.vm_namespace;
     let lp = ListParams::default();
-    Api::<VirtualMachine>::namespaced(c.clone(), ns).list(&lp).await.expect("VMs served");
-    Api::<VirtualMachineInstance>::namespaced(c.clone(), ns).list(&lp).await.expect("VMIs served");
-    Api::<LoadBalancer>::namespaced(c.clone(), ns).list(&lp).await.expect("LoadBalancers served");
-    Api::<IPPool>::all(c.clone()).list(&lp).await.expect("IPPools served");
-    for plural in ["volumesnapshots", "volumesnapshotcontents", "volumesnapshotclasses"] {
-        let req = http::Request::get(format!("/apis/snapshot.storage.k8s.io/v1/{plural}")).body(vec![]).unwrap();
-        c.request_text(req).await.unwrap_or_else(|e| panic!("{plural} served: {e}"));
+    Api::<VirtualMachine>::namespaced(c.clone(), ns)
+        .list(&lp)
+        .await
+        .expect("VMs served");
+    Api::<VirtualMachineInstance>::namespaced(c.clone(), ns)
+        .list(&lp)
+        .await
+        .expect("VMIs served");
+    Api::<LoadBalancer>::namespaced(c.clone(), ns)
+        .list(&lp)
+        .await
+        .expect("LoadBalancers served");
+    Api::<IPPool>::all(c.clone())
+        .list(&lp)
+        .await
+        .expect("IPPools served");
+    for plural in [
+        "volumesnapshots",
+        "volumesnapshotcontents",
+        "volumesnapshotclasses",
+    ] {
+        let req = http::Request::get(format!("/apis/snapshot.storage.k8s.io/v1/{plural}"))
+            .body(vec![])
+            .unwrap();
+        c.request_text(req)
+            .await
+            .unwrap_or_else(|e| panic!("{plural} served: {e}"));
     }
     // The VM CRD has a status subresource: a plain update must not change status.
-    bed.sim.create_host("h1", Some("r1"), Some("z1")).await.expect("host");
-    let (mut vm, _) = bed.sim.create_vm(&GuestVm::new("w1").on_host("h1")).await.expect("vm");
+    bed.sim
+        .create_host("h1", Some("r1"), Some("z1"))
+        .await
+        .expect("host");
+    let (mut vm, _) = bed
+        .sim
+        .create_vm(&GuestVm::new("w1").on_host("h1"))
+        .await
+        .expect("vm");
     assert_eq!(vm.status.as_ref().map(|s| s.ready), Some(true));
     vm.status.as_mut().expect("status").ready = false;
     let vms = Api::<VirtualMachine>::namespaced(c.clone(), ns);
-    let after = vms.replace("w1", &PostParams::default(), &vm).await.expect("update");
-    assert_eq!(after.status.map(|s| s.ready), Some(true), "status is a subresource");
+    let after = vms
+        .replace("w1", &PostParams::default(), &vm)
+        .await
+        .expect("update");
+    assert_eq!(
+        after.status.map(|s| s.ready),
+        Some(true),
+        "status is a subresource"
+    );
 }
 
 #[tokio::test]
 async fn vm_helpers_stop_start_migrate_and_delete() {
     let bed = bed().await;
     let sim = &bed.sim;
-    sim.create_host("h1", Some("r1"), Some("z1")).await.expect("h1");
-    sim.create_host("h2", Some("r1"), Some("z2")).await.expect("h2");
+    sim.create_host("h1", Some("r1"), Some("z1"))
+        .await
+        .expect("h1");
+    sim.create_host("h2", Some("r1"), Some("z2"))
+        .await
+        .expect("h2");
     let spec = GuestVm::new("w1").on_host("h1").ip("10.0.0.5");
     let (_, vmi) = sim.create_vm(&spec).await.expect("vm");
     let ann = vmi.metadata.annotations.clone().unwrap_or_default();
-    assert_eq!(ann.get("topology.kubernetes.io/zone").map(String::as_str), Some("z1"));
+    assert_eq!(
+        ann.get("topology.kubernetes.io/zone").map(String::as_str),
+        Some("z1")
+    );
     let moved = sim.migrate_vm("w1", "h2").await.expect("migrate");
-    assert_eq!(moved.status.as_ref().and_then(|s| s.node_name.as_deref()), Some("h2"));
+    assert_eq!(
+        moved.status.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some("h2")
+    );
     let ann = moved.metadata.annotations.unwrap_or_default();
-    assert_eq!(ann.get("topology.kubernetes.io/zone").map(String::as_str), Some("z2"));
+    assert_eq!(
+        ann.get("topology.kubernetes.io/zone").map(String::as_str),
+        Some("z2")
+    );
 
     sim.stop_vm("w1").await.expect("stop");
     let vms = Api::<VirtualMachine>::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);
-    let vmis = Api::<VirtualMachineInstance>::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);
+    let vmis =
+        Api::<VirtualMachineInstance>::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);
     let vm = vms.get("w1").await.expect("vm after stop");
     assert_eq!(vm.status.map(|s| s.ready), Some(false));
-    assert!(vmis.get_opt("w1").await.expect("get vmi").is_none(), "a stopped VM has no VMI");
+    assert!(
+        vmis.get_opt("w1").await.expect("get vmi").is_none(),
+        "a stopped VM has no VMI"
+    );
     sim.start_vm(&spec).await.expect("start");
     assert!(vmis.get_opt("w1").await.expect("get vmi").is_some());
     sim.delete_vm("w1").await.expect("delete");
@@ -100,29 +161,46 @@ fn pvc(name: &str, size: &str) -> PersistentVolumeClaim {
 
 #[tokio::test]
 async fn addvolume_through_the_aggregator_makes_a_ready_disk_on_a_loop_device_root() {
-    assert!(testbed::sim::storage::is_root(), "this test needs root for loop devices; run it as root (make test does)");
+    assert!(
+        testbed::sim::storage::is_root(),
+        "this test needs root for loop devices; run it as root (make test does)"
+    );
     let bed = bed().await;
     let c = bed.harvester.client.clone();
     let ns = bed.vm_namespace.clone();
     bed.sim.create_host("h1", None, None).await.expect("host");
-    bed.sim.create_vm(&GuestVm::new("w1").on_host("h1")).await.expect("vm");
+    bed.sim
+        .create_vm(&GuestVm::new("w1").on_host("h1"))
+        .await
+        .expect("vm");
     let pvcs = Api::<PersistentVolumeClaim>::namespaced(c.clone(), &ns);
-    pvcs.create(&PostParams::default(), &pvc("pvc-1", "64Mi")).await.expect("pvc");
+    pvcs.create(&PostParams::default(), &pvc("pvc-1", "64Mi"))
+        .await
+        .expect("pvc");
     wait::until("PVC bound", Duration::from_secs(20), || {
         let pvcs = pvcs.clone();
         async move {
             let p = pvcs.get("pvc-1").await.map_err(|e| e.to_string())?;
             let phase = p.status.and_then(|s| s.phase);
-            Ok(if phase.as_deref() == Some("Bound") { Ok(()) } else { Err(phase) })
+            Ok(if phase.as_deref() == Some("Bound") {
+                Ok(())
+            } else {
+                Err(phase)
+            })
         }
     })
     .await
     .unwrap();
 
     // Through kube-apiserver -> APIService -> ExternalName Service -> the stand-in.
-    hotplug::add_volume(&c, &ns, "w1", &AddVolumeOptions::scsi_pvc("pvc-1", "pvc-1", "serial-pvc-1"))
-        .await
-        .expect("addvolume");
+    hotplug::add_volume(
+        &c,
+        &ns,
+        "w1",
+        &AddVolumeOptions::scsi_pvc("pvc-1", "pvc-1", "serial-pvc-1"),
+    )
+    .await
+    .expect("addvolume");
     let vmis = Api::<VirtualMachineInstance>::namespaced(c.clone(), &ns);
     let status = wait::until("volumeStatus Ready", Duration::from_secs(20), || {
         let vmis = vmis.clone();
@@ -137,10 +215,21 @@ async fn addvolume_through_the_aggregator_makes_a_ready_disk_on_a_loop_device_ro
     })
     .await
     .unwrap();
-    assert!(status.target.starts_with("sd"), "target {:?}", status.target);
-    let link = bed.sim.by_id_dir("w1").join("scsi-0QEMU_QEMU_HARDDISK_serial-pvc-1");
+    assert!(
+        status.target.starts_with("sd"),
+        "target {:?}",
+        status.target
+    );
+    let link = bed
+        .sim
+        .by_id_dir("w1")
+        .join("scsi-0QEMU_QEMU_HARDDISK_serial-pvc-1");
     let device = std::fs::read_link(&link).expect("by-id link");
-    assert!(device.to_string_lossy().starts_with("/dev/loop"), "link points at {}", device.display());
+    assert!(
+        device.to_string_lossy().starts_with("/dev/loop"),
+        "link points at {}",
+        device.display()
+    );
     let size = std::fs::read_to_string(format!(
         "/sys/class/block/{}/size",
         device.file_name().unwrap().to_string_lossy()
@@ -148,31 +237,72 @@ async fn addvolume_through_the_aggregator_makes_a_ready_disk_on_a_loop_device_ro
     .expect("sysfs size");
     assert_eq!(size.trim().parse::<u64>().unwrap() * 512, 64 << 20);
 
-    let vm = Api::<VirtualMachine>::namespaced(c.clone(), &ns).get("w1").await.unwrap();
-    let disk = vm.spec.template.spec.domain.devices.disks.iter().find(|d| d.name == "pvc-1").expect("disk in VM spec");
+    let vm = Api::<VirtualMachine>::namespaced(c.clone(), &ns)
+        .get("w1")
+        .await
+        .unwrap();
+    let disk = vm
+        .spec
+        .template
+        .spec
+        .domain
+        .devices
+        .disks
+        .iter()
+        .find(|d| d.name == "pvc-1")
+        .expect("disk in VM spec");
     assert_eq!(disk.serial.as_deref(), Some("serial-pvc-1"));
 
     // Adding it twice is refused like virt-api does.
-    let again = hotplug::add_volume(&c, &ns, "w1", &AddVolumeOptions::scsi_pvc("pvc-1", "pvc-1", "serial-pvc-1")).await;
-    assert!(again.is_err(), "second addvolume of the same name must fail");
+    let again = hotplug::add_volume(
+        &c,
+        &ns,
+        "w1",
+        &AddVolumeOptions::scsi_pvc("pvc-1", "pvc-1", "serial-pvc-1"),
+    )
+    .await;
+    assert!(
+        again.is_err(),
+        "second addvolume of the same name must fail"
+    );
 
-    hotplug::remove_volume(&c, &ns, "w1", &RemoveVolumeOptions { name: "pvc-1".into(), rest: Default::default() })
-        .await
-        .expect("removevolume");
-    assert!(std::fs::symlink_metadata(&link).is_err(), "by-id link removed");
+    hotplug::remove_volume(
+        &c,
+        &ns,
+        "w1",
+        &RemoveVolumeOptions {
+            name: "pvc-1".into(),
+            rest: Default::default(),
+        },
+    )
+    .await
+    .expect("removevolume");
+    assert!(
+        std::fs::symlink_metadata(&link).is_err(),
+        "by-id link removed"
+    );
     let vmi = vmis.get("w1").await.unwrap();
     assert!(vmi.volume_status("pvc-1").is_none());
 
     // Deleting the PVC frees the loop device.
-    pvcs.delete("pvc-1", &DeleteParams::default()).await.expect("delete pvc");
+    pvcs.delete("pvc-1", &DeleteParams::default())
+        .await
+        .expect("delete pvc");
     let dev = device.clone();
     wait::until("loop device detached", Duration::from_secs(20), || {
         let dev = dev.clone();
         async move {
-            let out = std::process::Command::new("losetup").arg("-a").output().map_err(|e| e.to_string())?;
+            let out = std::process::Command::new("losetup")
+                .arg("-a")
+                .output()
+                .map_err(|e| e.to_string())?;
             let text = String::from_utf8_lossy(&out.stdout).to_string();
             let prefix = format!("{}:", dev.display());
-            Ok(if text.lines().any(|l| l.starts_with(&prefix)) { Err(text) } else { Ok(()) })
+            Ok(if text.lines().any(|l| l.starts_with(&prefix)) {
+                Err(text)
+            } else {
+                Ok(())
+            })
         }
     })
     .await
@@ -183,15 +313,37 @@ async fn addvolume_through_the_aggregator_makes_a_ready_disk_on_a_loop_device_ro
 async fn addvolume_is_authorized_by_the_real_api_server() {
     let bed = bed().await;
     bed.sim.create_host("h1", None, None).await.expect("host");
-    bed.sim.create_vm(&GuestVm::new("w1").on_host("h1")).await.expect("vm");
-    let cert = bed.pki.client_cert(bed.dir.path(), "nobody", &[]).expect("client cert");
-    let text = testbed::cluster::kubeconfig_text(&bed.harvester.url, &bed.pki, &cert, "nobody", &bed.vm_namespace);
-    let nobody = testbed::cluster::client_from_kubeconfig(&text).await.expect("client");
-    let err = hotplug::add_volume(&nobody, &bed.vm_namespace, "w1", &AddVolumeOptions::scsi_pvc("v", "v", "s"))
+    bed.sim
+        .create_vm(&GuestVm::new("w1").on_host("h1"))
         .await
-        .expect_err("a user without RBAC must be refused");
+        .expect("vm");
+    let cert = bed
+        .pki
+        .client_cert(bed.dir.path(), "nobody", &[])
+        .expect("client cert");
+    let text = testbed::cluster::kubeconfig_text(
+        &bed.harvester.url,
+        &bed.pki,
+        &cert,
+        "nobody",
+        &bed.vm_namespace,
+    );
+    let nobody = testbed::cluster::client_from_kubeconfig(&text)
+        .await
+        .expect("client");
+    let err = hotplug::add_volume(
+        &nobody,
+        &bed.vm_namespace,
+        "w1",
+        &AddVolumeOptions::scsi_pvc("v", "v", "s"),
+    )
+    .await
+    .expect_err("a user without RBAC must be refused");
     match err {
-        hotplug::HotplugError::Request { source: kube::Error::Api(s), .. } => assert_eq!(s.code, 403, "{s:?}"),
+        hotplug::HotplugError::Request {
+            source: kube::Error::Api(s),
+            ..
+        } => assert_eq!(s.code, 403, "{s:?}"),
         other => panic!("expected 403 Forbidden, got {other}"),
     }
 }
@@ -242,31 +394,59 @@ async fn lb_gets_an_address_from_an_ippool_and_releases_it_on_delete() {
         .await
         .expect("pool");
     let lbs = Api::<LoadBalancer>::namespaced(c.clone(), &bed.vm_namespace);
-    lbs.create(&PostParams::default(), &lb("lb-1", "pool")).await.expect("lb");
-    let got = wait_lb(&lbs, "lb-1", "an allocated address", |lb| lb.allocated_ip().is_some()).await;
-    let addr = got.status.as_ref().and_then(|s| s.allocated_address.clone()).unwrap();
+    lbs.create(&PostParams::default(), &lb("lb-1", "pool"))
+        .await
+        .expect("lb");
+    let got = wait_lb(&lbs, "lb-1", "an allocated address", |lb| {
+        lb.allocated_ip().is_some()
+    })
+    .await;
+    let addr = got
+        .status
+        .as_ref()
+        .and_then(|s| s.allocated_address.clone())
+        .unwrap();
     assert_eq!(addr.ip, "192.168.100.10");
     assert_eq!(addr.ip_pool.as_deref(), Some("p1"));
-    assert_eq!(got.ready_condition().map(|c| c.status.as_str()), Some("True"));
+    assert_eq!(
+        got.ready_condition().map(|c| c.status.as_str()),
+        Some("True")
+    );
     let p = pools.get("p1").await.unwrap().status.unwrap();
-    assert_eq!(p.allocated.get("192.168.100.10").map(String::as_str), Some(&*format!("{}/lb-1", bed.vm_namespace)));
+    assert_eq!(
+        p.allocated.get("192.168.100.10").map(String::as_str),
+        Some(&*format!("{}/lb-1", bed.vm_namespace))
+    );
     assert_eq!((p.total, p.available), (11, 10));
 
-    lbs.delete("lb-1", &DeleteParams::default()).await.expect("delete");
-    wait::until("LB gone (finalizer removed)", Duration::from_secs(20), || {
-        let lbs = lbs.clone();
-        async move {
-            Ok(match lbs.get_opt("lb-1").await.map_err(|e| e.to_string())? {
-                None => Ok(()),
-                Some(lb) => Err(lb.metadata.finalizers),
-            })
-        }
-    })
+    lbs.delete("lb-1", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait::until(
+        "LB gone (finalizer removed)",
+        Duration::from_secs(20),
+        || {
+            let lbs = lbs.clone();
+            async move {
+                Ok(
+                    match lbs.get_opt("lb-1").await.map_err(|e| e.to_string())? {
+                        None => Ok(()),
+                        Some(lb) => Err(lb.metadata.finalizers),
+                    },
+                )
+            }
+        },
+    )
     .await
     .unwrap();
     let p = pools.get("p1").await.unwrap().status.unwrap();
     assert!(p.allocated.is_empty(), "released: {p:?}");
-    assert_eq!(p.allocated_history.get("192.168.100.10").map(String::as_str), Some(&*format!("{}/lb-1", bed.vm_namespace)));
+    assert_eq!(
+        p.allocated_history
+            .get("192.168.100.10")
+            .map(String::as_str),
+        Some(&*format!("{}/lb-1", bed.vm_namespace))
+    );
 }
 
 #[tokio::test]
@@ -274,44 +454,78 @@ async fn pool_exhaustion_and_missing_pools_are_conditions_that_converge() {
     let bed = bed().await;
     let c = bed.harvester.client.clone();
     let lbs = Api::<LoadBalancer>::namespaced(c.clone(), &bed.vm_namespace);
-    lbs.create(&PostParams::default(), &lb("lb-a", "pool")).await.expect("lb-a");
+    lbs.create(&PostParams::default(), &lb("lb-a", "pool"))
+        .await
+        .expect("lb-a");
     let waiting = wait_lb(&lbs, "lb-a", "Ready=False without pools", |lb| {
         lb.ready_condition().is_some_and(|c| c.status == "False")
     })
     .await;
-    let msg = waiting.ready_condition().and_then(|c| c.message.clone()).unwrap_or_default();
+    let msg = waiting
+        .ready_condition()
+        .and_then(|c| c.message.clone())
+        .unwrap_or_default();
     assert!(msg.contains("no matched IPPool"), "message: {msg}");
 
     // A one-address pool appears: lb-a converges by itself (woken by the IPPool watch).
     let pools = Api::<IPPool>::all(c.clone());
     pools
-        .create(&PostParams::default(), &pool("tiny", json!({"subnet": "10.9.0.7/32"}), global_scope()))
+        .create(
+            &PostParams::default(),
+            &pool("tiny", json!({"subnet": "10.9.0.7/32"}), global_scope()),
+        )
         .await
         .expect("pool");
-    let a = wait_lb(&lbs, "lb-a", "lb-a allocated", |lb| lb.allocated_ip().is_some()).await;
+    let a = wait_lb(&lbs, "lb-a", "lb-a allocated", |lb| {
+        lb.allocated_ip().is_some()
+    })
+    .await;
     assert_eq!(a.allocated_ip(), Some("10.9.0.7"));
 
-    lbs.create(&PostParams::default(), &lb("lb-b", "pool")).await.expect("lb-b");
+    lbs.create(&PostParams::default(), &lb("lb-b", "pool"))
+        .await
+        .expect("lb-b");
     let b = wait_lb(&lbs, "lb-b", "lb-b exhausted", |lb| {
-        lb.ready_condition().is_some_and(|c| c.message.as_deref().unwrap_or("").contains("no IP addresses available"))
+        lb.ready_condition().is_some_and(|c| {
+            c.message
+                .as_deref()
+                .unwrap_or("")
+                .contains("no IP addresses available")
+        })
     })
     .await;
     assert_eq!(b.allocated_ip(), None);
-    assert_eq!(b.ready_condition().map(|c| c.status.as_str()), Some("False"));
+    assert_eq!(
+        b.ready_condition().map(|c| c.status.as_str()),
+        Some("False")
+    );
 }
 
 #[tokio::test]
 async fn dhcp_lb_records_the_sentinel_address() {
     let bed = bed().await;
     let lbs = Api::<LoadBalancer>::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);
-    lbs.create(&PostParams::default(), &lb("lb-d", "dhcp")).await.expect("lb");
-    let got = wait_lb(&lbs, "lb-d", "0.0.0.0 recorded", |lb| lb.allocated_ip() == Some("0.0.0.0")).await;
-    assert_eq!(got.ready_condition().map(|c| c.status.as_str()), Some("True"));
+    lbs.create(&PostParams::default(), &lb("lb-d", "dhcp"))
+        .await
+        .expect("lb");
+    let got = wait_lb(&lbs, "lb-d", "0.0.0.0 recorded", |lb| {
+        lb.allocated_ip() == Some("0.0.0.0")
+    })
+    .await;
+    assert_eq!(
+        got.ready_condition().map(|c| c.status.as_str()),
+        Some("True")
+    );
 }
 
 #[test]
 fn a_missing_tool_is_named_with_the_script_that_builds_it() {
     let dir = tempfile::tempdir().unwrap();
-    let err = testbed::tools::tool_in(dir.path(), "kube-apiserver").unwrap_err().to_string();
-    assert!(err.contains("kube-apiserver") && err.contains("tools.sh"), "{err}");
+    let err = testbed::tools::tool_in(dir.path(), "kube-apiserver")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("kube-apiserver") && err.contains("tools.sh"),
+        "{err}"
+    );
 }

@@ -122,9 +122,8 @@ async fn put_subresource<B: Serialize>(
     volume: &str,
     body: &B,
 ) -> Result<(), HotplugError> {
-    let url = format!(
-        "/apis/{SUBRESOURCE_GROUP}/v1/namespaces/{namespace}/virtualmachines/{vm}/{verb}"
-    );
+    let url =
+        format!("/apis/{SUBRESOURCE_GROUP}/v1/namespaces/{namespace}/virtualmachines/{vm}/{verb}");
     let bytes = serde_json::to_vec(body).map_err(|e| HotplugError::Build(e.to_string()))?;
     let req = http::Request::put(url)
         .header(http::header::CONTENT_TYPE, "application/json")

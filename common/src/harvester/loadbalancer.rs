@@ -97,7 +97,13 @@ impl LoadBalancer {
 
     /// The allocated IP, if Harvester has set one.
     pub fn allocated_ip(&self) -> Option<&str> {
-        let ip = self.status.as_ref()?.allocated_address.as_ref()?.ip.as_str();
+        let ip = self
+            .status
+            .as_ref()?
+            .allocated_address
+            .as_ref()?
+            .ip
+            .as_str();
         (!ip.is_empty()).then_some(ip)
     }
 

@@ -75,8 +75,12 @@ async fn reconcile(lb: Arc<LoadBalancer>, ctx: Arc<Ctx>) -> Result<Action, LbSim
                 .filter(|f| *f != LB_CONTROLLER_FINALIZER)
                 .cloned()
                 .collect();
-            patch(&api, &lb, json!({"metadata": {"finalizers": rest,
-                "resourceVersion": lb.resource_version()}}))
+            patch(
+                &api,
+                &lb,
+                json!({"metadata": {"finalizers": rest,
+                "resourceVersion": lb.resource_version()}}),
+            )
             .await?;
         }
         return Ok(Action::await_change());
@@ -84,15 +88,22 @@ async fn reconcile(lb: Arc<LoadBalancer>, ctx: Arc<Ctx>) -> Result<Action, LbSim
     if !has_finalizer {
         let mut f = lb.finalizers().to_vec();
         f.push(LB_CONTROLLER_FINALIZER.into());
-        patch(&api, &lb, json!({"metadata": {"finalizers": f,
-            "resourceVersion": lb.resource_version()}}))
+        patch(
+            &api,
+            &lb,
+            json!({"metadata": {"finalizers": f,
+            "resourceVersion": lb.resource_version()}}),
+        )
         .await?;
         // The patch wakes us again with the new object.
         return Ok(Action::await_change());
     }
     if lb.is_dhcp() {
         if lb.allocated_ip() != Some(DHCP_SENTINEL) || !is_ready(&lb) {
-            let addr = AllocatedAddress { ip: DHCP_SENTINEL.into(), ..Default::default() };
+            let addr = AllocatedAddress {
+                ip: DHCP_SENTINEL.into(),
+                ..Default::default()
+            };
             set_status(&api, &lb, Some(addr), ready(true, None)).await?;
         }
         return Ok(Action::await_change());
@@ -127,7 +138,11 @@ fn ready(ok: bool, message: Option<String>) -> Condition {
     }
 }
 
-async fn patch(api: &Api<LoadBalancer>, lb: &LoadBalancer, body: serde_json::Value) -> Result<(), LbSimError> {
+async fn patch(
+    api: &Api<LoadBalancer>,
+    lb: &LoadBalancer,
+    body: serde_json::Value,
+) -> Result<(), LbSimError> {
     api.patch(&lb.name_any(), &PatchParams::default(), &Patch::Merge(body))
         .await?;
     Ok(())
@@ -194,8 +209,13 @@ fn ranges(pool: &IPPool) -> Result<Vec<Range>, String> {
         .ranges
         .iter()
         .map(|r| {
-            Range::parse(&r.subnet, r.range_start.as_deref(), r.range_end.as_deref(), r.gateway.as_deref())
-                .map_err(|e| format!("IPPool {}: {e}", pool.name_any()))
+            Range::parse(
+                &r.subnet,
+                r.range_start.as_deref(),
+                r.range_end.as_deref(),
+                r.gateway.as_deref(),
+            )
+            .map_err(|e| format!("IPPool {}: {e}", pool.name_any()))
         })
         .collect()
 }
@@ -219,13 +239,24 @@ async fn store_state(
 ) -> Result<(), LbSimError> {
     let mut pool = pool.clone();
     let status = pool.status.get_or_insert_with(IPPoolStatus::default);
-    status.allocated = state.allocated.iter().map(|(ip, id)| (ip.to_string(), id.clone())).collect();
-    status.allocated_history = state.history.iter().map(|(ip, id)| (ip.to_string(), id.clone())).collect();
+    status.allocated = state
+        .allocated
+        .iter()
+        .map(|(ip, id)| (ip.to_string(), id.clone()))
+        .collect();
+    status.allocated_history = state
+        .history
+        .iter()
+        .map(|(ip, id)| (ip.to_string(), id.clone()))
+        .collect();
     status.last_allocated = state.last_allocated.map(|ip| ip.to_string());
     status.total = i64::try_from(ipam::total(ranges)).unwrap_or(i64::MAX);
     status.available = i64::try_from(ipam::available(ranges, state)).unwrap_or(i64::MAX);
     let name = pool.name_any();
-    match Api::<IPPool>::all(client.clone()).replace(&name, &PostParams::default(), &pool).await {
+    match Api::<IPPool>::all(client.clone())
+        .replace(&name, &PostParams::default(), &pool)
+        .await
+    {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 409 => Err(LbSimError::Conflict { pool: name }),
         Err(e) => Err(e.into()),
@@ -233,13 +264,22 @@ async fn store_state(
 }
 
 /// `Ok(Err(message))` is a condition to report (no pool, exhausted), not a failure to retry.
-async fn allocate(client: &kube::Client, lb: &LoadBalancer) -> Result<Result<AllocatedAddress, String>, LbSimError> {
-    let pools = Api::<IPPool>::all(client.clone()).list(&Default::default()).await?.items;
+async fn allocate(
+    client: &kube::Client,
+    lb: &LoadBalancer,
+) -> Result<Result<AllocatedAddress, String>, LbSimError> {
+    let pools = Api::<IPPool>::all(client.clone())
+        .list(&Default::default())
+        .await?
+        .items;
     let views: Vec<PoolView> = pools.iter().map(view).collect();
     let cluster = lb.spec.workload_type.as_deref() == Some("cluster");
     let wanted = lb.spec.ip_pool.clone().filter(|p| !p.is_empty());
     let chosen = match &wanted {
-        Some(name) => views.iter().find(|v| &v.name == name).ok_or_else(|| format!("IPPool {name} not found")),
+        Some(name) => views
+            .iter()
+            .find(|v| &v.name == name)
+            .ok_or_else(|| format!("IPPool {name} not found")),
         None => ipam::select_pool(&views, &requirement(lb), cluster).map_err(|e| e.to_string()),
     };
     let chosen = match chosen {
@@ -269,7 +309,10 @@ async fn allocate(client: &kube::Client, lb: &LoadBalancer) -> Result<Result<All
 }
 
 async fn release_everywhere(client: &kube::Client, id: &str) -> Result<(), LbSimError> {
-    let pools = Api::<IPPool>::all(client.clone()).list(&Default::default()).await?.items;
+    let pools = Api::<IPPool>::all(client.clone())
+        .list(&Default::default())
+        .await?
+        .items;
     for pool in &pools {
         let mut st = state(pool);
         if ipam::release(&mut st, id).is_some() {

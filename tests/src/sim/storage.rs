@@ -8,11 +8,11 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
+use harvester_common::harvester::VirtualMachineInstance;
 use harvester_common::quantity;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::api::{Api, Patch, PatchParams};
-use harvester_common::harvester::VirtualMachineInstance;
 use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher::{self, Event};
 use serde_json::json;
 
@@ -106,7 +106,9 @@ impl Storage {
         f.set_len(size)
             .map_err(|e| BedError::Storage(format!("sizing {}: {e}", file.display())))?;
         let device = if self.use_loop {
-            PathBuf::from(run(Command::new("losetup").args(["-f", "--show"]).arg(&file))?)
+            PathBuf::from(run(Command::new("losetup")
+                .args(["-f", "--show"])
+                .arg(&file))?)
         } else {
             file.clone()
         };
@@ -180,7 +182,11 @@ pub async fn run_pvc_binder(client: kube::Client, storage: Arc<Storage>) {
     }
 }
 
-async fn release_terminating(client: &kube::Client, ns: &str, storage: &Storage) -> Result<(), BedError> {
+async fn release_terminating(
+    client: &kube::Client,
+    ns: &str,
+    storage: &Storage,
+) -> Result<(), BedError> {
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
     for pvc in pvcs.list(&Default::default()).await?.items {
         if pvc.metadata.deletion_timestamp.is_some() {
@@ -193,11 +199,18 @@ async fn release_terminating(client: &kube::Client, ns: &str, storage: &Storage)
 /// Whether a VMI in the claim's namespace mounts it (its hot-plug pod would hold it).
 async fn in_use(client: &kube::Client, ns: &str, claim: &str) -> Result<bool, BedError> {
     let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), ns);
-    Ok(vmis.list(&Default::default()).await?.items.iter().any(|vmi| {
-        vmi.spec.volumes.iter().any(|v| {
-            v.persistent_volume_claim.as_ref().is_some_and(|p| p.claim_name == claim)
-        })
-    }))
+    Ok(vmis
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .any(|vmi| {
+            vmi.spec.volumes.iter().any(|v| {
+                v.persistent_volume_claim
+                    .as_ref()
+                    .is_some_and(|p| p.claim_name == claim)
+            })
+        }))
 }
 
 async fn reconcile_pvc(
@@ -214,11 +227,17 @@ async fn reconcile_pvc(
     if !pvc.finalizers().iter().any(|f| f == PVC_PROTECTION) || in_use(client, &ns, &name).await? {
         return Ok(());
     }
-    let rest: Vec<&String> = pvc.finalizers().iter().filter(|f| *f != PVC_PROTECTION).collect();
+    let rest: Vec<&String> = pvc
+        .finalizers()
+        .iter()
+        .filter(|f| *f != PVC_PROTECTION)
+        .collect();
     api.patch(
         &name,
         &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"finalizers": rest, "resourceVersion": pvc.resource_version()}})),
+        &Patch::Merge(
+            json!({"metadata": {"finalizers": rest, "resourceVersion": pvc.resource_version()}}),
+        ),
     )
     .await?;
     Ok(())

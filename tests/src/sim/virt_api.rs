@@ -56,14 +56,17 @@ impl HotplugCtx {
 }
 
 fn tls_config(pki: &Pki) -> Result<rustls::ServerConfig, BedError> {
-    let e = |what: &str, e: &dyn std::fmt::Display| BedError::Setup(format!("virt-api TLS {what}: {e}"));
+    let e = |what: &str, e: &dyn std::fmt::Display| {
+        BedError::Setup(format!("virt-api TLS {what}: {e}"))
+    };
     let certs: Vec<CertificateDer<'static>> =
         rustls_pemfile::certs(&mut pki.virt_api.cert_pem.as_bytes())
             .collect::<Result<_, _>>()
             .map_err(|x| e("cert", &x))?;
-    let key: PrivateKeyDer<'static> = rustls_pemfile::private_key(&mut pki.virt_api.key_pem.as_bytes())
-        .map_err(|x| e("key", &x))?
-        .ok_or_else(|| BedError::Setup("virt-api TLS key: none in PEM".into()))?;
+    let key: PrivateKeyDer<'static> =
+        rustls_pemfile::private_key(&mut pki.virt_api.key_pem.as_bytes())
+            .map_err(|x| e("key", &x))?
+            .ok_or_else(|| BedError::Setup("virt-api TLS key: none in PEM".into()))?;
     let mut roots = rustls::RootCertStore::empty();
     for c in rustls_pemfile::certs(&mut pki.front_proxy_ca.cert_pem.as_bytes()) {
         roots
@@ -71,10 +74,12 @@ fn tls_config(pki: &Pki) -> Result<rustls::ServerConfig, BedError> {
             .map_err(|x| e("front-proxy CA", &x))?;
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let verifier =
-        rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-            .build()
-            .map_err(|x| e("client verifier", &x))?;
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .map_err(|x| e("client verifier", &x))?;
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|x| e("versions", &x))?
@@ -166,8 +171,17 @@ async fn route(req: Request<Incoming>, ctx: Arc<HotplugCtx>) -> Reply {
     }
     let parts: Vec<&str> = path.split('/').collect();
     // ["", "apis", "subresources.kubevirt.io", "v1", "namespaces", ns, "virtualmachines", vm, verb]
-    if let ["", "apis", "subresources.kubevirt.io", "v1", "namespaces", ns, "virtualmachines", vm, verb] =
-        parts.as_slice()
+    if let [
+        "",
+        "apis",
+        "subresources.kubevirt.io",
+        "v1",
+        "namespaces",
+        ns,
+        "virtualmachines",
+        vm,
+        verb,
+    ] = parts.as_slice()
         && method == Method::PUT
     {
         let (ns, vm, verb) = (ns.to_string(), vm.to_string(), verb.to_string());
@@ -178,16 +192,32 @@ async fn route(req: Request<Incoming>, ctx: Arc<HotplugCtx>) -> Reply {
         return match verb.as_str() {
             "addvolume" => match serde_json::from_slice::<AddVolumeOptions>(&body) {
                 Ok(opts) => add_volume(&ctx, &ns, &vm, opts).await,
-                Err(e) => failure(StatusCode::BAD_REQUEST, "BadRequest", format!("bad AddVolumeOptions: {e}")),
+                Err(e) => failure(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    format!("bad AddVolumeOptions: {e}"),
+                ),
             },
             "removevolume" => match serde_json::from_slice::<RemoveVolumeOptions>(&body) {
                 Ok(opts) => remove_volume(&ctx, &ns, &vm, opts).await,
-                Err(e) => failure(StatusCode::BAD_REQUEST, "BadRequest", format!("bad RemoveVolumeOptions: {e}")),
+                Err(e) => failure(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    format!("bad RemoveVolumeOptions: {e}"),
+                ),
             },
-            _ => failure(StatusCode::NOT_FOUND, "NotFound", format!("no subresource {verb}")),
+            _ => failure(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("no subresource {verb}"),
+            ),
         };
     }
-    failure(StatusCode::NOT_FOUND, "NotFound", format!("{method} {path} is not served"))
+    failure(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        format!("{method} {path} is not served"),
+    )
 }
 
 fn resource_list() -> serde_json::Value {
@@ -207,16 +237,32 @@ fn api_error(e: kube::Error) -> Reply {
             let code = StatusCode::from_u16(s.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             failure(code, &s.reason, s.message)
         }
-        other => failure(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", other.to_string()),
+        other => failure(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            other.to_string(),
+        ),
     }
 }
 
-async fn add_volume(ctx: &Arc<HotplugCtx>, ns: &str, vm_name: &str, opts: AddVolumeOptions) -> Reply {
+async fn add_volume(
+    ctx: &Arc<HotplugCtx>,
+    ns: &str,
+    vm_name: &str,
+    opts: AddVolumeOptions,
+) -> Reply {
     let Some(claim) = opts.claim_name().map(str::to_string) else {
-        return failure(StatusCode::BAD_REQUEST, "BadRequest",
-            "AddVolumeOptions.volumeSource.persistentVolumeClaim.claimName is required".into());
+        return failure(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "AddVolumeOptions.volumeSource.persistentVolumeClaim.claimName is required".into(),
+        );
     };
-    let serial = opts.disk.serial.clone().unwrap_or_else(|| opts.name.clone());
+    let serial = opts
+        .disk
+        .serial
+        .clone()
+        .unwrap_or_else(|| opts.name.clone());
     let vms: Api<VirtualMachine> = Api::namespaced(ctx.client.clone(), ns);
     let mut vm = match vms.get(vm_name).await {
         Ok(vm) => vm,
@@ -224,8 +270,14 @@ async fn add_volume(ctx: &Arc<HotplugCtx>, ns: &str, vm_name: &str, opts: AddVol
     };
     let tmpl = &mut vm.spec.template.spec;
     if tmpl.volumes.iter().any(|v| v.name == opts.name) {
-        return failure(StatusCode::BAD_REQUEST, "BadRequest", format!(
-            "Unable to add volume [{}] because volume with that name already exists", opts.name));
+        return failure(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            format!(
+                "Unable to add volume [{}] because volume with that name already exists",
+                opts.name
+            ),
+        );
     }
     let (volume, disk) = hotplug_entries(&opts, &claim, &serial);
     tmpl.volumes.push(volume.clone());
@@ -238,7 +290,11 @@ async fn add_volume(ctx: &Arc<HotplugCtx>, ns: &str, vm_name: &str, opts: AddVol
     let updated = update_vmi(&vmis, vm_name, |vmi| {
         vmi.spec.volumes.retain(|v| v.name != volume.name);
         vmi.spec.volumes.push(volume.clone());
-        vmi.spec.domain.devices.disks.retain(|d| d.name != disk.name);
+        vmi.spec
+            .domain
+            .devices
+            .disks
+            .retain(|d| d.name != disk.name);
         vmi.spec.domain.devices.disks.push(disk.clone());
         let status = vmi.status.get_or_insert_with(Default::default);
         status.volume_status.retain(|s| s.name != volume.name);
@@ -279,14 +335,28 @@ fn hotplug_entries(opts: &AddVolumeOptions, claim: &str, serial: &str) -> (Volum
         rest: Rest::new(),
     };
     let mut disk_rest = Rest::new();
-    disk_rest.insert("disk".into(), if opts.disk.disk.is_null() { json!({"bus": "scsi"}) } else { opts.disk.disk.clone() });
-    let disk = Disk { name: opts.name.clone(), serial: Some(serial.to_string()), rest: disk_rest };
+    disk_rest.insert(
+        "disk".into(),
+        if opts.disk.disk.is_null() {
+            json!({"bus": "scsi"})
+        } else {
+            opts.disk.disk.clone()
+        },
+    );
+    let disk = Disk {
+        name: opts.name.clone(),
+        serial: Some(serial.to_string()),
+        rest: disk_rest,
+    };
     (volume, disk)
 }
 
 /// The guest node a VMI's disks show up on: the VM name (guest node name = VM name).
 fn vmi_guest_node(vmi: &VirtualMachineInstance, vm_name: &str) -> String {
-    vmi.metadata.name.clone().unwrap_or_else(|| vm_name.to_string())
+    vmi.metadata
+        .name
+        .clone()
+        .unwrap_or_else(|| vm_name.to_string())
 }
 
 /// Pending -> AttachedToNode -> Ready (with a target), then the by-id link appears in the guest.
@@ -326,7 +396,13 @@ async fn attach(
 fn next_target(vmi: Option<&VirtualMachineInstance>, name: &str) -> String {
     let used: Vec<String> = vmi
         .and_then(|v| v.status.as_ref())
-        .map(|s| s.volume_status.iter().filter(|v| v.name != name).map(|v| v.target.clone()).collect())
+        .map(|s| {
+            s.volume_status
+                .iter()
+                .filter(|v| v.name != name)
+                .map(|v| v.target.clone())
+                .collect()
+        })
         .unwrap_or_default();
     (b'b'..=b'z')
         .map(|c| format!("sd{}", c as char))
@@ -342,7 +418,11 @@ async fn set_phase(
     target_or_reason: Option<&str>,
 ) -> Result<(), String> {
     update_vmi(vmis, vm_name, |vmi| {
-        if let Some(s) = vmi.status.as_mut().and_then(|s| s.volume_status.iter_mut().find(|v| v.name == name)) {
+        if let Some(s) = vmi
+            .status
+            .as_mut()
+            .and_then(|s| s.volume_status.iter_mut().find(|v| v.name == name))
+        {
             s.phase = Some(phase.to_string());
             match (phase, target_or_reason) {
                 (VOLUME_READY, Some(t)) => {
@@ -387,7 +467,12 @@ pub fn link_disk(dir: &Path, serial: &str, device: &Path) -> std::io::Result<()>
     std::os::unix::fs::symlink(device, link)
 }
 
-async fn remove_volume(ctx: &Arc<HotplugCtx>, ns: &str, vm_name: &str, opts: RemoveVolumeOptions) -> Reply {
+async fn remove_volume(
+    ctx: &Arc<HotplugCtx>,
+    ns: &str,
+    vm_name: &str,
+    opts: RemoveVolumeOptions,
+) -> Reply {
     let vms: Api<VirtualMachine> = Api::namespaced(ctx.client.clone(), ns);
     let mut vm = match vms.get(vm_name).await {
         Ok(vm) => vm,
@@ -403,11 +488,21 @@ async fn remove_volume(ctx: &Arc<HotplugCtx>, ns: &str, vm_name: &str, opts: Rem
         .and_then(|d| d.serial.clone())
         .unwrap_or_else(|| opts.name.clone());
     let hotplugged = tmpl.volumes.iter().any(|v| {
-        v.name == opts.name && v.persistent_volume_claim.as_ref().and_then(|p| p.hotpluggable) == Some(true)
+        v.name == opts.name
+            && v.persistent_volume_claim
+                .as_ref()
+                .and_then(|p| p.hotpluggable)
+                == Some(true)
     });
     if !hotplugged {
-        return failure(StatusCode::BAD_REQUEST, "BadRequest", format!(
-            "Unable to remove volume [{}] because it does not exist", opts.name));
+        return failure(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            format!(
+                "Unable to remove volume [{}] because it does not exist",
+                opts.name
+            ),
+        );
     }
     tmpl.volumes.retain(|v| v.name != opts.name);
     tmpl.domain.devices.disks.retain(|d| d.name != opts.name);
@@ -419,7 +514,11 @@ async fn remove_volume(ctx: &Arc<HotplugCtx>, ns: &str, vm_name: &str, opts: Rem
     let res = update_vmi(&vmis, vm_name, |vmi| {
         node = Some(vmi_guest_node(vmi, vm_name));
         vmi.spec.volumes.retain(|v| v.name != opts.name);
-        vmi.spec.domain.devices.disks.retain(|d| d.name != opts.name);
+        vmi.spec
+            .domain
+            .devices
+            .disks
+            .retain(|d| d.name != opts.name);
         if let Some(s) = vmi.status.as_mut() {
             s.volume_status.retain(|v| v.name != opts.name);
         }

@@ -19,7 +19,8 @@ use super::virt_api::update_vmi;
 use crate::BedError;
 
 /// Label Harvester's VMI controller requires before it copies host topology (node driver VMs).
-pub const CREATOR_LABEL: (&str, &str) = ("harvesterhci.io/creator", "docker-machine-driver-harvester");
+pub const CREATOR_LABEL: (&str, &str) =
+    ("harvesterhci.io/creator", "docker-machine-driver-harvester");
 pub const UNINITIALIZED_TAINT: &str = "node.cloudprovider.kubernetes.io/uninitialized";
 
 /// A guest VM to create: `GuestVm::new("worker-1").on_host("h1").ip("10.0.0.11")`.
@@ -138,7 +139,10 @@ impl Sim {
         object.metadata.namespace = Some(self.vm_namespace.clone());
         object.metadata.labels = Some(labels.clone());
         let created = self.vms().create(&PostParams::default(), &object).await?;
-        let created = self.set_vm_status(&vm.name, true, "Running").await.or(Ok::<_, BedError>(created))?;
+        let created = self
+            .set_vm_status(&vm.name, true, "Running")
+            .await
+            .or(Ok::<_, BedError>(created))?;
         let vmi = self.start_vmi(vm, networks).await?;
         Ok((created, vmi))
     }
@@ -245,7 +249,8 @@ impl Sim {
             )
             .await?;
         self.set_vm_status(&vm.name, true, "Running").await?;
-        self.start_vmi(vm, current.spec.template.spec.networks).await
+        self.start_vmi(vm, current.spec.template.spec.networks)
+            .await
     }
 
     /// Deletes the VMI and the VM.
@@ -267,10 +272,17 @@ impl Sim {
     }
 
     /// Live migration: the VMI moves to `to_host`, and Harvester re-copies that host's topology.
-    pub async fn migrate_vm(&self, name: &str, to_host: &str) -> Result<VirtualMachineInstance, BedError> {
+    pub async fn migrate_vm(
+        &self,
+        name: &str,
+        to_host: &str,
+    ) -> Result<VirtualMachineInstance, BedError> {
         let topology = self.host_topology(to_host).await?;
         let moved = update_vmi(&self.vmis(), name, |vmi| {
-            let ann = vmi.metadata.annotations.get_or_insert_with(Default::default);
+            let ann = vmi
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default);
             for k in [TOPOLOGY_REGION, TOPOLOGY_ZONE, "kubernetes.io/hostname"] {
                 match topology.get(k) {
                     Some(v) => ann.insert(k.to_string(), v.clone()),
