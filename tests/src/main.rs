@@ -1,6 +1,8 @@
 //! `testbed demo`: brings the bed up, creates a Harvester host, a guest VM and its guest Node,
 //! prints them, and tears everything down.
 
+mod demo;
+
 use std::time::Instant;
 
 use anyhow::Context;
@@ -76,6 +78,8 @@ async fn demo() -> anyhow::Result<()> {
     show("Harvester VirtualMachine", &vm)?;
     show("Harvester VirtualMachineInstance", &vmi)?;
     show("guest Node", &node)?;
+    demo::ccm::run(&bed).await.context("cloud provider demo")?;
+    demo::csi::run(&bed).await.context("CSI driver demo")?;
     drop(bed);
     println!(
         "test bed stopped; demo took {:.1}s",

@@ -1,0 +1,4 @@
+//! The steps of `testbed demo`, one module per component.
+
+pub mod ccm;
+pub mod csi;
