@@ -51,6 +51,14 @@ impl std::fmt::Debug for Harvester {
 impl Harvester {
     /// Loads the cloud-config at `path`. The namespace is the current context's, `default` if unset.
     pub async fn load(path: &Path) -> Result<Self, CloudConfigError> {
+        Self::load_with_metrics(path, None).await
+    }
+
+    /// As [`Harvester::load`], counting the client's API requests in `metrics`.
+    pub async fn load_with_metrics(
+        path: &Path,
+        metrics: Option<&crate::telemetry::Metrics>,
+    ) -> Result<Self, CloudConfigError> {
         let kubeconfig = Kubeconfig::read_from(path).map_err(|source| CloudConfigError::Read {
             path: path.to_path_buf(),
             source,
@@ -63,7 +71,7 @@ impl Harvester {
                     source,
                 })?;
         let namespace = config.default_namespace.clone();
-        let client = kube::Client::try_from(config).map_err(|source| CloudConfigError::Client {
+        let client = crate::telemetry::kube_client(config, metrics).map_err(|source| CloudConfigError::Client {
             path: path.to_path_buf(),
             source,
         })?;

@@ -5,8 +5,10 @@
 //! - [`cloud_config`]: the Harvester kubeconfig ("cloud-config") -> client + VM namespace.
 //! - [`ipam`]: a pure IP pool allocator with Harvester IPPool semantics.
 //! - [`quantity`]: Kubernetes quantities as bytes.
+//! - [`telemetry`]: logs, metrics, health endpoints, API request counts, shutdown signal.
 
 pub mod cloud_config;
 pub mod harvester;
 pub mod ipam;
 pub mod quantity;
+pub mod telemetry;

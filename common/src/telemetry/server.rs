@@ -1,0 +1,170 @@
+//! `/healthz` (the process serves), `/readyz` (every readiness check passes) and `/metrics`.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+
+use super::metrics::Metrics;
+
+/// Named readiness checks; ready when all pass. A check not yet reported counts as failing.
+#[derive(Clone, Default)]
+pub struct Readiness {
+    checks: Arc<Mutex<BTreeMap<String, Result<(), String>>>>,
+}
+
+impl Readiness {
+    /// A readiness with `names` registered as not yet passing.
+    pub fn with_checks(names: &[&str]) -> Readiness {
+        let r = Readiness::default();
+        for n in names {
+            r.set(n, Err("not checked yet".into()));
+        }
+        r
+    }
+
+    pub fn set(&self, name: &str, state: Result<(), String>) {
+        self.checks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_string(), state);
+    }
+
+    /// `Ok` when ready, else the failing checks with their reasons.
+    pub fn status(&self) -> Result<(), Vec<String>> {
+        let checks = self.checks.lock().unwrap_or_else(|p| p.into_inner());
+        let failing: Vec<String> = checks
+            .iter()
+            .filter_map(|(n, s)| s.as_ref().err().map(|e| format!("{n}: {e}")))
+            .collect();
+        if failing.is_empty() { Ok(()) } else { Err(failing) }
+    }
+}
+
+fn text(code: StatusCode, body: String, content_type: &'static str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = code;
+    r.headers_mut()
+        .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static(content_type));
+    r
+}
+
+fn route(path: &str, metrics: &Metrics, readiness: &Readiness) -> Response<Full<Bytes>> {
+    match path {
+        "/healthz" | "/livez" => text(StatusCode::OK, "ok\n".into(), "text/plain"),
+        "/readyz" => match readiness.status() {
+            Ok(()) => text(StatusCode::OK, "ok\n".into(), "text/plain"),
+            Err(failing) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready:\n{}\n", failing.join("\n")),
+                "text/plain",
+            ),
+        },
+        "/metrics" => text(
+            StatusCode::OK,
+            metrics.encode(),
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        ),
+        _ => text(StatusCode::NOT_FOUND, "not found\n".into(), "text/plain"),
+    }
+}
+
+/// Binds `addr` and serves until `shutdown` resolves. Returns the bound address through `bound`
+/// (useful with port 0).
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Metrics,
+    readiness: Readiness,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let listener = TcpListener::bind(addr).await?;
+    tracing::info!("health and metrics on http://{}", listener.local_addr()?);
+    serve_on(listener, metrics, readiness, shutdown).await;
+    Ok(())
+}
+
+/// Serves on an already bound listener until `shutdown` resolves.
+pub async fn serve_on(
+    listener: TcpListener,
+    metrics: Metrics,
+    readiness: Readiness,
+    shutdown: impl Future<Output = ()>,
+) {
+    let accept = async {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let (metrics, readiness) = (metrics.clone(), readiness.clone());
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let r = route(req.uri().path(), &metrics, &readiness);
+                    async move { Ok::<_, Infallible>(r) }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    };
+    tokio::select! {
+        () = accept => {},
+        () = shutdown => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readiness_lists_failing_checks() {
+        let r = Readiness::with_checks(&["harvester", "caches"]);
+        assert_eq!(r.status().unwrap_err().len(), 2);
+        r.set("caches", Ok(()));
+        r.set("harvester", Err("401 Unauthorized from cloud-config /etc/kubernetes/cloud-config".into()));
+        let failing = r.status().unwrap_err();
+        assert_eq!(failing, vec!["harvester: 401 Unauthorized from cloud-config /etc/kubernetes/cloud-config"]);
+        r.set("harvester", Ok(()));
+        assert!(r.status().is_ok());
+    }
+
+    #[tokio::test]
+    async fn serves_health_readiness_and_metrics_over_http() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let metrics = Metrics::new();
+        drop(metrics.reconcile_started("service"));
+        let readiness = Readiness::with_checks(&["harvester"]);
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_on(listener, metrics, readiness.clone(), async {
+            let _ = rx.await;
+        }));
+        let get = |path: &'static str| async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+                .await
+                .unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.unwrap();
+            out
+        };
+        assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
+        let not_ready = get("/readyz").await;
+        assert!(not_ready.starts_with("HTTP/1.1 503") && not_ready.contains("harvester"), "{not_ready}");
+        readiness.set("harvester", Ok(()));
+        assert!(get("/readyz").await.starts_with("HTTP/1.1 200"));
+        let m = get("/metrics").await;
+        assert!(m.contains(r#"harvester_reconciles_total{controller="service"} 1"#), "{m}");
+        drop(tx);
+        server.await.unwrap();
+    }
+}
