@@ -1,35 +1,57 @@
 //! `harvester-cloud-provider`: the cloud controller manager of Kubernetes guest clusters on
-//! Harvester HCI.
+//! Harvester HCI. Flags are parsed and checked here; the controllers are in the library.
 
-use std::path::PathBuf;
+use std::process::ExitCode;
 
 use clap::Parser;
+use harvester_cloud_provider::config::{Config, Flags};
+use harvester_cloud_provider::error::one_line;
 
-/// Flags compatible with the upstream harvester-cloud-provider (same names and defaults).
-#[derive(Parser, Debug)]
-#[command(
-    version,
-    about = "Cloud controller manager for Kubernetes guest clusters on Harvester HCI"
-)]
-struct Cli {
-    /// The Harvester kubeconfig; its current context's namespace holds the guest VMs.
-    #[arg(long, env = "CLOUD_CONFIG", default_value = harvester_common::cloud_config::DEFAULT_PATH)]
-    cloud_config: PathBuf,
-    /// Kubeconfig of the guest cluster (in-cluster config when unset).
-    #[arg(long, env = "KUBECONFIG")]
-    kubeconfig: Option<PathBuf>,
-    /// Name of the guest cluster (labels and names of Harvester LoadBalancers).
-    #[arg(long, default_value = "kubernetes")]
-    cluster_name: String,
+fn main() -> ExitCode {
+    let flags = Flags::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| Config::log_filter(flags.common.verbosity).into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match start(flags) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("harvester-cloud-provider: {}", one_line(e.as_ref()));
+            ExitCode::FAILURE
+        }
+    }
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    anyhow::bail!(
-        "harvester-cloud-provider {}: no controllers are built into this version yet \
-         (cloud-config {}, cluster {})",
-        env!("CARGO_PKG_VERSION"),
-        cli.cloud_config.display(),
-        cli.cluster_name
-    )
+fn start(flags: Flags) -> anyhow::Result<()> {
+    let config = Config::from_flags(flags)?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(harvester_cloud_provider::run(config, shutdown_signal()))?;
+    Ok(())
+}
+
+/// SIGTERM (Kubernetes stopping the pod) or Ctrl-C.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {},
+                    _ = tokio::signal::ctrl_c() => {},
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    tracing::info!("shutdown requested");
 }

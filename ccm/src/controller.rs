@@ -1,0 +1,209 @@
+//! What the node-side controllers share: their context, the wiring of a `Controller<Node>` on the
+//! shared inventory, and the error edge (Warning Event with a stable reason, per-Node backoff).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Node;
+use kube::Resource;
+use kube::ResourceExt;
+use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use tokio_stream::wrappers::IntervalStream;
+
+use crate::config::{CLOUD_NODE_CONTROLLER, CLOUD_NODE_LIFECYCLE_CONTROLLER};
+use crate::error::{Error, one_line};
+use crate::inventory::Inventory;
+use crate::{Context, Shutdown};
+
+/// First and longest retry delay after a failed reconcile (doubling in between).
+const BACKOFF_FIRST: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// Retry delay after a write conflict (the cache catches up within milliseconds).
+const CONFLICT_RETRY: Duration = Duration::from_millis(200);
+
+/// Context of the node-side controllers (node, lifecycle, topology).
+pub struct NodeCtx {
+    pub ctx: Arc<Context>,
+    pub inventory: Arc<Inventory>,
+    /// Cleared once Harvester refuses to show host Nodes (RBAC); then topology comes from VMI
+    /// annotations only.
+    pub host_reads: AtomicBool,
+    failures: Mutex<HashMap<(&'static str, String), u32>>,
+}
+
+impl NodeCtx {
+    pub fn new(ctx: Arc<Context>, inventory: Arc<Inventory>) -> Self {
+        NodeCtx {
+            ctx,
+            inventory,
+            host_reads: AtomicBool::new(true),
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The node-side context, and the future that runs its shared watches until `shutdown`
+    /// (it returns at once when no node-side controller is enabled).
+    pub fn start(
+        ctx: &Arc<Context>,
+        shutdown: Shutdown,
+    ) -> (Arc<NodeCtx>, impl Future<Output = ()> + Send + 'static) {
+        let (inventory, watches) = Inventory::start(ctx);
+        let enabled = [CLOUD_NODE_CONTROLLER, CLOUD_NODE_LIFECYCLE_CONTROLLER]
+            .iter()
+            .any(|c| ctx.config.controllers.enabled(c));
+        let run = async move {
+            if enabled {
+                tokio::select! {
+                    _ = watches => {},
+                    _ = shutdown => {},
+                }
+            }
+        };
+        (Arc::new(NodeCtx::new(ctx.clone(), inventory)), run)
+    }
+
+    /// Ends a reconcile: a Warning Event on the Node for a failure, backoff bookkeeping.
+    pub async fn report(
+        &self,
+        controller: &'static str,
+        action: &str,
+        node: &Node,
+        result: Result<Action, Error>,
+    ) -> Result<Action, Error> {
+        match &result {
+            Ok(_) => {
+                if let Ok(mut f) = self.failures.lock() {
+                    f.remove(&(controller, node.name_any()));
+                }
+            }
+            Err(e) if e.is_warning() => {
+                let text = one_line(e);
+                tracing::warn!(controller, node = %node.name_any(), reason = e.reason(), "{text}");
+                self.event(node, EventType::Warning, e.reason(), action, text)
+                    .await;
+            }
+            Err(e) => tracing::debug!(controller, node = %node.name_any(), "{e}"),
+        }
+        result
+    }
+
+    /// Publishes an Event on the Node; a failure to publish is only logged.
+    pub async fn event(
+        &self,
+        node: &Node,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let mut note = note;
+        if note.len() > 1000 {
+            let mut cut = 1000;
+            while !note.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            note.truncate(cut);
+        }
+        let event = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(note),
+            action: action.to_string(),
+            secondary: None,
+        };
+        if let Err(e) = self
+            .ctx
+            .recorder
+            .publish(&event, &node.object_ref(&()))
+            .await
+        {
+            tracing::warn!(node = %node.name_any(), reason, error = %e, "could not publish an Event");
+        }
+    }
+
+    /// The requeue delay after `err`: doubling per consecutive failure of this Node in this
+    /// controller, from 1 s to 5 min; conflicts retry at once.
+    pub fn backoff(&self, controller: &'static str, node: &Node, err: &Error) -> Action {
+        if !err.is_warning() {
+            return Action::requeue(CONFLICT_RETRY);
+        }
+        let n = match self.failures.lock() {
+            Ok(mut f) => {
+                let n = f.entry((controller, node.name_any())).or_insert(0);
+                *n = n.saturating_add(1);
+                *n
+            }
+            Err(_) => 1,
+        };
+        Action::requeue(backoff_delay(n))
+    }
+
+    /// Waits for the caches; false if shutdown came first.
+    pub async fn wait_ready(&self, shutdown: &Shutdown) -> bool {
+        tokio::select! {
+            _ = self.inventory.ready() => true,
+            _ = shutdown.clone() => false,
+        }
+    }
+}
+
+pub fn backoff_delay(failures: u32) -> Duration {
+    let exp = failures.saturating_sub(1).min(16);
+    BACKOFF_FIRST.saturating_mul(1u32 << exp).min(BACKOFF_MAX)
+}
+
+/// A `Controller<Node>` on the shared Node cache: every Node once at start, on every Node
+/// change, and on every resync tick; stops on `shutdown`. Callers add their `.watches_stream`.
+pub fn node_controller(nctx: &NodeCtx, shutdown: Shutdown) -> Controller<Node> {
+    let inv = &nctx.inventory;
+    let node = &nctx.ctx.config.node;
+    let start = tokio::time::Instant::now() + node.resync;
+    let ticks = IntervalStream::new(tokio::time::interval_at(start, node.resync)).map(|_| ());
+    Controller::for_stream(inv.node_events(), inv.nodes.clone())
+        .with_config(controller::Config::default().concurrency(node.concurrency))
+        .reconcile_all_on(futures::stream::once(async {}))
+        .reconcile_all_on(ticks)
+        .graceful_shutdown_on(shutdown)
+}
+
+/// Drives a controller's result stream to its end (reconcile errors were already reported).
+pub async fn drain<S>(controller: &'static str, results: S)
+where
+    S: Stream<Item = Result<(ObjectRef<Node>, Action), controller::Error<Error, watcher::Error>>>,
+{
+    tracing::info!(controller, "started");
+    results
+        .for_each(|r| async move {
+            match r {
+                Ok((obj, _)) => tracing::trace!(controller, node = %obj.name, "reconciled"),
+                Err(controller::Error::ObjectNotFound(obj)) => {
+                    tracing::trace!(controller, node = %obj.name, "Node is gone")
+                }
+                Err(controller::Error::ReconcilerFailed(_, _)) => {}
+                Err(e) => tracing::warn!(controller, error = %e, "controller error"),
+            }
+        })
+        .await;
+    tracing::info!(controller, "stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_five_minutes() {
+        let got: Vec<u64> = [1, 2, 3, 4, 9, 10, 1000]
+            .iter()
+            .map(|n| backoff_delay(*n).as_secs())
+            .collect();
+        assert_eq!(got, vec![1, 2, 4, 8, 256, 300, 300]);
+    }
+}

@@ -1,0 +1,440 @@
+//! What the node-side controllers look at: caches of the guest Nodes and of the Harvester VMs and
+//! VMIs (one watch per resource, shared by every controller), and which VM runs which Node.
+//!
+//! A Node's VM is found, in this order:
+//! 1. the VM whose UID is in the Node's providerID (`harvester://<uid>`), once initialised;
+//! 2. the VM named like the Node;
+//! 3. the VM whose VMI has the Node's name as guest hostname: `spec.hostname`, or the hostname
+//!    qemu-guest-agent reports (`guestosinfo` subresource; upstream's fallback, #4947).
+//!
+//! A VM missing from the cache is looked up live before anything calls it absent.
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+
+use futures::{Stream, StreamExt};
+use harvester_common::harvester::{VirtualMachine, VirtualMachineInstance};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+
+use crate::Context;
+use crate::error::Error;
+
+/// Prefix of the providerID the cloud provider sets: `harvester://<VM UID>`.
+pub const PROVIDER_ID_PREFIX: &str = "harvester://";
+/// Label the node driver puts on guest VMs/VMIs: the guest cluster's name.
+pub const GUEST_CLUSTER_LABEL: &str = "guestcluster.harvesterhci.io/name";
+
+pub fn provider_id(vm_uid: &str) -> String {
+    format!("{PROVIDER_ID_PREFIX}{vm_uid}")
+}
+
+/// The VM UID in a Node's providerID, if it is ours.
+pub fn provider_uid(node: &Node) -> Option<&str> {
+    node.spec
+        .as_ref()?
+        .provider_id
+        .as_deref()?
+        .strip_prefix(PROVIDER_ID_PREFIX)
+}
+
+/// Whether the Node's providerID is empty or ours (a Node of another provider is left alone).
+pub fn is_ours(node: &Node) -> bool {
+    match node.spec.as_ref().and_then(|s| s.provider_id.as_deref()) {
+        None | Some("") => true,
+        Some(p) => p.starts_with(PROVIDER_ID_PREFIX),
+    }
+}
+
+/// A Node's VM, as found.
+#[derive(Debug, Clone)]
+pub enum Lookup {
+    Found {
+        vm: Arc<VirtualMachine>,
+        /// None when the VM is not running.
+        vmi: Option<Arc<VirtualMachineInstance>>,
+    },
+    /// Confirmed with a live GET (404), not only missing from the cache.
+    Absent,
+}
+
+/// Fans the objects a watch touched out to every subscribed controller.
+struct Fanout<K> {
+    subscribers: Mutex<Vec<mpsc::UnboundedSender<Arc<K>>>>,
+}
+
+impl<K: Clone + Send + Sync + 'static> Fanout<K> {
+    fn new() -> Self {
+        Fanout {
+            subscribers: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn subscribe(&self) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static {
+        let (tx, rx) = mpsc::unbounded_channel();
+        if let Ok(mut subs) = self.subscribers.lock() {
+            subs.push(tx);
+        }
+        tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(|obj| Ok((*obj).clone()))
+    }
+
+    fn publish(&self, obj: K) {
+        let obj = Arc::new(obj);
+        if let Ok(mut subs) = self.subscribers.lock() {
+            subs.retain(|tx| tx.send(obj.clone()).is_ok());
+        }
+    }
+}
+
+pub struct Inventory {
+    pub nodes: Store<Node>,
+    pub vms: Store<VirtualMachine>,
+    pub vmis: Store<VirtualMachineInstance>,
+    namespace: String,
+    cluster_name: String,
+    harvester: kube::Client,
+    node_events: Fanout<Node>,
+    vm_events: Fanout<VirtualMachine>,
+    vmi_events: Fanout<VirtualMachineInstance>,
+    /// VMI UID -> the hostname qemu-guest-agent reported.
+    agent_hostnames: Mutex<HashMap<String, String>>,
+}
+
+impl Inventory {
+    /// The inventory, and the future that runs its three watches (run it until shutdown).
+    pub fn start(ctx: &Context) -> (Arc<Inventory>, impl Future<Output = ()> + Send + 'static) {
+        let (nodes, node_writer) = reflector::store();
+        let (vms, vm_writer) = reflector::store();
+        let (vmis, vmi_writer) = reflector::store();
+        let inventory = Arc::new(Inventory {
+            nodes,
+            vms,
+            vmis,
+            namespace: ctx.namespace().to_string(),
+            cluster_name: ctx.config.cluster_name.clone(),
+            harvester: ctx.harvester.client.clone(),
+            node_events: Fanout::new(),
+            vm_events: Fanout::new(),
+            vmi_events: Fanout::new(),
+            agent_hostnames: Mutex::new(HashMap::new()),
+        });
+        let node_api: Api<Node> = Api::all(ctx.guest.clone());
+        let vm_api: Api<VirtualMachine> =
+            Api::namespaced(ctx.harvester.client.clone(), ctx.namespace());
+        let vmi_api: Api<VirtualMachineInstance> =
+            Api::namespaced(ctx.harvester.client.clone(), ctx.namespace());
+        let inv = inventory.clone();
+        let run = async move {
+            tokio::join!(
+                watch("guest Nodes", node_api, node_writer, |n| inv
+                    .node_events
+                    .publish(n)),
+                watch("Harvester VMs", vm_api, vm_writer, |v| inv
+                    .vm_events
+                    .publish(v)),
+                watch("Harvester VMIs", vmi_api, vmi_writer, |v| inv
+                    .vmi_events
+                    .publish(v)),
+            );
+        };
+        (inventory, run)
+    }
+
+    /// Waits until the three caches hold a full list.
+    pub async fn ready(&self) {
+        let _ = tokio::join!(
+            self.nodes.wait_until_ready(),
+            self.vms.wait_until_ready(),
+            self.vmis.wait_until_ready()
+        );
+    }
+
+    /// Every Node the watch touches from now on (added, changed or deleted).
+    pub fn node_events(&self) -> impl Stream<Item = Result<Node, watcher::Error>> + Send + 'static {
+        self.node_events.subscribe()
+    }
+    pub fn vm_events(
+        &self,
+    ) -> impl Stream<Item = Result<VirtualMachine, watcher::Error>> + Send + 'static {
+        self.vm_events.subscribe()
+    }
+    pub fn vmi_events(
+        &self,
+    ) -> impl Stream<Item = Result<VirtualMachineInstance, watcher::Error>> + Send + 'static {
+        self.vmi_events.subscribe()
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    fn vm_ref(&self, name: &str) -> ObjectRef<VirtualMachine> {
+        ObjectRef::new(name).within(&self.namespace)
+    }
+    fn vmi_ref(&self, name: &str) -> ObjectRef<VirtualMachineInstance> {
+        ObjectRef::new(name).within(&self.namespace)
+    }
+
+    /// The guest hostnames a VMI is known by (besides its name).
+    fn hostnames_of(&self, vmi: &VirtualMachineInstance) -> Vec<String> {
+        let mut names: Vec<String> = vmi
+            .spec
+            .rest
+            .get("hostname")
+            .and_then(|h| h.as_str())
+            .filter(|h| !h.is_empty())
+            .map(str::to_string)
+            .into_iter()
+            .collect();
+        if let (Some(uid), Ok(cache)) = (vmi.uid(), self.agent_hostnames.lock())
+            && let Some(h) = cache.get(&uid)
+        {
+            names.push(h.clone());
+        }
+        names
+    }
+
+    /// The Nodes a VM event concerns.
+    pub fn nodes_for_vm(&self, vm: &VirtualMachine) -> Vec<ObjectRef<Node>> {
+        let mut names = vec![vm.name_any()];
+        if let Some(uid) = vm.uid() {
+            names.extend(
+                self.nodes
+                    .state()
+                    .iter()
+                    .filter(|n| provider_uid(n) == Some(uid.as_str()))
+                    .map(|n| n.name_any()),
+            );
+        }
+        if let Some(vmi) = self.vmis.get(&self.vmi_ref(&vm.name_any())) {
+            names.extend(self.hostnames_of(&vmi));
+        }
+        refs(names)
+    }
+
+    /// The Nodes a VMI event concerns (addressed by the guest node's name, not only the VMI's).
+    pub fn nodes_for_vmi(&self, vmi: &VirtualMachineInstance) -> Vec<ObjectRef<Node>> {
+        let mut names = vec![vmi.name_any()];
+        names.extend(self.hostnames_of(vmi));
+        if let Some(uid) = self
+            .vms
+            .get(&self.vm_ref(&vmi.name_any()))
+            .and_then(|vm| vm.uid())
+        {
+            names.extend(
+                self.nodes
+                    .state()
+                    .iter()
+                    .filter(|n| provider_uid(n) == Some(uid.as_str()))
+                    .map(|n| n.name_any()),
+            );
+        }
+        refs(names)
+    }
+
+    /// The VM name for a Node from the caches alone (rules 1-3 without asking the guest agent).
+    pub fn cached_vm_name(&self, node: &Node) -> Option<String> {
+        let node_name = node.name_any();
+        if let Some(uid) = provider_uid(node)
+            && let Some(vm) = self.vms.find(|vm| vm.uid().as_deref() == Some(uid))
+        {
+            return Some(vm.name_any());
+        }
+        if self.vms.get(&self.vm_ref(&node_name)).is_some() {
+            return Some(node_name);
+        }
+        self.vmis
+            .find(|vmi| self.hostnames_of(vmi).contains(&node_name))
+            .map(|vmi| vmi.name_any())
+    }
+
+    /// Finds the Node's VM and VMI; `Absent` only after the API server said 404.
+    pub async fn lookup(&self, node: &Node) -> Result<Lookup, Error> {
+        let node_name = node.name_any();
+        let name = match self.cached_vm_name(node) {
+            Some(name) => name,
+            // Never initialised (no providerID): the guest agent may know it by hostname.
+            None if provider_uid(node).is_none() => self
+                .vm_name_from_guest_agent(&node_name)
+                .await
+                .unwrap_or_else(|| node_name.clone()),
+            None => node_name.clone(),
+        };
+        let vms: Api<VirtualMachine> = Api::namespaced(self.harvester.clone(), &self.namespace);
+        let vm = match self.vms.get(&self.vm_ref(&name)) {
+            Some(vm) => vm,
+            None => match vms.get_opt(&name).await.map_err(Error::harvester(format!(
+                "getting VirtualMachine {}/{name}",
+                self.namespace
+            )))? {
+                Some(vm) => Arc::new(vm),
+                None => return Ok(Lookup::Absent),
+            },
+        };
+        let vmi = match self.vmis.get(&self.vmi_ref(&name)) {
+            Some(vmi) => Some(vmi),
+            None => {
+                Api::<VirtualMachineInstance>::namespaced(self.harvester.clone(), &self.namespace)
+                    .get_opt(&name)
+                    .await
+                    .map_err(Error::harvester(format!(
+                        "getting VirtualMachineInstance {}/{name}",
+                        self.namespace
+                    )))?
+                    .map(Arc::new)
+            }
+        };
+        Ok(Lookup::Found { vm, vmi })
+    }
+
+    /// Asks qemu-guest-agent (KubeVirt `guestosinfo`) of the running VMIs that could run `node`:
+    /// those of this guest cluster (when the label says), with the agent connected, whose name is
+    /// no guest Node's. Answers are cached per VMI.
+    async fn vm_name_from_guest_agent(&self, node: &str) -> Option<String> {
+        let candidates = self.vmis.state().into_iter().filter(|vmi| {
+            let cluster_ok = match vmi.labels().get(GUEST_CLUSTER_LABEL) {
+                Some(c) => c == &self.cluster_name,
+                None => true,
+            };
+            let known = vmi.uid().is_some_and(|uid| {
+                self.agent_hostnames
+                    .lock()
+                    .is_ok_and(|c| c.contains_key(&uid))
+            });
+            cluster_ok
+                && !known
+                && agent_connected(vmi)
+                && self.nodes.get(&ObjectRef::new(&vmi.name_any())).is_none()
+        });
+        for vmi in candidates.collect::<Vec<_>>() {
+            let name = vmi.name_any();
+            let url = format!(
+                "/apis/subresources.kubevirt.io/v1/namespaces/{}/virtualmachineinstances/{name}/guestosinfo",
+                self.namespace
+            );
+            let Ok(req) = http::Request::get(url).body(Vec::new()) else {
+                continue;
+            };
+            match self.harvester.request::<serde_json::Value>(req).await {
+                Ok(info) => {
+                    if let (Some(h), Some(uid)) = (guest_hostname(&info), vmi.uid())
+                        && let Ok(mut cache) = self.agent_hostnames.lock()
+                    {
+                        cache.insert(uid, h.to_string());
+                    }
+                }
+                Err(e) => tracing::debug!(vmi = %name, error = %e, "guestosinfo unavailable"),
+            }
+        }
+        self.vmis
+            .find(|vmi| self.hostnames_of(vmi).iter().any(|h| h == node))
+            .map(|vmi| vmi.name_any())
+    }
+}
+
+/// The `hostname` of a `guestosinfo` answer (short form: a guest FQDN matches by its first label).
+pub fn guest_hostname(info: &serde_json::Value) -> Option<&str> {
+    info.get("hostname")
+        .and_then(|h| h.as_str())
+        .map(|h| h.split('.').next().unwrap_or(h))
+        .filter(|h| !h.is_empty())
+}
+
+/// Whether KubeVirt reports the VMI's qemu-guest-agent connected.
+pub fn agent_connected(vmi: &VirtualMachineInstance) -> bool {
+    vmi.status
+        .as_ref()
+        .and_then(|s| s.rest.get("conditions"))
+        .and_then(|c| c.as_array())
+        .is_some_and(|conds| {
+            conds.iter().any(|c| {
+                c.get("type").and_then(|t| t.as_str()) == Some("AgentConnected")
+                    && c.get("status").and_then(|s| s.as_str()) == Some("True")
+            })
+        })
+}
+
+fn refs(mut names: Vec<String>) -> Vec<ObjectRef<Node>> {
+    names.sort();
+    names.dedup();
+    names.iter().map(|n| ObjectRef::new(n)).collect()
+}
+
+/// Runs one watch into its cache and hands every touched object to `publish`; never ends.
+async fn watch<K>(
+    what: &'static str,
+    api: Api<K>,
+    writer: reflector::store::Writer<K>,
+    publish: impl Fn(K),
+) where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone,
+{
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .modify(|obj: &mut K| obj.managed_fields_mut().clear())
+        .reflect(writer)
+        .touched_objects();
+    let mut stream = std::pin::pin!(stream);
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(obj) => publish(obj),
+            Err(e) => {
+                tracing::warn!(watch = what, error = %e, "watch failed; retrying with backoff")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn node(provider_id: Option<&str>) -> Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": "w1"},
+            "spec": {"providerID": provider_id}
+        }))
+        .expect("test node")
+    }
+
+    #[test]
+    fn provider_ids() {
+        assert_eq!(provider_id("abc"), "harvester://abc");
+        assert_eq!(provider_uid(&node(Some("harvester://abc"))), Some("abc"));
+        assert_eq!(provider_uid(&node(Some("aws:///i-1"))), None);
+        assert!(is_ours(&node(None)));
+        assert!(is_ours(&node(Some(""))));
+        assert!(is_ours(&node(Some("harvester://abc"))));
+        assert!(!is_ours(&node(Some("aws:///i-1"))));
+    }
+
+    #[test]
+    fn guest_agent_answers() {
+        assert_eq!(
+            guest_hostname(&json!({"hostname": "node-a.example.org"})),
+            Some("node-a")
+        );
+        assert_eq!(guest_hostname(&json!({"hostname": ""})), None);
+        assert_eq!(guest_hostname(&json!({})), None);
+        let vmi = |status: &str| -> VirtualMachineInstance {
+            serde_json::from_value(json!({
+                "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                "metadata": {"name": "w1"}, "spec": {},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}, {"type": "AgentConnected", "status": status}]}
+            }))
+            .expect("test vmi")
+        };
+        assert!(agent_connected(&vmi("True")));
+        assert!(!agent_connected(&vmi("False")));
+    }
+}

@@ -1,0 +1,192 @@
+//! `harvester-cloud-provider`: the cloud controller manager of Kubernetes guest clusters on
+//! Harvester HCI.
+//!
+//! [`run`] starts every controller as its own future and joins them:
+//! - [`node`]: initialises tainted guest Nodes from their VMs, keeps their addresses true;
+//! - [`lifecycle`]: deletes Nodes whose VM is gone, taints Nodes whose VM is stopped;
+//! - [`topology`]: moves region/zone labels with a live-migrated VM;
+//! - [`service`]: LoadBalancer Services with addresses from Harvester IP pools.
+//!
+//! The node-side controllers share one watch per resource ([`inventory`]). Each reconcile
+//! computes a pure `plan` and writes it with at most two patches ([`patch`]); errors become
+//! Warning Events on the Node and a per-Node backoff ([`controller`]).
+
+pub mod addresses;
+pub mod config;
+pub mod controller;
+pub mod error;
+pub mod inventory;
+pub mod lifecycle;
+pub mod node;
+pub mod patch;
+pub mod service;
+pub mod topology;
+
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use harvester_common::cloud_config::Harvester;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::events::{Recorder, Reporter};
+
+pub use config::Config;
+pub use error::Error;
+
+/// Field manager of every write, and the Events' reporting controller.
+pub const FIELD_MANAGER: &str = "harvester-cloud-provider";
+
+/// Resolves when the process should stop; every controller holds a clone.
+pub type Shutdown = Shared<BoxFuture<'static, ()>>;
+
+/// What every controller shares.
+pub struct Context {
+    /// The guest cluster.
+    pub guest: kube::Client,
+    /// The Harvester cluster, and the namespace of the guest VMs (from the cloud-config).
+    pub harvester: Harvester,
+    pub config: Config,
+    /// Publishes Events into the guest cluster.
+    pub recorder: Recorder,
+}
+
+impl Context {
+    /// Loads the cloud-config and the guest kubeconfig; fails with the file and the problem.
+    pub async fn new(config: Config) -> Result<Context, Error> {
+        let harvester = Harvester::load(&config.cloud_config).await?;
+        let guest = guest_client(config.kubeconfig.as_deref()).await?;
+        let recorder = Recorder::new(
+            guest.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.to_string(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        );
+        Ok(Context {
+            guest,
+            harvester,
+            config,
+            recorder,
+        })
+    }
+
+    /// The Harvester namespace holding the guest VMs.
+    pub fn namespace(&self) -> &str {
+        &self.harvester.namespace
+    }
+}
+
+async fn guest_client(path: Option<&Path>) -> Result<kube::Client, Error> {
+    let fail = |reason: String| Error::GuestConfig {
+        path: path.map(Path::to_path_buf),
+        reason,
+    };
+    let config = match path {
+        Some(p) => {
+            let kubeconfig = Kubeconfig::read_from(p).map_err(|e| fail(e.to_string()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| fail(e.to_string()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| fail(e.to_string()))?,
+    };
+    kube::Client::try_from(config).map_err(|e| fail(e.to_string()))
+}
+
+/// Runs every enabled controller until `shutdown` resolves. Fails only at start (cloud-config,
+/// guest kubeconfig); afterwards errors are retried, reported as Events and never end the run.
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let ctx = Arc::new(Context::new(config).await?);
+    if let Some(w) = ctx.config.cluster_name_warning() {
+        tracing::warn!("{w}");
+    }
+    tracing::info!(
+        cloud_config = %ctx.harvester.path.display(),
+        namespace = %ctx.namespace(),
+        cluster = %ctx.config.cluster_name,
+        config = ?ctx.config,
+        "starting"
+    );
+    let shutdown: Shutdown = shutdown.boxed().shared();
+
+    let (nodes, watches) = controller::NodeCtx::start(&ctx, shutdown.clone());
+    // One future per controller; each returns at once when `--controllers` disables it.
+    tokio::join!(
+        watches,
+        node::run(nodes.clone(), shutdown.clone()),
+        lifecycle::run(nodes.clone(), shutdown.clone()),
+        topology::run(nodes.clone(), shutdown.clone()),
+        run_service_controller(&ctx, shutdown.clone()),
+    );
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn run_service_controller(ctx: &Context, shutdown: Shutdown) {
+    if !ctx.config.controllers.enabled(config::SERVICE_LB_CONTROLLER) {
+        return;
+    }
+    let settings = service::plan::LbSettings {
+        cluster_name: ctx.config.cluster_name.clone(),
+        management_network: ctx.config.management_network.as_ref().map(ToString::to_string),
+        load_balancer_class: ctx.config.service.load_balancer_class.clone(),
+    };
+    service::run(
+        ctx.guest.clone(),
+        ctx.harvester.client.clone(),
+        ctx.namespace().to_string(),
+        settings,
+        ctx.config.node.resync,
+        shutdown,
+    )
+    .await;
+}
+
+/// A cloud provider running on the current Tokio runtime (tests, the demo, embedding).
+pub struct Running {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), Error>>,
+}
+
+/// Starts [`run`] as a task; [`Running::stop`] shuts it down.
+pub fn spawn(config: Config) -> Running {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(run(config, async move {
+        let _ = stopped.await;
+    }));
+    Running {
+        stop: Some(stop),
+        task,
+    }
+}
+
+impl Running {
+    /// Whether the task has ended (a start-up failure ends it at once).
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Asks every controller to stop and waits for them.
+    pub async fn stop(mut self) -> Result<(), Error> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        match (&mut self.task).await {
+            Ok(result) => result,
+            Err(e) => Err(Error::Task(e.to_string())),
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

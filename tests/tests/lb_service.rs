@@ -1,0 +1,395 @@
+//! The cloud provider's service controller against the test bed: guest Services of type
+//! LoadBalancer, Harvester LoadBalancer CRs allocated by the stand-in from IPPools.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use harvester_cloud_provider::service::{self, FINALIZER, name::lb_name, plan::LbSettings};
+use harvester_common::harvester::{IPPool, LoadBalancer};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::ResourceExt;
+use serde_json::json;
+use testbed::{BedOptions, TestBed, wait};
+use tokio::sync::oneshot;
+
+const CLUSTER: &str = "rke2-test";
+const LIMIT: Duration = Duration::from_secs(30);
+
+async fn bed() -> TestBed {
+    TestBed::start(BedOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("the test bed must start for this test: {e}"))
+}
+
+/// The service controller running in this process until stopped.
+struct Ccm {
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn start_ccm(bed: &TestBed) -> Ccm {
+    let (tx, rx) = oneshot::channel::<()>();
+    let settings = LbSettings {
+        cluster_name: CLUSTER.into(),
+        management_network: None,
+        load_balancer_class: None,
+    };
+    let task = tokio::spawn(service::run(
+        bed.guest.client.clone(),
+        bed.harvester.client.clone(),
+        bed.vm_namespace.clone(),
+        settings,
+        Duration::from_secs(60),
+        async move {
+            let _ = rx.await;
+        },
+    ));
+    Ccm { stop: Some(tx), task }
+}
+
+impl Ccm {
+    async fn stop(mut self) {
+        drop(self.stop.take());
+        tokio::time::timeout(Duration::from_secs(20), &mut self.task)
+            .await
+            .expect("the controller stops within 20 s of its shutdown signal")
+            .expect("controller task");
+    }
+}
+
+fn pool(name: &str, ranges: serde_json::Value) -> IPPool {
+    serde_json::from_value(json!({
+        "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
+        "metadata": {"name": name},
+        "spec": {"ranges": ranges, "selector": {"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]}}
+    }))
+    .expect("pool literal")
+}
+
+async fn create_pool(bed: &TestBed, name: &str, ranges: serde_json::Value) {
+    Api::<IPPool>::all(bed.harvester.client.clone())
+        .create(&PostParams::default(), &pool(name, ranges))
+        .await
+        .expect("create pool");
+}
+
+fn lb_svc(name: &str, ports: &[(i32, &str)], annotations: serde_json::Value) -> Service {
+    let ports: Vec<_> = ports
+        .iter()
+        .map(|(p, proto)| json!({"name": format!("p{p}-{}", proto.to_lowercase()), "port": p, "protocol": proto}))
+        .collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"type": "LoadBalancer", "ports": ports, "selector": {"app": name}}
+    }))
+    .expect("service literal")
+}
+
+fn services(bed: &TestBed) -> Api<Service> {
+    Api::namespaced(bed.guest.client.clone(), "default")
+}
+
+fn crs(bed: &TestBed) -> Api<LoadBalancer> {
+    Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace)
+}
+
+fn ingress(svc: &Service) -> Option<String> {
+    svc.status.as_ref()?.load_balancer.as_ref()?.ingress.as_ref()?.first()?.ip.clone()
+}
+
+/// Waits until the Service has an ingress address and returns it with the Service.
+async fn wait_address(bed: &TestBed, name: &str) -> (String, Service) {
+    let api = services(bed);
+    wait::until(&format!("Service {name} gets an address"), LIMIT, || {
+        let api = api.clone();
+        async move {
+            let svc = api.get(name).await.map_err(|e| e.to_string())?;
+            Ok(match ingress(&svc) {
+                Some(ip) => Ok((ip, svc)),
+                None => Err((svc.metadata.annotations, svc.metadata.finalizers)),
+            })
+        }
+    })
+    .await
+    .unwrap()
+}
+
+async fn wait_gone(bed: &TestBed, name: &str) {
+    let api = services(bed);
+    wait::until(&format!("Service {name} gone"), LIMIT, || {
+        let api = api.clone();
+        async move {
+            Ok(match api.get_opt(name).await.map_err(|e| e.to_string())? {
+                None => Ok(()),
+                Some(s) => Err(s.metadata.finalizers),
+            })
+        }
+    })
+    .await
+    .unwrap()
+}
+
+async fn cr_names(bed: &TestBed) -> Vec<String> {
+    crs(bed).list(&ListParams::default()).await.expect("list CRs").items.iter().map(|c| c.name_any()).collect()
+}
+
+/// Waits for an event with `reason` on Service `name` whose note contains `text`.
+async fn wait_event(bed: &TestBed, name: &str, reason: &str, text: &str) -> String {
+    let api: Api<Event> = Api::namespaced(bed.guest.client.clone(), "default");
+    wait::until(&format!("event {reason} on {name} mentioning {text:?}"), LIMIT, || {
+        let api = api.clone();
+        async move {
+            let events = api.list(&ListParams::default()).await.map_err(|e| e.to_string())?;
+            let seen: Vec<(String, String)> = events
+                .items
+                .iter()
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+                .map(|e| (e.reason.clone().unwrap_or_default(), e.note.clone().unwrap_or_default()))
+                .collect();
+            Ok(match seen.iter().find(|(r, n)| r == reason && n.contains(text)) {
+                Some((_, note)) => Ok(note.clone()),
+                None => Err(seen),
+            })
+        }
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn lb_service_gets_a_pool_address_and_gives_it_back_on_delete() {
+    let bed = bed().await;
+    create_pool(&bed, "pool-1", json!([{"subnet": "192.168.50.0/24", "rangeStart": "192.168.50.10", "rangeEnd": "192.168.50.19"}])).await;
+    let ccm = start_ccm(&bed);
+    let created = services(&bed)
+        .create(&PostParams::default(), &lb_svc("web", &[(80, "TCP")], json!({"cloudprovider.harvesterhci.io/network": "default/vlan10"})))
+        .await
+        .expect("create service");
+    let (ip, svc) = wait_address(&bed, "web").await;
+    assert_eq!(ip, "192.168.50.10");
+    assert!(svc.finalizers().iter().any(|f| f == FINALIZER), "cleanup finalizer: {:?}", svc.finalizers());
+    assert_eq!(svc.annotations().get("kube-vip.io/loadbalancerIPs").map(String::as_str), Some("192.168.50.10"));
+    assert_eq!(svc.labels().get("cloudprovider.harvesterhci.io/primary-service"), None);
+
+    let name = lb_name(CLUSTER, "default", "web", &created.uid().expect("uid"));
+    let cr = crs(&bed).get(&name).await.expect("the CR has the upstream name");
+    assert_eq!(cr.spec.workload_type.as_deref(), Some("cluster"));
+    assert_eq!(cr.spec.ipam.as_deref(), Some("pool"));
+    let l = cr.labels();
+    assert_eq!(l.get("cloudprovider.harvesterhci.io/cluster").map(String::as_str), Some(CLUSTER));
+    assert_eq!(l.get("cloudprovider.harvesterhci.io/serviceNamespace").map(String::as_str), Some("default"));
+    assert_eq!(l.get("cloudprovider.harvesterhci.io/serviceName").map(String::as_str), Some("web"));
+    let a = cr.annotations();
+    assert_eq!(a.get("loadbalancer.harvesterhci.io/network").map(String::as_str), Some("default/vlan10"));
+    assert_eq!(a.get("cloudprovider.harvesterhci.io/lb-network").map(String::as_str), Some("default/vlan10"));
+    assert_eq!(a.get("loadbalancer.harvesterhci.io/cluster").map(String::as_str), Some(CLUSTER));
+    let lbs = crs(&bed);
+    let mirrored = wait::until("CR status.address mirrored", LIMIT, || {
+        let lbs = lbs.clone();
+        let name = name.clone();
+        async move {
+            let cr = lbs.get(&name).await.map_err(|e| e.to_string())?;
+            let addr = cr.status.and_then(|s| s.address);
+            Ok(if addr.is_some() { Ok(addr) } else { Err(addr) })
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(mirrored.as_deref(), Some("192.168.50.10"));
+    wait_event(&bed, "web", "EnsuredLoadBalancer", "192.168.50.10").await;
+
+    services(&bed).delete("web", &DeleteParams::default()).await.expect("delete");
+    wait_gone(&bed, "web").await;
+    assert!(cr_names(&bed).await.is_empty(), "no CR left");
+    let pools = Api::<IPPool>::all(bed.harvester.client.clone());
+    wait::until("address back in the pool", LIMIT, || {
+        let pools = pools.clone();
+        async move {
+            let st = pools.get("pool-1").await.map_err(|e| e.to_string())?.status.unwrap_or_default();
+            Ok(if st.allocated.is_empty() { Ok(()) } else { Err(st.allocated) })
+        }
+    })
+    .await
+    .unwrap();
+    ccm.stop().await;
+}
+
+#[tokio::test]
+async fn lb_service_waits_with_an_event_while_the_pool_is_exhausted_then_converges() {
+    let bed = bed().await;
+    create_pool(&bed, "small", json!([{"subnet": "10.20.0.5/32"}])).await;
+    let ccm = start_ccm(&bed);
+    let api = services(&bed);
+    api.create(&PostParams::default(), &lb_svc("first", &[(80, "TCP")], json!({}))).await.unwrap();
+    let (first, _) = wait_address(&bed, "first").await;
+    assert_eq!(first, "10.20.0.5");
+    api.create(&PostParams::default(), &lb_svc("second", &[(80, "TCP")], json!({}))).await.unwrap();
+    wait_event(&bed, "second", "SyncLoadBalancerFailed", "no IP addresses available").await;
+    assert!(ingress(&api.get("second").await.unwrap()).is_none(), "pending while exhausted");
+
+    // Widen the pool: the second Service converges by itself, no delete-and-recreate.
+    let pools = Api::<IPPool>::all(bed.harvester.client.clone());
+    let cr_before = cr_names(&bed).await;
+    pools
+        .patch("small", &PatchParams::default(), &Patch::Merge(json!({"spec": {"ranges": [
+            {"subnet": "10.20.0.5/32"}, {"subnet": "10.20.0.6/32"}]}})))
+        .await
+        .expect("widen pool");
+    let (second, _) = wait_address(&bed, "second").await;
+    assert_eq!(second, "10.20.0.6");
+    assert_eq!(cr_names(&bed).await, cr_before, "the same CRs, none recreated");
+    ccm.stop().await;
+}
+
+#[tokio::test]
+async fn lb_secondaries_share_the_primary_address_and_conflicting_ports_are_refused() {
+    let bed = bed().await;
+    create_pool(&bed, "p", json!([{"subnet": "10.30.0.0/29"}])).await;
+    let ccm = start_ccm(&bed);
+    let api = services(&bed);
+    api.create(&PostParams::default(), &lb_svc("gw", &[(80, "TCP")], json!({}))).await.unwrap();
+    let (ip, _) = wait_address(&bed, "gw").await;
+    let shared = json!({"cloudprovider.harvesterhci.io/primary-service": "default/gw"});
+    api.create(&PostParams::default(), &lb_svc("dns", &[(53, "UDP"), (80, "UDP")], shared.clone())).await.unwrap();
+    let (dns_ip, dns) = wait_address(&bed, "dns").await;
+    assert_eq!(dns_ip, ip, "secondary follows the primary");
+    assert_eq!(dns.labels().get("cloudprovider.harvesterhci.io/primary-service").map(String::as_str), Some("default.gw"));
+    // A bare name means the Service's own namespace.
+    api.create(&PostParams::default(), &lb_svc("clash", &[(80, "TCP")], json!({"cloudprovider.harvesterhci.io/primary-service": "gw"}))).await.unwrap();
+    wait_event(&bed, "clash", "PortConflict", "80/TCP").await;
+    assert!(ingress(&api.get("clash").await.unwrap()).is_none());
+    assert_eq!(cr_names(&bed).await.len(), 1, "only the primary has a CR");
+
+    // The primary cannot go while secondaries use its address.
+    api.delete("clash", &DeleteParams::default()).await.unwrap();
+    api.delete("gw", &DeleteParams::default()).await.unwrap();
+    wait_event(&bed, "gw", "DeletingLoadBalancerFailed", "default/dns").await;
+    assert!(api.get_opt("gw").await.unwrap().is_some(), "primary kept while shared");
+    api.delete("dns", &DeleteParams::default()).await.unwrap();
+    wait_gone(&bed, "gw").await;
+    wait_gone(&bed, "dns").await;
+    assert!(cr_names(&bed).await.is_empty());
+    ccm.stop().await;
+}
+
+#[tokio::test]
+async fn lb_service_deleted_while_pending_leaves_no_cr() {
+    let bed = bed().await;
+    let ccm = start_ccm(&bed);
+    let api = services(&bed);
+    api.create(&PostParams::default(), &lb_svc("early", &[(80, "TCP")], json!({}))).await.unwrap();
+    wait_event(&bed, "early", "SyncLoadBalancerFailed", "no matched IPPool").await;
+    assert_eq!(cr_names(&bed).await.len(), 1, "a CR exists while pending");
+    api.delete("early", &DeleteParams::default()).await.unwrap();
+    wait_gone(&bed, "early").await;
+    assert!(cr_names(&bed).await.is_empty(), "the pending CR was deleted");
+    ccm.stop().await;
+}
+
+#[tokio::test]
+async fn lb_service_recreated_with_a_new_uid_replaces_the_old_cr() {
+    let bed = bed().await;
+    create_pool(&bed, "p", json!([{"subnet": "10.40.0.0/29"}])).await;
+    let ccm = start_ccm(&bed);
+    let api = services(&bed);
+    let old = api.create(&PostParams::default(), &lb_svc("app", &[(80, "TCP")], json!({}))).await.unwrap();
+    wait_address(&bed, "app").await;
+    ccm.stop().await;
+    // While the provider is down, someone force-removes the finalizer and recreates the Service.
+    api.patch("app", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await.unwrap();
+    api.delete("app", &DeleteParams::default()).await.unwrap();
+    wait_gone(&bed, "app").await;
+    let new = api.create(&PostParams::default(), &lb_svc("app", &[(80, "TCP")], json!({}))).await.unwrap();
+    let ccm = start_ccm(&bed);
+    wait_address(&bed, "app").await;
+    let want = lb_name(CLUSTER, "default", "app", &new.uid().unwrap());
+    let lbs = crs(&bed);
+    wait::until("only the new Service's CR remains", LIMIT, || {
+        let lbs = lbs.clone();
+        let want = want.clone();
+        async move {
+            let names: Vec<String> = lbs.list(&ListParams::default()).await.map_err(|e| e.to_string())?
+                .items.iter().map(|c| c.name_any()).collect();
+            Ok(if names == [want] { Ok(()) } else { Err(names) })
+        }
+    })
+    .await
+    .unwrap();
+    assert_ne!(old.uid(), new.uid());
+    ccm.stop().await;
+}
+
+#[tokio::test]
+async fn lb_orphaned_crs_of_this_cluster_are_collected_at_start() {
+    let bed = bed().await;
+    let orphan: LoadBalancer = serde_json::from_value(json!({
+        "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
+        "metadata": {"name": "orphan", "labels": {
+            "cloudprovider.harvesterhci.io/cluster": CLUSTER,
+            "cloudprovider.harvesterhci.io/serviceNamespace": "default",
+            "cloudprovider.harvesterhci.io/serviceName": "gone"}},
+        "spec": {"workloadType": "cluster", "ipam": "pool"}
+    }))
+    .unwrap();
+    let mut foreign = orphan.clone();
+    foreign.metadata.name = Some("other-cluster".into());
+    foreign.labels_mut().insert("cloudprovider.harvesterhci.io/cluster".into(), "someone-else".into());
+    crs(&bed).create(&PostParams::default(), &orphan).await.unwrap();
+    crs(&bed).create(&PostParams::default(), &foreign).await.unwrap();
+    let ccm = start_ccm(&bed);
+    let lbs = crs(&bed);
+    wait::until("orphan collected", LIMIT, || {
+        let lbs = lbs.clone();
+        async move {
+            let names: Vec<String> = lbs.list(&ListParams::default()).await.map_err(|e| e.to_string())?
+                .items.iter().map(|c| c.name_any()).collect();
+            Ok(if names == ["other-cluster"] { Ok(()) } else { Err(names) })
+        }
+    })
+    .await
+    .unwrap();
+    ccm.stop().await;
+}
+
+#[tokio::test]
+async fn lb_bad_annotation_gets_a_warning_and_creates_nothing() {
+    let bed = bed().await;
+    let ccm = start_ccm(&bed);
+    services(&bed)
+        .create(&PostParams::default(), &lb_svc("bad", &[(80, "TCP")], json!({"cloudprovider.harvesterhci.io/ipam": "static"})))
+        .await
+        .unwrap();
+    let note = wait_event(&bed, "bad", "SyncLoadBalancerFailed", "cloudprovider.harvesterhci.io/ipam").await;
+    assert!(note.contains("static"), "{note}");
+    assert!(cr_names(&bed).await.is_empty(), "nothing created from bad input");
+    let svc = services(&bed).get("bad").await.unwrap();
+    assert!(svc.finalizers().is_empty(), "no finalizer for a Service we do not serve");
+    ccm.stop().await;
+}
+
+#[tokio::test]
+async fn lb_fifty_services_at_once_with_a_restart_in_the_middle_get_distinct_matching_addresses() {
+    let bed = bed().await;
+    create_pool(&bed, "big", json!([{"subnet": "10.50.0.0/24"}])).await;
+    let ccm = start_ccm(&bed);
+    let api = services(&bed);
+    for i in 0..50 {
+        api.create(&PostParams::default(), &lb_svc(&format!("s{i:02}"), &[(80, "TCP")], json!({}))).await.unwrap();
+    }
+    // Restart the provider while it works through them.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ccm.stop().await;
+    let ccm = start_ccm(&bed);
+    let mut seen = BTreeSet::new();
+    for i in 0..50 {
+        let name = format!("s{i:02}");
+        let (ip, svc) = wait_address(&bed, &name).await;
+        assert!(seen.insert(ip.clone()), "address {ip} given twice");
+        let cr = crs(&bed).get(&lb_name(CLUSTER, "default", &name, &svc.uid().unwrap())).await.unwrap();
+        assert_eq!(cr.allocated_ip(), Some(ip.as_str()), "{name}: Service and CR agree");
+    }
+    assert_eq!(cr_names(&bed).await.len(), 50, "one CR per Service, none leaked");
+    ccm.stop().await;
+}
