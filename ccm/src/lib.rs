@@ -130,12 +130,20 @@ pub async fn run(
 }
 
 async fn run_service_controller(ctx: &Context, shutdown: Shutdown) {
-    if !ctx.config.controllers.enabled(config::SERVICE_LB_CONTROLLER) {
+    if !ctx
+        .config
+        .controllers
+        .enabled(config::SERVICE_LB_CONTROLLER)
+    {
         return;
     }
     let settings = service::plan::LbSettings {
         cluster_name: ctx.config.cluster_name.clone(),
-        management_network: ctx.config.management_network.as_ref().map(ToString::to_string),
+        management_network: ctx
+            .config
+            .management_network
+            .as_ref()
+            .map(ToString::to_string),
         load_balancer_class: ctx.config.service.load_balancer_class.clone(),
     };
     service::run(

@@ -71,9 +71,11 @@ impl Harvester {
                     source,
                 })?;
         let namespace = config.default_namespace.clone();
-        let client = crate::telemetry::kube_client(config, metrics).map_err(|source| CloudConfigError::Client {
-            path: path.to_path_buf(),
-            source,
+        let client = crate::telemetry::kube_client(config, metrics).map_err(|source| {
+            CloudConfigError::Client {
+                path: path.to_path_buf(),
+                source,
+            }
         })?;
         Ok(Harvester {
             client,

@@ -8,8 +8,8 @@ use harvester_cloud_provider::service::{self, FINALIZER, name::lb_name, plan::Lb
 use harvester_common::harvester::{IPPool, LoadBalancer};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testbed::{BedOptions, TestBed, wait};
 use tokio::sync::oneshot;
@@ -46,7 +46,10 @@ fn start_ccm(bed: &TestBed) -> Ccm {
             let _ = rx.await;
         },
     ));
-    Ccm { stop: Some(tx), task }
+    Ccm {
+        stop: Some(tx),
+        task,
+    }
 }
 
 impl Ccm {
@@ -96,7 +99,15 @@ fn crs(bed: &TestBed) -> Api<LoadBalancer> {
 }
 
 fn ingress(svc: &Service) -> Option<String> {
-    svc.status.as_ref()?.load_balancer.as_ref()?.ingress.as_ref()?.first()?.ip.clone()
+    svc.status
+        .as_ref()?
+        .load_balancer
+        .as_ref()?
+        .ingress
+        .as_ref()?
+        .first()?
+        .ip
+        .clone()
 }
 
 /// Waits until the Service has an ingress address and returns it with the Service.
@@ -132,28 +143,49 @@ async fn wait_gone(bed: &TestBed, name: &str) {
 }
 
 async fn cr_names(bed: &TestBed) -> Vec<String> {
-    crs(bed).list(&ListParams::default()).await.expect("list CRs").items.iter().map(|c| c.name_any()).collect()
+    crs(bed)
+        .list(&ListParams::default())
+        .await
+        .expect("list CRs")
+        .items
+        .iter()
+        .map(|c| c.name_any())
+        .collect()
 }
 
 /// Waits for an event with `reason` on Service `name` whose note contains `text`.
 async fn wait_event(bed: &TestBed, name: &str, reason: &str, text: &str) -> String {
     let api: Api<Event> = Api::namespaced(bed.guest.client.clone(), "default");
-    wait::until(&format!("event {reason} on {name} mentioning {text:?}"), LIMIT, || {
-        let api = api.clone();
-        async move {
-            let events = api.list(&ListParams::default()).await.map_err(|e| e.to_string())?;
-            let seen: Vec<(String, String)> = events
-                .items
-                .iter()
-                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-                .map(|e| (e.reason.clone().unwrap_or_default(), e.note.clone().unwrap_or_default()))
-                .collect();
-            Ok(match seen.iter().find(|(r, n)| r == reason && n.contains(text)) {
-                Some((_, note)) => Ok(note.clone()),
-                None => Err(seen),
-            })
-        }
-    })
+    wait::until(
+        &format!("event {reason} on {name} mentioning {text:?}"),
+        LIMIT,
+        || {
+            let api = api.clone();
+            async move {
+                let events = api
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let seen: Vec<(String, String)> = events
+                    .items
+                    .iter()
+                    .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+                    .map(|e| {
+                        (
+                            e.reason.clone().unwrap_or_default(),
+                            e.note.clone().unwrap_or_default(),
+                        )
+                    })
+                    .collect();
+                Ok(
+                    match seen.iter().find(|(r, n)| r == reason && n.contains(text)) {
+                        Some((_, note)) => Ok(note.clone()),
+                        None => Err(seen),
+                    },
+                )
+            }
+        },
+    )
     .await
     .unwrap()
 }
@@ -164,27 +196,74 @@ async fn lb_service_gets_a_pool_address_and_gives_it_back_on_delete() {
     create_pool(&bed, "pool-1", json!([{"subnet": "192.168.50.0/24", "rangeStart": "192.168.50.10", "rangeEnd": "192.168.50.19"}])).await;
     let ccm = start_ccm(&bed);
     let created = services(&bed)
-        .create(&PostParams::default(), &lb_svc("web", &[(80, "TCP")], json!({"cloudprovider.harvesterhci.io/network": "default/vlan10"})))
+        .create(
+            &PostParams::default(),
+            &lb_svc(
+                "web",
+                &[(80, "TCP")],
+                json!({"cloudprovider.harvesterhci.io/network": "default/vlan10"}),
+            ),
+        )
         .await
         .expect("create service");
     let (ip, svc) = wait_address(&bed, "web").await;
     assert_eq!(ip, "192.168.50.10");
-    assert!(svc.finalizers().iter().any(|f| f == FINALIZER), "cleanup finalizer: {:?}", svc.finalizers());
-    assert_eq!(svc.annotations().get("kube-vip.io/loadbalancerIPs").map(String::as_str), Some("192.168.50.10"));
-    assert_eq!(svc.labels().get("cloudprovider.harvesterhci.io/primary-service"), None);
+    assert!(
+        svc.finalizers().iter().any(|f| f == FINALIZER),
+        "cleanup finalizer: {:?}",
+        svc.finalizers()
+    );
+    assert_eq!(
+        svc.annotations()
+            .get("kube-vip.io/loadbalancerIPs")
+            .map(String::as_str),
+        Some("192.168.50.10")
+    );
+    assert_eq!(
+        svc.labels()
+            .get("cloudprovider.harvesterhci.io/primary-service"),
+        None
+    );
 
     let name = lb_name(CLUSTER, "default", "web", &created.uid().expect("uid"));
-    let cr = crs(&bed).get(&name).await.expect("the CR has the upstream name");
+    let cr = crs(&bed)
+        .get(&name)
+        .await
+        .expect("the CR has the upstream name");
     assert_eq!(cr.spec.workload_type.as_deref(), Some("cluster"));
     assert_eq!(cr.spec.ipam.as_deref(), Some("pool"));
     let l = cr.labels();
-    assert_eq!(l.get("cloudprovider.harvesterhci.io/cluster").map(String::as_str), Some(CLUSTER));
-    assert_eq!(l.get("cloudprovider.harvesterhci.io/serviceNamespace").map(String::as_str), Some("default"));
-    assert_eq!(l.get("cloudprovider.harvesterhci.io/serviceName").map(String::as_str), Some("web"));
+    assert_eq!(
+        l.get("cloudprovider.harvesterhci.io/cluster")
+            .map(String::as_str),
+        Some(CLUSTER)
+    );
+    assert_eq!(
+        l.get("cloudprovider.harvesterhci.io/serviceNamespace")
+            .map(String::as_str),
+        Some("default")
+    );
+    assert_eq!(
+        l.get("cloudprovider.harvesterhci.io/serviceName")
+            .map(String::as_str),
+        Some("web")
+    );
     let a = cr.annotations();
-    assert_eq!(a.get("loadbalancer.harvesterhci.io/network").map(String::as_str), Some("default/vlan10"));
-    assert_eq!(a.get("cloudprovider.harvesterhci.io/lb-network").map(String::as_str), Some("default/vlan10"));
-    assert_eq!(a.get("loadbalancer.harvesterhci.io/cluster").map(String::as_str), Some(CLUSTER));
+    assert_eq!(
+        a.get("loadbalancer.harvesterhci.io/network")
+            .map(String::as_str),
+        Some("default/vlan10")
+    );
+    assert_eq!(
+        a.get("cloudprovider.harvesterhci.io/lb-network")
+            .map(String::as_str),
+        Some("default/vlan10")
+    );
+    assert_eq!(
+        a.get("loadbalancer.harvesterhci.io/cluster")
+            .map(String::as_str),
+        Some(CLUSTER)
+    );
     let lbs = crs(&bed);
     let mirrored = wait::until("CR status.address mirrored", LIMIT, || {
         let lbs = lbs.clone();
@@ -200,15 +279,27 @@ async fn lb_service_gets_a_pool_address_and_gives_it_back_on_delete() {
     assert_eq!(mirrored.as_deref(), Some("192.168.50.10"));
     wait_event(&bed, "web", "EnsuredLoadBalancer", "192.168.50.10").await;
 
-    services(&bed).delete("web", &DeleteParams::default()).await.expect("delete");
+    services(&bed)
+        .delete("web", &DeleteParams::default())
+        .await
+        .expect("delete");
     wait_gone(&bed, "web").await;
     assert!(cr_names(&bed).await.is_empty(), "no CR left");
     let pools = Api::<IPPool>::all(bed.harvester.client.clone());
     wait::until("address back in the pool", LIMIT, || {
         let pools = pools.clone();
         async move {
-            let st = pools.get("pool-1").await.map_err(|e| e.to_string())?.status.unwrap_or_default();
-            Ok(if st.allocated.is_empty() { Ok(()) } else { Err(st.allocated) })
+            let st = pools
+                .get("pool-1")
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .unwrap_or_default();
+            Ok(if st.allocated.is_empty() {
+                Ok(())
+            } else {
+                Err(st.allocated)
+            })
         }
     })
     .await
@@ -222,24 +313,51 @@ async fn lb_service_waits_with_an_event_while_the_pool_is_exhausted_then_converg
     create_pool(&bed, "small", json!([{"subnet": "10.20.0.5/32"}])).await;
     let ccm = start_ccm(&bed);
     let api = services(&bed);
-    api.create(&PostParams::default(), &lb_svc("first", &[(80, "TCP")], json!({}))).await.unwrap();
+    api.create(
+        &PostParams::default(),
+        &lb_svc("first", &[(80, "TCP")], json!({})),
+    )
+    .await
+    .unwrap();
     let (first, _) = wait_address(&bed, "first").await;
     assert_eq!(first, "10.20.0.5");
-    api.create(&PostParams::default(), &lb_svc("second", &[(80, "TCP")], json!({}))).await.unwrap();
-    wait_event(&bed, "second", "SyncLoadBalancerFailed", "no IP addresses available").await;
-    assert!(ingress(&api.get("second").await.unwrap()).is_none(), "pending while exhausted");
+    api.create(
+        &PostParams::default(),
+        &lb_svc("second", &[(80, "TCP")], json!({})),
+    )
+    .await
+    .unwrap();
+    wait_event(
+        &bed,
+        "second",
+        "SyncLoadBalancerFailed",
+        "no IP addresses available",
+    )
+    .await;
+    assert!(
+        ingress(&api.get("second").await.unwrap()).is_none(),
+        "pending while exhausted"
+    );
 
     // Widen the pool: the second Service converges by itself, no delete-and-recreate.
     let pools = Api::<IPPool>::all(bed.harvester.client.clone());
     let cr_before = cr_names(&bed).await;
     pools
-        .patch("small", &PatchParams::default(), &Patch::Merge(json!({"spec": {"ranges": [
-            {"subnet": "10.20.0.5/32"}, {"subnet": "10.20.0.6/32"}]}})))
+        .patch(
+            "small",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"ranges": [
+            {"subnet": "10.20.0.5/32"}, {"subnet": "10.20.0.6/32"}]}})),
+        )
         .await
         .expect("widen pool");
     let (second, _) = wait_address(&bed, "second").await;
     assert_eq!(second, "10.20.0.6");
-    assert_eq!(cr_names(&bed).await, cr_before, "the same CRs, none recreated");
+    assert_eq!(
+        cr_names(&bed).await,
+        cr_before,
+        "the same CRs, none recreated"
+    );
     ccm.stop().await;
 }
 
@@ -249,15 +367,39 @@ async fn lb_secondaries_share_the_primary_address_and_conflicting_ports_are_refu
     create_pool(&bed, "p", json!([{"subnet": "10.30.0.0/29"}])).await;
     let ccm = start_ccm(&bed);
     let api = services(&bed);
-    api.create(&PostParams::default(), &lb_svc("gw", &[(80, "TCP")], json!({}))).await.unwrap();
+    api.create(
+        &PostParams::default(),
+        &lb_svc("gw", &[(80, "TCP")], json!({})),
+    )
+    .await
+    .unwrap();
     let (ip, _) = wait_address(&bed, "gw").await;
     let shared = json!({"cloudprovider.harvesterhci.io/primary-service": "default/gw"});
-    api.create(&PostParams::default(), &lb_svc("dns", &[(53, "UDP"), (80, "UDP")], shared.clone())).await.unwrap();
+    api.create(
+        &PostParams::default(),
+        &lb_svc("dns", &[(53, "UDP"), (80, "UDP")], shared.clone()),
+    )
+    .await
+    .unwrap();
     let (dns_ip, dns) = wait_address(&bed, "dns").await;
     assert_eq!(dns_ip, ip, "secondary follows the primary");
-    assert_eq!(dns.labels().get("cloudprovider.harvesterhci.io/primary-service").map(String::as_str), Some("default.gw"));
+    assert_eq!(
+        dns.labels()
+            .get("cloudprovider.harvesterhci.io/primary-service")
+            .map(String::as_str),
+        Some("default.gw")
+    );
     // A bare name means the Service's own namespace.
-    api.create(&PostParams::default(), &lb_svc("clash", &[(80, "TCP")], json!({"cloudprovider.harvesterhci.io/primary-service": "gw"}))).await.unwrap();
+    api.create(
+        &PostParams::default(),
+        &lb_svc(
+            "clash",
+            &[(80, "TCP")],
+            json!({"cloudprovider.harvesterhci.io/primary-service": "gw"}),
+        ),
+    )
+    .await
+    .unwrap();
     wait_event(&bed, "clash", "PortConflict", "80/TCP").await;
     assert!(ingress(&api.get("clash").await.unwrap()).is_none());
     assert_eq!(cr_names(&bed).await.len(), 1, "only the primary has a CR");
@@ -266,7 +408,10 @@ async fn lb_secondaries_share_the_primary_address_and_conflicting_ports_are_refu
     api.delete("clash", &DeleteParams::default()).await.unwrap();
     api.delete("gw", &DeleteParams::default()).await.unwrap();
     wait_event(&bed, "gw", "DeletingLoadBalancerFailed", "default/dns").await;
-    assert!(api.get_opt("gw").await.unwrap().is_some(), "primary kept while shared");
+    assert!(
+        api.get_opt("gw").await.unwrap().is_some(),
+        "primary kept while shared"
+    );
     api.delete("dns", &DeleteParams::default()).await.unwrap();
     wait_gone(&bed, "gw").await;
     wait_gone(&bed, "dns").await;
@@ -279,12 +424,20 @@ async fn lb_service_deleted_while_pending_leaves_no_cr() {
     let bed = bed().await;
     let ccm = start_ccm(&bed);
     let api = services(&bed);
-    api.create(&PostParams::default(), &lb_svc("early", &[(80, "TCP")], json!({}))).await.unwrap();
+    api.create(
+        &PostParams::default(),
+        &lb_svc("early", &[(80, "TCP")], json!({})),
+    )
+    .await
+    .unwrap();
     wait_event(&bed, "early", "SyncLoadBalancerFailed", "no matched IPPool").await;
     assert_eq!(cr_names(&bed).await.len(), 1, "a CR exists while pending");
     api.delete("early", &DeleteParams::default()).await.unwrap();
     wait_gone(&bed, "early").await;
-    assert!(cr_names(&bed).await.is_empty(), "the pending CR was deleted");
+    assert!(
+        cr_names(&bed).await.is_empty(),
+        "the pending CR was deleted"
+    );
     ccm.stop().await;
 }
 
@@ -294,14 +447,32 @@ async fn lb_service_recreated_with_a_new_uid_replaces_the_old_cr() {
     create_pool(&bed, "p", json!([{"subnet": "10.40.0.0/29"}])).await;
     let ccm = start_ccm(&bed);
     let api = services(&bed);
-    let old = api.create(&PostParams::default(), &lb_svc("app", &[(80, "TCP")], json!({}))).await.unwrap();
+    let old = api
+        .create(
+            &PostParams::default(),
+            &lb_svc("app", &[(80, "TCP")], json!({})),
+        )
+        .await
+        .unwrap();
     wait_address(&bed, "app").await;
     ccm.stop().await;
     // While the provider is down, someone force-removes the finalizer and recreates the Service.
-    api.patch("app", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await.unwrap();
+    api.patch(
+        "app",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
     api.delete("app", &DeleteParams::default()).await.unwrap();
     wait_gone(&bed, "app").await;
-    let new = api.create(&PostParams::default(), &lb_svc("app", &[(80, "TCP")], json!({}))).await.unwrap();
+    let new = api
+        .create(
+            &PostParams::default(),
+            &lb_svc("app", &[(80, "TCP")], json!({})),
+        )
+        .await
+        .unwrap();
     let ccm = start_ccm(&bed);
     wait_address(&bed, "app").await;
     let want = lb_name(CLUSTER, "default", "app", &new.uid().unwrap());
@@ -310,8 +481,14 @@ async fn lb_service_recreated_with_a_new_uid_replaces_the_old_cr() {
         let lbs = lbs.clone();
         let want = want.clone();
         async move {
-            let names: Vec<String> = lbs.list(&ListParams::default()).await.map_err(|e| e.to_string())?
-                .items.iter().map(|c| c.name_any()).collect();
+            let names: Vec<String> = lbs
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .iter()
+                .map(|c| c.name_any())
+                .collect();
             Ok(if names == [want] { Ok(()) } else { Err(names) })
         }
     })
@@ -335,17 +512,36 @@ async fn lb_orphaned_crs_of_this_cluster_are_collected_at_start() {
     .unwrap();
     let mut foreign = orphan.clone();
     foreign.metadata.name = Some("other-cluster".into());
-    foreign.labels_mut().insert("cloudprovider.harvesterhci.io/cluster".into(), "someone-else".into());
-    crs(&bed).create(&PostParams::default(), &orphan).await.unwrap();
-    crs(&bed).create(&PostParams::default(), &foreign).await.unwrap();
+    foreign.labels_mut().insert(
+        "cloudprovider.harvesterhci.io/cluster".into(),
+        "someone-else".into(),
+    );
+    crs(&bed)
+        .create(&PostParams::default(), &orphan)
+        .await
+        .unwrap();
+    crs(&bed)
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
     let ccm = start_ccm(&bed);
     let lbs = crs(&bed);
     wait::until("orphan collected", LIMIT, || {
         let lbs = lbs.clone();
         async move {
-            let names: Vec<String> = lbs.list(&ListParams::default()).await.map_err(|e| e.to_string())?
-                .items.iter().map(|c| c.name_any()).collect();
-            Ok(if names == ["other-cluster"] { Ok(()) } else { Err(names) })
+            let names: Vec<String> = lbs
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .iter()
+                .map(|c| c.name_any())
+                .collect();
+            Ok(if names == ["other-cluster"] {
+                Ok(())
+            } else {
+                Err(names)
+            })
         }
     })
     .await
@@ -358,14 +554,33 @@ async fn lb_bad_annotation_gets_a_warning_and_creates_nothing() {
     let bed = bed().await;
     let ccm = start_ccm(&bed);
     services(&bed)
-        .create(&PostParams::default(), &lb_svc("bad", &[(80, "TCP")], json!({"cloudprovider.harvesterhci.io/ipam": "static"})))
+        .create(
+            &PostParams::default(),
+            &lb_svc(
+                "bad",
+                &[(80, "TCP")],
+                json!({"cloudprovider.harvesterhci.io/ipam": "static"}),
+            ),
+        )
         .await
         .unwrap();
-    let note = wait_event(&bed, "bad", "SyncLoadBalancerFailed", "cloudprovider.harvesterhci.io/ipam").await;
+    let note = wait_event(
+        &bed,
+        "bad",
+        "SyncLoadBalancerFailed",
+        "cloudprovider.harvesterhci.io/ipam",
+    )
+    .await;
     assert!(note.contains("static"), "{note}");
-    assert!(cr_names(&bed).await.is_empty(), "nothing created from bad input");
+    assert!(
+        cr_names(&bed).await.is_empty(),
+        "nothing created from bad input"
+    );
     let svc = services(&bed).get("bad").await.unwrap();
-    assert!(svc.finalizers().is_empty(), "no finalizer for a Service we do not serve");
+    assert!(
+        svc.finalizers().is_empty(),
+        "no finalizer for a Service we do not serve"
+    );
     ccm.stop().await;
 }
 
@@ -376,7 +591,12 @@ async fn lb_fifty_services_at_once_with_a_restart_in_the_middle_get_distinct_mat
     let ccm = start_ccm(&bed);
     let api = services(&bed);
     for i in 0..50 {
-        api.create(&PostParams::default(), &lb_svc(&format!("s{i:02}"), &[(80, "TCP")], json!({}))).await.unwrap();
+        api.create(
+            &PostParams::default(),
+            &lb_svc(&format!("s{i:02}"), &[(80, "TCP")], json!({})),
+        )
+        .await
+        .unwrap();
     }
     // Restart the provider while it works through them.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -387,9 +607,20 @@ async fn lb_fifty_services_at_once_with_a_restart_in_the_middle_get_distinct_mat
         let name = format!("s{i:02}");
         let (ip, svc) = wait_address(&bed, &name).await;
         assert!(seen.insert(ip.clone()), "address {ip} given twice");
-        let cr = crs(&bed).get(&lb_name(CLUSTER, "default", &name, &svc.uid().unwrap())).await.unwrap();
-        assert_eq!(cr.allocated_ip(), Some(ip.as_str()), "{name}: Service and CR agree");
+        let cr = crs(&bed)
+            .get(&lb_name(CLUSTER, "default", &name, &svc.uid().unwrap()))
+            .await
+            .unwrap();
+        assert_eq!(
+            cr.allocated_ip(),
+            Some(ip.as_str()),
+            "{name}: Service and CR agree"
+        );
     }
-    assert_eq!(cr_names(&bed).await.len(), 50, "one CR per Service, none leaked");
+    assert_eq!(
+        cr_names(&bed).await.len(),
+        50,
+        "one CR per Service, none leaked"
+    );
     ccm.stop().await;
 }

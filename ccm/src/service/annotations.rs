@@ -143,14 +143,22 @@ impl ServiceLbSpec {
         if let Some(n) = &network
             && n.split('/').count() > 2
         {
-            return Err(bad(ANN_NETWORK, n, "expected <namespace>/<network> or <network>"));
+            return Err(bad(
+                ANN_NETWORK,
+                n,
+                "expected <namespace>/<network> or <network>",
+            ));
         }
         let own_ns = svc.namespace().unwrap_or_default();
         let primary = match non_empty(svc, ANN_PRIMARY_SERVICE) {
             Some(v) => {
                 let key = parse_primary(&own_ns, &v)?;
                 if key == ServiceKey::of(svc) {
-                    return Err(bad(ANN_PRIMARY_SERVICE, &v, "a Service cannot be its own primary"));
+                    return Err(bad(
+                        ANN_PRIMARY_SERVICE,
+                        &v,
+                        "a Service cannot be its own primary",
+                    ));
                 }
                 Some(key)
             }
@@ -203,7 +211,8 @@ mod tests {
 
     #[test]
     fn defaults_to_pool_without_annotations() {
-        let s = ServiceLbSpec::from_service(&svc(json!({}), json!({"type": "LoadBalancer"}))).unwrap();
+        let s =
+            ServiceLbSpec::from_service(&svc(json!({}), json!({"type": "LoadBalancer"}))).unwrap();
         assert_eq!(s.ipam, Ipam::Pool);
         assert_eq!((s.network, s.primary, s.requested_ip), (None, None, None));
     }
@@ -224,8 +233,14 @@ mod tests {
         assert_eq!(
             s.ports,
             vec![
-                PortKey { port: 53, protocol: "UDP".into() },
-                PortKey { port: 80, protocol: "TCP".into() }
+                PortKey {
+                    port: 53,
+                    protocol: "UDP".into()
+                },
+                PortKey {
+                    port: 80,
+                    protocol: "TCP".into()
+                }
             ]
         );
     }
@@ -234,11 +249,36 @@ mod tests {
     fn rejects_bad_input_naming_the_key_and_value() {
         for (ann, spec, key, value) in [
             (json!({ANN_IPAM: "static"}), json!({}), ANN_IPAM, "static"),
-            (json!({ANN_PRIMARY_SERVICE: "a/b/c"}), json!({}), ANN_PRIMARY_SERVICE, "a/b/c"),
-            (json!({ANN_PRIMARY_SERVICE: "Bad_Name"}), json!({}), ANN_PRIMARY_SERVICE, "Bad_Name"),
-            (json!({ANN_PRIMARY_SERVICE: "apps/web"}), json!({}), ANN_PRIMARY_SERVICE, "apps/web"),
-            (json!({ANN_NETWORK: "a/b/c"}), json!({}), ANN_NETWORK, "a/b/c"),
-            (json!({}), json!({"loadBalancerIP": "ten"}), "spec.loadBalancerIP", "ten"),
+            (
+                json!({ANN_PRIMARY_SERVICE: "a/b/c"}),
+                json!({}),
+                ANN_PRIMARY_SERVICE,
+                "a/b/c",
+            ),
+            (
+                json!({ANN_PRIMARY_SERVICE: "Bad_Name"}),
+                json!({}),
+                ANN_PRIMARY_SERVICE,
+                "Bad_Name",
+            ),
+            (
+                json!({ANN_PRIMARY_SERVICE: "apps/web"}),
+                json!({}),
+                ANN_PRIMARY_SERVICE,
+                "apps/web",
+            ),
+            (
+                json!({ANN_NETWORK: "a/b/c"}),
+                json!({}),
+                ANN_NETWORK,
+                "a/b/c",
+            ),
+            (
+                json!({}),
+                json!({"loadBalancerIP": "ten"}),
+                "spec.loadBalancerIP",
+                "ten",
+            ),
         ] {
             let err = ServiceLbSpec::from_service(&svc(ann, spec)).unwrap_err();
             assert_eq!((err.key.as_str(), err.value.as_str()), (key, value));
@@ -250,12 +290,21 @@ mod tests {
     fn primary_accepts_namespaced_and_bare_names() {
         assert_eq!(
             parse_primary("apps", "infra/gw").unwrap(),
-            ServiceKey { namespace: "infra".into(), name: "gw".into() }
+            ServiceKey {
+                namespace: "infra".into(),
+                name: "gw".into()
+            }
         );
         assert_eq!(
             parse_primary("apps", "gw").unwrap(),
-            ServiceKey { namespace: "apps".into(), name: "gw".into() }
+            ServiceKey {
+                namespace: "apps".into(),
+                name: "gw".into()
+            }
         );
-        assert_eq!(parse_primary("apps", "gw").unwrap().label_value(), "apps.gw");
+        assert_eq!(
+            parse_primary("apps", "gw").unwrap().label_value(),
+            "apps.gw"
+        );
     }
 }

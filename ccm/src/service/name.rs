@@ -41,7 +41,12 @@ mod tests {
 
     #[test]
     fn short_names_keep_the_whole_base() {
-        let n = lb_name("rke2", "default", "web", "8a5b7c3e-0000-4000-8000-000000000001");
+        let n = lb_name(
+            "rke2",
+            "default",
+            "web",
+            "8a5b7c3e-0000-4000-8000-000000000001",
+        );
         let crc = crc32fast::hash(b"rke2-default-web-8a5b7c3e-0000-4000-8000-000000000001");
         assert_eq!(n, format!("rke2-default-web-{crc:08x}"));
     }
@@ -65,6 +70,9 @@ mod tests {
 
     #[test]
     fn the_uid_changes_the_name() {
-        assert_ne!(lb_name("c", "ns", "svc", "u1"), lb_name("c", "ns", "svc", "u2"));
+        assert_ne!(
+            lb_name("c", "ns", "svc", "u1"),
+            lb_name("c", "ns", "svc", "u2")
+        );
     }
 }

@@ -55,14 +55,20 @@ pub fn cr_name(svc: &Service, settings: &LbSettings) -> String {
 }
 
 /// The LoadBalancer CR a primary Service needs: wire-compatible with the upstream provider.
-pub fn desired_lb(svc: &Service, spec: &ServiceLbSpec, settings: &LbSettings, namespace: &str) -> LoadBalancer {
+pub fn desired_lb(
+    svc: &Service,
+    spec: &ServiceLbSpec,
+    settings: &LbSettings,
+    namespace: &str,
+) -> LoadBalancer {
     let key = ServiceKey::of(svc);
     let labels = BTreeMap::from([
         (LABEL_CLUSTER.to_string(), settings.cluster_name.clone()),
         (LABEL_SERVICE_NAMESPACE.to_string(), key.namespace.clone()),
         (LABEL_SERVICE_NAME.to_string(), key.name.clone()),
     ]);
-    let mut annotations = BTreeMap::from([(ANN_CLUSTER.to_string(), settings.cluster_name.clone())]);
+    let mut annotations =
+        BTreeMap::from([(ANN_CLUSTER.to_string(), settings.cluster_name.clone())]);
     if let Some(n) = &spec.network {
         annotations.insert(ANN_NETWORK.into(), n.clone());
         annotations.insert(ANN_LB_NETWORK.into(), n.clone());
@@ -183,9 +189,24 @@ pub fn ingress_ips(svc: &Service) -> Vec<String> {
 /// A primary with address `ip` (and kube-vip interface `iface` when a network maps to one).
 pub fn primary_change(svc: &Service, ip: &str, iface: Option<&str>) -> ServiceChange {
     let mut change = ServiceChange::default();
-    set_if_differs(&mut change.annotations, svc.annotations(), KUBE_VIP_IPS, Some(ip));
-    set_if_differs(&mut change.annotations, svc.annotations(), KUBE_VIP_INTERFACE, iface);
-    set_if_differs(&mut change.labels, svc.labels(), LABEL_PRIMARY_SERVICE, None);
+    set_if_differs(
+        &mut change.annotations,
+        svc.annotations(),
+        KUBE_VIP_IPS,
+        Some(ip),
+    );
+    set_if_differs(
+        &mut change.annotations,
+        svc.annotations(),
+        KUBE_VIP_INTERFACE,
+        iface,
+    );
+    set_if_differs(
+        &mut change.labels,
+        svc.labels(),
+        LABEL_PRIMARY_SERVICE,
+        None,
+    );
     if ingress_ips(svc) != [ip] {
         change.ingress = Some(vec![ip.to_string()]);
     }
@@ -195,10 +216,25 @@ pub fn primary_change(svc: &Service, ip: &str, iface: Option<&str>) -> ServiceCh
 /// A secondary following `primary` at address `ip`.
 pub fn secondary_change(svc: &Service, primary: &ServiceKey, ip: &str) -> ServiceChange {
     let mut change = ServiceChange::default();
-    set_if_differs(&mut change.annotations, svc.annotations(), KUBE_VIP_IPS, Some(ip));
-    set_if_differs(&mut change.annotations, svc.annotations(), KUBE_VIP_INTERFACE, None);
+    set_if_differs(
+        &mut change.annotations,
+        svc.annotations(),
+        KUBE_VIP_IPS,
+        Some(ip),
+    );
+    set_if_differs(
+        &mut change.annotations,
+        svc.annotations(),
+        KUBE_VIP_INTERFACE,
+        None,
+    );
     let label = primary.label_value();
-    set_if_differs(&mut change.labels, svc.labels(), LABEL_PRIMARY_SERVICE, Some(&label));
+    set_if_differs(
+        &mut change.labels,
+        svc.labels(),
+        LABEL_PRIMARY_SERVICE,
+        Some(&label),
+    );
     if ingress_ips(svc) != [ip] {
         change.ingress = Some(vec![ip.to_string()]);
     }
@@ -211,7 +247,12 @@ pub fn released_change(svc: &Service) -> ServiceChange {
     for key in [KUBE_VIP_IPS, KUBE_VIP_INTERFACE] {
         set_if_differs(&mut change.annotations, svc.annotations(), key, None);
     }
-    set_if_differs(&mut change.labels, svc.labels(), LABEL_PRIMARY_SERVICE, None);
+    set_if_differs(
+        &mut change.labels,
+        svc.labels(),
+        LABEL_PRIMARY_SERVICE,
+        None,
+    );
     if !ingress_ips(svc).is_empty() {
         change.ingress = Some(vec![]);
     }
@@ -254,20 +295,35 @@ mod tests {
         let s = web();
         let spec = ServiceLbSpec::from_service(&s).unwrap();
         let lb = desired_lb(&s, &spec, &settings(), "guest-vms");
-        assert_eq!(lb.metadata.name.as_deref(), Some(&*lb_name("rke2", "apps", "web", "u-1")));
+        assert_eq!(
+            lb.metadata.name.as_deref(),
+            Some(&*lb_name("rke2", "apps", "web", "u-1"))
+        );
         assert_eq!(lb.metadata.namespace.as_deref(), Some("guest-vms"));
         assert_eq!(lb.spec.workload_type.as_deref(), Some("cluster"));
         assert_eq!(lb.spec.ipam.as_deref(), Some("pool"));
         assert_eq!(lb.spec.ip_pool, None);
         let l = lb.labels();
         assert_eq!(l.get(LABEL_CLUSTER).map(String::as_str), Some("rke2"));
-        assert_eq!(l.get(LABEL_SERVICE_NAMESPACE).map(String::as_str), Some("apps"));
+        assert_eq!(
+            l.get(LABEL_SERVICE_NAMESPACE).map(String::as_str),
+            Some("apps")
+        );
         assert_eq!(l.get(LABEL_SERVICE_NAME).map(String::as_str), Some("web"));
         let a = lb.annotations();
-        assert_eq!(a.get(ANN_NETWORK).map(String::as_str), Some("default/vlan10"));
-        assert_eq!(a.get(ANN_LB_NETWORK).map(String::as_str), Some("default/vlan10"));
+        assert_eq!(
+            a.get(ANN_NETWORK).map(String::as_str),
+            Some("default/vlan10")
+        );
+        assert_eq!(
+            a.get(ANN_LB_NETWORK).map(String::as_str),
+            Some("default/vlan10")
+        );
         assert_eq!(a.get(ANN_CLUSTER).map(String::as_str), Some("rke2"));
-        assert_eq!(a.get(ANN_MANAGEMENT_NETWORK).map(String::as_str), Some("default/mgmt"));
+        assert_eq!(
+            a.get(ANN_MANAGEMENT_NETWORK).map(String::as_str),
+            Some("default/mgmt")
+        );
         assert_eq!(spec.ipam, Ipam::Pool);
     }
 
@@ -277,7 +333,10 @@ mod tests {
         assert!(wants_load_balancer(&s, &settings()));
         s.spec.as_mut().unwrap().load_balancer_class = Some("other.io/lb".into());
         assert!(!wants_load_balancer(&s, &settings()));
-        let mine = LbSettings { load_balancer_class: Some("other.io/lb".into()), ..settings() };
+        let mine = LbSettings {
+            load_balancer_class: Some("other.io/lb".into()),
+            ..settings()
+        };
         assert!(wants_load_balancer(&s, &mine));
         s.spec.as_mut().unwrap().type_ = Some("ClusterIP".into());
         assert!(!wants_load_balancer(&s, &mine));
@@ -290,8 +349,14 @@ mod tests {
         let existing = desired_lb(&s, &spec, &settings(), "ns");
         let mut changed = s.clone();
         changed.metadata.annotations = Some(BTreeMap::from([
-            ("cloudprovider.harvesterhci.io/network".to_string(), "default/vlan20".to_string()),
-            ("cloudprovider.harvesterhci.io/ipam".to_string(), "dhcp".to_string()),
+            (
+                "cloudprovider.harvesterhci.io/network".to_string(),
+                "default/vlan20".to_string(),
+            ),
+            (
+                "cloudprovider.harvesterhci.io/ipam".to_string(),
+                "dhcp".to_string(),
+            ),
         ]));
         let spec2 = ServiceLbSpec::from_service(&changed).unwrap();
         let drift = cr_drift(&existing, &desired_lb(&changed, &spec2, &settings(), "ns"));
@@ -299,7 +364,10 @@ mod tests {
             drift.network_changed,
             Some((Some("default/vlan10".into()), Some("default/vlan20".into())))
         );
-        assert_eq!(drift.ipam_changed, Some((Some("pool".into()), Some("dhcp".into()))));
+        assert_eq!(
+            drift.ipam_changed,
+            Some((Some("pool".into()), Some("dhcp".into())))
+        );
         assert!(drift.metadata.is_empty(), "{drift:?}");
     }
 
@@ -308,41 +376,77 @@ mod tests {
         let s = web();
         let spec = ServiceLbSpec::from_service(&s).unwrap();
         let existing = desired_lb(&s, &spec, &settings(), "ns");
-        let none = LbSettings { management_network: None, ..settings() };
+        let none = LbSettings {
+            management_network: None,
+            ..settings()
+        };
         let drift = cr_drift(&existing, &desired_lb(&s, &spec, &none, "ns"));
-        assert_eq!(drift.metadata["annotations"].get(ANN_MANAGEMENT_NETWORK), Some(&None));
+        assert_eq!(
+            drift.metadata["annotations"].get(ANN_MANAGEMENT_NETWORK),
+            Some(&None)
+        );
     }
 
     #[test]
     fn primary_change_is_empty_once_applied() {
         let mut s = web();
         let c = primary_change(&s, "10.0.0.5", Some("eth1"));
-        assert_eq!(c.annotations.get(KUBE_VIP_IPS), Some(&Some("10.0.0.5".into())));
-        assert_eq!(c.annotations.get(KUBE_VIP_INTERFACE), Some(&Some("eth1".into())));
+        assert_eq!(
+            c.annotations.get(KUBE_VIP_IPS),
+            Some(&Some("10.0.0.5".into()))
+        );
+        assert_eq!(
+            c.annotations.get(KUBE_VIP_INTERFACE),
+            Some(&Some("eth1".into()))
+        );
         assert_eq!(c.ingress, Some(vec!["10.0.0.5".to_string()]));
-        s.metadata.annotations.get_or_insert_with(Default::default).extend([
-            (KUBE_VIP_IPS.to_string(), "10.0.0.5".to_string()),
-            (KUBE_VIP_INTERFACE.to_string(), "eth1".to_string()),
-        ]);
-        s.status = Some(serde_json::from_value(json!({"loadBalancer": {"ingress": [{"ip": "10.0.0.5"}]}})).unwrap());
+        s.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .extend([
+                (KUBE_VIP_IPS.to_string(), "10.0.0.5".to_string()),
+                (KUBE_VIP_INTERFACE.to_string(), "eth1".to_string()),
+            ]);
+        s.status = Some(
+            serde_json::from_value(json!({"loadBalancer": {"ingress": [{"ip": "10.0.0.5"}]}}))
+                .unwrap(),
+        );
         assert!(primary_change(&s, "10.0.0.5", Some("eth1")).is_empty());
     }
 
     #[test]
     fn secondary_follows_the_primary_and_drops_the_interface() {
         let mut s = web();
-        s.metadata.annotations.get_or_insert_with(Default::default).insert(KUBE_VIP_INTERFACE.into(), "eth1".into());
-        let primary = ServiceKey { namespace: "apps".into(), name: "gw".into() };
+        s.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(KUBE_VIP_INTERFACE.into(), "eth1".into());
+        let primary = ServiceKey {
+            namespace: "apps".into(),
+            name: "gw".into(),
+        };
         let c = secondary_change(&s, &primary, "10.0.0.5");
-        assert_eq!(c.labels.get(LABEL_PRIMARY_SERVICE), Some(&Some("apps.gw".into())));
+        assert_eq!(
+            c.labels.get(LABEL_PRIMARY_SERVICE),
+            Some(&Some("apps.gw".into()))
+        );
         assert_eq!(c.annotations.get(KUBE_VIP_INTERFACE), Some(&None));
-        assert_eq!(c.annotations.get(KUBE_VIP_IPS), Some(&Some("10.0.0.5".into())));
+        assert_eq!(
+            c.annotations.get(KUBE_VIP_IPS),
+            Some(&Some("10.0.0.5".into()))
+        );
     }
 
     #[test]
     fn ports_overlap_by_port_and_protocol() {
-        let p = |port, proto: &str| PortKey { port, protocol: proto.into() };
-        assert_eq!(overlapping_ports(&[p(53, "UDP"), p(80, "TCP")], &[p(53, "TCP"), p(80, "TCP")]), vec![p(80, "TCP")]);
+        let p = |port, proto: &str| PortKey {
+            port,
+            protocol: proto.into(),
+        };
+        assert_eq!(
+            overlapping_ports(&[p(53, "UDP"), p(80, "TCP")], &[p(53, "TCP"), p(80, "TCP")]),
+            vec![p(80, "TCP")]
+        );
         assert!(overlapping_ports(&[p(53, "UDP")], &[p(53, "TCP")]).is_empty());
     }
 }

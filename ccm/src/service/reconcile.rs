@@ -85,7 +85,11 @@ impl ServiceCtx {
             .filter(|s| {
                 s.meta().deletion_timestamp.is_none()
                     && plan::wants_load_balancer(s, &self.settings)
-                    && ServiceLbSpec::from_service(s).ok().and_then(|sp| sp.primary).as_ref() == Some(primary)
+                    && ServiceLbSpec::from_service(s)
+                        .ok()
+                        .and_then(|sp| sp.primary)
+                        .as_ref()
+                        == Some(primary)
             })
             .collect()
     }
@@ -117,7 +121,8 @@ pub async fn run(
         services: store.clone(),
         failures: Mutex::new(HashMap::new()),
     });
-    let lb_watch = watcher::Config::default().labels(&format!("{LABEL_CLUSTER}={}", ctx.settings.cluster_name));
+    let lb_watch = watcher::Config::default()
+        .labels(&format!("{LABEL_CLUSTER}={}", ctx.settings.cluster_name));
     let related = store.clone();
     let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
     let gc = garbage_collector(ctx.clone(), shutdown.clone());
@@ -125,7 +130,9 @@ pub async fn run(
         // A CR's status changed: reconcile its Service (no polling while an address is pending).
         .watches(ctx.lbs(), lb_watch, |lb| service_of_cr(&lb))
         // A primary or secondary changed: reconcile the other side of the shared address.
-        .watches(services, watcher::Config::default(), move |svc| related_services(&related, &svc))
+        .watches(services, watcher::Config::default(), move |svc| {
+            related_services(&related, &svc)
+        })
         .reconcile_all_on(ticks(ctx.resync))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
@@ -149,11 +156,16 @@ fn service_of_cr(lb: &LoadBalancer) -> Option<ObjectRef<Service>> {
 fn related_services(store: &Store<Service>, svc: &Service) -> Vec<ObjectRef<Service>> {
     let key = ServiceKey::of(svc);
     let mut refs: Vec<ObjectRef<Service>> = Vec::new();
-    if let Ok(ServiceLbSpec { primary: Some(p), .. }) = ServiceLbSpec::from_service(svc) {
+    if let Ok(ServiceLbSpec {
+        primary: Some(p), ..
+    }) = ServiceLbSpec::from_service(svc)
+    {
         refs.push(ObjectRef::new(&p.name).within(&p.namespace));
     }
     for s in store.state() {
-        if let Ok(ServiceLbSpec { primary: Some(p), .. }) = ServiceLbSpec::from_service(&s)
+        if let Ok(ServiceLbSpec {
+            primary: Some(p), ..
+        }) = ServiceLbSpec::from_service(&s)
             && p == key
         {
             refs.push(ObjectRef::from_obj(s.as_ref()));
@@ -168,7 +180,8 @@ fn error_policy(svc: Arc<Service>, err: &Error, ctx: Arc<ServiceCtx>) -> Action 
     let n = failures.entry(key).or_insert(0);
     *n = n.saturating_add(1);
     // 0.5 s, 1 s, 2 s, ... capped at 5 minutes.
-    let delay = Duration::from_millis(500u64.saturating_mul(1 << (*n - 1).min(10))).min(Duration::from_secs(300));
+    let delay = Duration::from_millis(500u64.saturating_mul(1 << (*n - 1).min(10)))
+        .min(Duration::from_secs(300));
     tracing::debug!(service = %ServiceKey::of(&svc), "retrying in {delay:?}: {err}");
     Action::requeue(delay)
 }
@@ -182,7 +195,10 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceCtx>) -> Result<Action, Er
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&ObjectRef::from_obj(svc.as_ref()));
         }
-        Err(e) => ctx.warn(&svc, "SyncLoadBalancerFailed", e.to_string()).await,
+        Err(e) => {
+            ctx.warn(&svc, "SyncLoadBalancerFailed", e.to_string())
+                .await
+        }
     }
     result
 }
@@ -216,7 +232,8 @@ async fn reconcile_service(svc: &Service, ctx: &ServiceCtx) -> Result<Action, Er
 }
 
 async fn report_bad_input(svc: &Service, ctx: &ServiceCtx, bad: &BadAnnotation) {
-    ctx.warn(svc, "SyncLoadBalancerFailed", format!("invalid {bad}")).await;
+    ctx.warn(svc, "SyncLoadBalancerFailed", format!("invalid {bad}"))
+        .await;
 }
 
 async fn add_finalizer(svc: &Service, ctx: &ServiceCtx) -> Result<(), Error> {
@@ -240,7 +257,8 @@ async fn remove_finalizer(svc: &Service, ctx: &ServiceCtx) -> Result<(), Error> 
 }
 
 async fn patch_json(svc: &Service, ctx: &ServiceCtx, ops: serde_json::Value) -> Result<(), Error> {
-    let patch: json_patch::Patch = serde_json::from_value(ops).map_err(|e| Error::Guest(kube::Error::SerdeError(e)))?;
+    let patch: json_patch::Patch =
+        serde_json::from_value(ops).map_err(|e| Error::Guest(kube::Error::SerdeError(e)))?;
     ctx.services_in(&svc.namespace().unwrap_or_default())
         .patch(&svc.name_any(), &patch_params(), &Patch::<()>::Json(patch))
         .await
@@ -257,17 +275,25 @@ fn patch_params() -> PatchParams {
 }
 
 /// Applies a planned change to the guest Service (metadata, then status).
-async fn apply_change(svc: &Service, ctx: &ServiceCtx, change: &ServiceChange) -> Result<(), Error> {
+async fn apply_change(
+    svc: &Service,
+    ctx: &ServiceCtx,
+    change: &ServiceChange,
+) -> Result<(), Error> {
     let api = ctx.services_in(&svc.namespace().unwrap_or_default());
     let name = svc.name_any();
     if !change.annotations.is_empty() || !change.labels.is_empty() {
-        let body = json!({"metadata": {"annotations": change.annotations, "labels": change.labels}});
+        let body =
+            json!({"metadata": {"annotations": change.annotations, "labels": change.labels}});
         api.patch(&name, &patch_params(), &Patch::Merge(&body))
             .await
             .map_err(Error::Guest)?;
     }
     if let Some(ips) = &change.ingress {
-        let ingress: Vec<_> = ips.iter().map(|ip| json!({"ip": ip, "ipMode": "VIP"})).collect();
+        let ingress: Vec<_> = ips
+            .iter()
+            .map(|ip| json!({"ip": ip, "ipMode": "VIP"}))
+            .collect();
         let body = json!({"status": {"loadBalancer": {"ingress": ingress}}});
         api.patch_status(&name, &patch_params(), &Patch::Merge(&body))
             .await
@@ -277,12 +303,20 @@ async fn apply_change(svc: &Service, ctx: &ServiceCtx, change: &ServiceChange) -
 }
 
 /// Deletes every CR of this cluster that belongs to `key`, except `keep`.
-async fn delete_crs_of(ctx: &ServiceCtx, key: &ServiceKey, keep: Option<&str>) -> Result<Vec<String>, Error> {
+async fn delete_crs_of(
+    ctx: &ServiceCtx,
+    key: &ServiceKey,
+    keep: Option<&str>,
+) -> Result<Vec<String>, Error> {
     let selector = format!(
         "{LABEL_CLUSTER}={},{LABEL_SERVICE_NAMESPACE}={},{LABEL_SERVICE_NAME}={}",
         ctx.settings.cluster_name, key.namespace, key.name
     );
-    let crs = ctx.lbs().list(&ListParams::default().labels(&selector)).await.map_err(Error::Harvester)?;
+    let crs = ctx
+        .lbs()
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(Error::Harvester)?;
     let mut deleted = Vec::new();
     for cr in crs.items {
         let name = cr.name_any();
@@ -309,14 +343,18 @@ async fn cleanup(svc: &Service, ctx: &ServiceCtx, deleting: bool) -> Result<Acti
         ctx.warn(
             svc,
             "DeletingLoadBalancerFailed",
-            format!("the address is still shared by {}; remove their {} annotation first",
-                users.join(", "), super::annotations::ANN_PRIMARY_SERVICE),
+            format!(
+                "the address is still shared by {}; remove their {} annotation first",
+                users.join(", "),
+                super::annotations::ANN_PRIMARY_SERVICE
+            ),
         )
         .await;
         // Woken again when a secondary changes or goes.
         return Ok(Action::await_change());
     }
-    ctx.normal(svc, "DeletingLoadBalancer", "Deleting load balancer".into()).await;
+    ctx.normal(svc, "DeletingLoadBalancer", "Deleting load balancer".into())
+        .await;
     let deleted = delete_crs_of(ctx, &key, None).await?;
     if !deleted.is_empty() {
         tracing::info!(service = %key, "deleted LoadBalancer CRs {deleted:?}");
@@ -325,7 +363,8 @@ async fn cleanup(svc: &Service, ctx: &ServiceCtx, deleting: bool) -> Result<Acti
         apply_change(svc, ctx, &plan::released_change(svc)).await?;
     }
     remove_finalizer(svc, ctx).await?;
-    ctx.normal(svc, "DeletedLoadBalancer", "Deleted load balancer".into()).await;
+    ctx.normal(svc, "DeletedLoadBalancer", "Deleted load balancer".into())
+        .await;
     Ok(Action::await_change())
 }
 
@@ -338,20 +377,27 @@ async fn interface_for(ctx: &ServiceCtx, network: Option<&str>) -> Result<Option
     let Some(cm) = cms.get_opt(NAD_MAPPING_NAME).await.map_err(Error::Guest)? else {
         return Ok(None);
     };
-    let raw = cm.data.and_then(|d| d.get(NAD_MAPPING_KEY).cloned()).unwrap_or_default();
+    let raw = cm
+        .data
+        .and_then(|d| d.get(NAD_MAPPING_KEY).cloned())
+        .unwrap_or_default();
     let mapping: BTreeMap<String, String> = if raw.trim().is_empty() {
         BTreeMap::new()
     } else {
-        serde_json::from_str(&raw).map_err(|e| Error::NadMapping(format!("key {NAD_MAPPING_KEY} is not a JSON object: {e}")))?
+        serde_json::from_str(&raw).map_err(|e| {
+            Error::NadMapping(format!("key {NAD_MAPPING_KEY} is not a JSON object: {e}"))
+        })?
     };
-    mapping
-        .get(network)
-        .cloned()
-        .map(Some)
-        .ok_or_else(|| Error::NadMapping(format!("network {network} has no interface in the mapping")))
+    mapping.get(network).cloned().map(Some).ok_or_else(|| {
+        Error::NadMapping(format!("network {network} has no interface in the mapping"))
+    })
 }
 
-async fn reconcile_primary(svc: &Service, spec: &ServiceLbSpec, ctx: &ServiceCtx) -> Result<Action, Error> {
+async fn reconcile_primary(
+    svc: &Service,
+    spec: &ServiceLbSpec,
+    ctx: &ServiceCtx,
+) -> Result<Action, Error> {
     let key = ServiceKey::of(svc);
     let desired = plan::desired_lb(svc, spec, &ctx.settings, &ctx.namespace);
     let name = desired.name_any();
@@ -359,10 +405,13 @@ async fn reconcile_primary(svc: &Service, spec: &ServiceLbSpec, ctx: &ServiceCtx
     delete_crs_of(ctx, &key, Some(&name)).await?;
     let lb = match ctx.lbs().get_opt(&name).await.map_err(Error::Harvester)? {
         None => {
-            ctx.normal(svc, "EnsuringLoadBalancer", "Ensuring load balancer".into()).await;
+            ctx.normal(svc, "EnsuringLoadBalancer", "Ensuring load balancer".into())
+                .await;
             match ctx.lbs().create(&PostParams::default(), &desired).await {
                 Ok(lb) => lb,
-                Err(kube::Error::Api(s)) if s.code == 409 => ctx.lbs().get(&name).await.map_err(Error::Harvester)?,
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    ctx.lbs().get(&name).await.map_err(Error::Harvester)?
+                }
                 Err(e) => return Err(Error::Harvester(e)),
             }
         }
@@ -384,7 +433,11 @@ async fn reconcile_primary(svc: &Service, spec: &ServiceLbSpec, ctx: &ServiceCtx
                 existing
             } else {
                 ctx.lbs()
-                    .patch(&name, &patch_params(), &Patch::Merge(json!({"metadata": drift.metadata})))
+                    .patch(
+                        &name,
+                        &patch_params(),
+                        &Patch::Merge(json!({"metadata": drift.metadata})),
+                    )
                     .await
                     .map_err(Error::Harvester)?
             }
@@ -395,8 +448,14 @@ async fn reconcile_primary(svc: &Service, spec: &ServiceLbSpec, ctx: &ServiceCtx
             .ready_condition()
             .and_then(|c| c.message.clone())
             .unwrap_or_else(|| "waiting for Harvester to allocate an address".into());
-        ctx.warn(svc, "SyncLoadBalancerFailed", format!(
-            "ip is not allocated, mode: {}, message: {reason}", spec.ipam.as_str()))
+        ctx.warn(
+            svc,
+            "SyncLoadBalancerFailed",
+            format!(
+                "ip is not allocated, mode: {}, message: {reason}",
+                spec.ipam.as_str()
+            ),
+        )
         .await;
         // The CR watch wakes us when Harvester allocates.
         return Ok(Action::await_change());
@@ -422,20 +481,39 @@ async fn reconcile_primary(svc: &Service, spec: &ServiceLbSpec, ctx: &ServiceCtx
             && ingress.is_empty()
             && user != &ip
         {
-            ctx.warn(svc, "LoadBalancerIPNotHonoured", format!(
-                "{} was {user}, replaced by the address Harvester allocated: {ip}", super::annotations::KUBE_VIP_IPS))
+            ctx.warn(
+                svc,
+                "LoadBalancerIPNotHonoured",
+                format!(
+                    "{} was {user}, replaced by the address Harvester allocated: {ip}",
+                    super::annotations::KUBE_VIP_IPS
+                ),
+            )
             .await;
         }
         apply_change(svc, ctx, &change).await?;
-        ctx.normal(svc, "EnsuredLoadBalancer", format!("Ensured load balancer with address {ip}")).await;
+        ctx.normal(
+            svc,
+            "EnsuredLoadBalancer",
+            format!("Ensured load balancer with address {ip}"),
+        )
+        .await;
     }
     // Mirror what the Service shows to the CR, as upstream does (the leased IP in DHCP mode).
-    let shown = if is_dhcp_sentinel { ingress.first().cloned() } else { Some(ip.clone()) };
+    let shown = if is_dhcp_sentinel {
+        ingress.first().cloned()
+    } else {
+        Some(ip.clone())
+    };
     if let Some(addr) = shown
         && lb.status.as_ref().and_then(|s| s.address.as_deref()) != Some(addr.as_str())
     {
         ctx.lbs()
-            .patch(&name, &patch_params(), &Patch::Merge(json!({"status": {"address": addr}})))
+            .patch(
+                &name,
+                &patch_params(),
+                &Patch::Merge(json!({"status": {"address": addr}})),
+            )
             .await
             .map_err(Error::Harvester)?;
     }
@@ -455,22 +533,40 @@ async fn reconcile_secondary(
         .await
         .map_err(Error::Guest)?;
     let primary = match primary {
-        Some(p) if plan::wants_load_balancer(&p, &ctx.settings) && p.meta().deletion_timestamp.is_none() => p,
+        Some(p)
+            if plan::wants_load_balancer(&p, &ctx.settings)
+                && p.meta().deletion_timestamp.is_none() =>
+        {
+            p
+        }
         _ => {
-            ctx.warn(svc, "SyncLoadBalancerFailed", format!(
-                "{ann}={primary_key}: no such LoadBalancer Service")).await;
+            ctx.warn(
+                svc,
+                "SyncLoadBalancerFailed",
+                format!("{ann}={primary_key}: no such LoadBalancer Service"),
+            )
+            .await;
             return Ok(Action::await_change());
         }
     };
     let primary_spec = match ServiceLbSpec::from_service(&primary) {
         Ok(s) if s.primary.is_none() => s,
         Ok(_) => {
-            ctx.warn(svc, "SyncLoadBalancerFailed", format!(
-                "{ann}={primary_key}: that Service shares another one's address itself")).await;
+            ctx.warn(
+                svc,
+                "SyncLoadBalancerFailed",
+                format!("{ann}={primary_key}: that Service shares another one's address itself"),
+            )
+            .await;
             return Ok(Action::await_change());
         }
         Err(bad) => {
-            ctx.warn(svc, "SyncLoadBalancerFailed", format!("{ann}={primary_key}: the primary has invalid {bad}")).await;
+            ctx.warn(
+                svc,
+                "SyncLoadBalancerFailed",
+                format!("{ann}={primary_key}: the primary has invalid {bad}"),
+            )
+            .await;
             return Ok(Action::await_change());
         }
     };
@@ -484,29 +580,52 @@ async fn reconcile_secondary(
         }
     }
     if !conflicts.is_empty() {
-        let ports: Vec<String> = conflicts.iter().map(|p| format!("{}/{}", p.port, p.protocol)).collect();
-        ctx.warn(svc, "PortConflict", format!(
-            "{ann}={primary_key}: ports {} are already used on the shared address", ports.join(", "))).await;
+        let ports: Vec<String> = conflicts
+            .iter()
+            .map(|p| format!("{}/{}", p.port, p.protocol))
+            .collect();
+        ctx.warn(
+            svc,
+            "PortConflict",
+            format!(
+                "{ann}={primary_key}: ports {} are already used on the shared address",
+                ports.join(", ")
+            ),
+        )
+        .await;
         return Ok(Action::await_change());
     }
     if let (Some(mine), Some(theirs)) = (&spec.network, &primary_spec.network)
         && mine != theirs
     {
-        ctx.warn(svc, "SyncLoadBalancerFailed", format!(
-            "{ann}={primary_key}: network {mine} differs from the primary's {theirs}")).await;
+        ctx.warn(
+            svc,
+            "SyncLoadBalancerFailed",
+            format!("{ann}={primary_key}: network {mine} differs from the primary's {theirs}"),
+        )
+        .await;
         return Ok(Action::await_change());
     }
     // A CR made while this Service was a primary is not needed any more.
     delete_crs_of(ctx, &ServiceKey::of(svc), None).await?;
     let Some(ip) = plan::ingress_ips(&primary).into_iter().next() else {
-        ctx.warn(svc, "SyncLoadBalancerFailed", format!(
-            "{ann}={primary_key}: the primary has no address yet")).await;
+        ctx.warn(
+            svc,
+            "SyncLoadBalancerFailed",
+            format!("{ann}={primary_key}: the primary has no address yet"),
+        )
+        .await;
         return Ok(Action::await_change());
     };
     let change = plan::secondary_change(svc, primary_key, &ip);
     if !change.is_empty() {
         apply_change(svc, ctx, &change).await?;
-        ctx.normal(svc, "EnsuredLoadBalancer", format!("Sharing address {ip} of {primary_key}")).await;
+        ctx.normal(
+            svc,
+            "EnsuredLoadBalancer",
+            format!("Sharing address {ip} of {primary_key}"),
+        )
+        .await;
     }
     Ok(Action::requeue(ctx.resync))
 }
@@ -533,7 +652,11 @@ async fn garbage_collector(ctx: Arc<ServiceCtx>, shutdown: impl Future<Output = 
 
 async fn collect_garbage(ctx: &ServiceCtx) -> Result<(), Error> {
     let selector = format!("{LABEL_CLUSTER}={}", ctx.settings.cluster_name);
-    let crs = ctx.lbs().list(&ListParams::default().labels(&selector)).await.map_err(Error::Harvester)?;
+    let crs = ctx
+        .lbs()
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(Error::Harvester)?;
     for cr in crs.items {
         let Some(owner) = service_of_cr(&cr) else {
             continue;
@@ -546,8 +669,16 @@ async fn collect_garbage(ctx: &ServiceCtx) -> Result<(), Error> {
         if keep {
             continue;
         }
-        tracing::info!("deleting orphaned LoadBalancer {}/{}", ctx.namespace, cr.name_any());
-        match ctx.lbs().delete(&cr.name_any(), &DeleteParams::default()).await {
+        tracing::info!(
+            "deleting orphaned LoadBalancer {}/{}",
+            ctx.namespace,
+            cr.name_any()
+        );
+        match ctx
+            .lbs()
+            .delete(&cr.name_any(), &DeleteParams::default())
+            .await
+        {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(Error::Harvester(e)),

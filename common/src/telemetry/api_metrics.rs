@@ -75,7 +75,10 @@ where
 }
 
 /// A kube client whose requests are counted in `metrics` (when given).
-pub fn kube_client(config: kube::Config, metrics: Option<&Metrics>) -> Result<kube::Client, kube::Error> {
+pub fn kube_client(
+    config: kube::Config,
+    metrics: Option<&Metrics>,
+) -> Result<kube::Client, kube::Error> {
     let builder = kube::client::ClientBuilder::try_from(config)?;
     Ok(match metrics {
         Some(m) => builder.with_layer(&ApiMetricsLayer::new(m.clone())).build(),
@@ -124,14 +127,56 @@ mod tests {
     #[test]
     fn classifies_requests_like_the_audit_log() {
         for (m, path, q, verb, res) in [
-            (Method::GET, "/api/v1/namespaces/default/services/web", None, "get", "services"),
-            (Method::GET, "/api/v1/services", Some("watch=true&resourceVersion=1"), "watch", "services"),
+            (
+                Method::GET,
+                "/api/v1/namespaces/default/services/web",
+                None,
+                "get",
+                "services",
+            ),
+            (
+                Method::GET,
+                "/api/v1/services",
+                Some("watch=true&resourceVersion=1"),
+                "watch",
+                "services",
+            ),
             (Method::GET, "/api/v1/nodes", None, "list", "nodes"),
-            (Method::PATCH, "/api/v1/namespaces/a/services/web/status", None, "patch", "services/status"),
-            (Method::POST, "/apis/loadbalancer.harvesterhci.io/v1beta1/namespaces/vms/loadbalancers", None, "create", "loadbalancers"),
-            (Method::PUT, "/apis/subresources.kubevirt.io/v1/namespaces/vms/virtualmachines/w1/addvolume", None, "update", "virtualmachines/addvolume"),
-            (Method::DELETE, "/api/v1/namespaces/a/persistentvolumeclaims/p", None, "delete", "persistentvolumeclaims"),
-            (Method::GET, "/api/v1/namespaces/kube-system", None, "get", "namespaces"),
+            (
+                Method::PATCH,
+                "/api/v1/namespaces/a/services/web/status",
+                None,
+                "patch",
+                "services/status",
+            ),
+            (
+                Method::POST,
+                "/apis/loadbalancer.harvesterhci.io/v1beta1/namespaces/vms/loadbalancers",
+                None,
+                "create",
+                "loadbalancers",
+            ),
+            (
+                Method::PUT,
+                "/apis/subresources.kubevirt.io/v1/namespaces/vms/virtualmachines/w1/addvolume",
+                None,
+                "update",
+                "virtualmachines/addvolume",
+            ),
+            (
+                Method::DELETE,
+                "/api/v1/namespaces/a/persistentvolumeclaims/p",
+                None,
+                "delete",
+                "persistentvolumeclaims",
+            ),
+            (
+                Method::GET,
+                "/api/v1/namespaces/kube-system",
+                None,
+                "get",
+                "namespaces",
+            ),
         ] {
             assert_eq!(classify(&m, path, q), (verb, res.to_string()), "{m} {path}");
         }

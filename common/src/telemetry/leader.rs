@@ -121,7 +121,11 @@ fn now() -> MicroTime {
 }
 
 /// One election round: take a free or expired lease, or renew our own. `true` when we hold it.
-async fn try_acquire_or_renew(api: &Api<Lease>, cfg: &LeaderConfig, observed: &mut Option<Observed>) -> bool {
+async fn try_acquire_or_renew(
+    api: &Api<Lease>,
+    cfg: &LeaderConfig,
+    observed: &mut Option<Observed>,
+) -> bool {
     let duration_secs = i32::try_from(cfg.lease_duration.as_secs()).unwrap_or(i32::MAX);
     let current = match api.get_opt(&cfg.lease_name).await {
         Ok(l) => l,
@@ -162,7 +166,9 @@ async fn try_acquire_or_renew(api: &Api<Lease>, cfg: &LeaderConfig, observed: &m
         .lease_duration_seconds
         .and_then(|s| u64::try_from(s).ok())
         .map_or(cfg.lease_duration, Duration::from_secs);
-    let expired = observed.as_ref().is_some_and(|o| o.at.elapsed() >= held_for);
+    let expired = observed
+        .as_ref()
+        .is_some_and(|o| o.at.elapsed() >= held_for);
     if !ours && !holder.is_empty() && !expired {
         return false;
     }
@@ -174,7 +180,10 @@ async fn try_acquire_or_renew(api: &Api<Lease>, cfg: &LeaderConfig, observed: &m
     spec.renew_time = Some(now());
     spec.lease_duration_seconds = Some(duration_secs);
     // The resourceVersion makes this a compare-and-swap: two candidates cannot both win.
-    match api.replace(&cfg.lease_name, &PostParams::default(), &lease).await {
+    match api
+        .replace(&cfg.lease_name, &PostParams::default(), &lease)
+        .await
+    {
         Ok(updated) => {
             *observed = Some(Observed {
                 resource_version: updated.metadata.resource_version,
@@ -201,7 +210,10 @@ async fn release(api: &Api<Lease>, cfg: &LeaderConfig) {
     spec.holder_identity = None;
     spec.lease_duration_seconds = Some(1);
     spec.renew_time = Some(now());
-    if let Err(e) = api.replace(&cfg.lease_name, &PostParams::default(), &lease).await {
+    if let Err(e) = api
+        .replace(&cfg.lease_name, &PostParams::default(), &lease)
+        .await
+    {
         tracing::warn!("releasing lease {}: {e}", cfg.lease_name);
     }
 }

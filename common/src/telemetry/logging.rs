@@ -41,6 +41,9 @@ mod tests {
         assert_eq!("text".parse::<LogFormat>(), Ok(LogFormat::Text));
         assert_eq!("json".parse::<LogFormat>(), Ok(LogFormat::Json));
         let err = "yaml".parse::<LogFormat>().unwrap_err();
-        assert!(err.contains("--log-format") && err.contains("yaml"), "{err}");
+        assert!(
+            err.contains("--log-format") && err.contains("yaml"),
+            "{err}"
+        );
     }
 }

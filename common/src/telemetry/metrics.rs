@@ -79,15 +79,35 @@ impl Metrics {
         let reconciles = Family::<ControllerLabels, Counter>::default();
         r.register("reconciles", "Reconciles by controller", reconciles.clone());
         let reconcile_errors = Family::<ErrorLabels, Counter>::default();
-        r.register("reconcile_errors", "Failed reconciles by controller and error", reconcile_errors.clone());
+        r.register(
+            "reconcile_errors",
+            "Failed reconciles by controller and error",
+            reconcile_errors.clone(),
+        );
         let reconcile_duration: Hist<ControllerLabels> = Family::new_with_constructor(latency);
-        r.register("reconcile_duration_seconds", "Reconcile duration by controller", reconcile_duration.clone());
+        r.register(
+            "reconcile_duration_seconds",
+            "Reconcile duration by controller",
+            reconcile_duration.clone(),
+        );
         let api_requests = Family::<ApiLabels, Counter>::default();
-        r.register("kube_api_requests", "Kubernetes API requests by verb, resource and HTTP code", api_requests.clone());
+        r.register(
+            "kube_api_requests",
+            "Kubernetes API requests by verb, resource and HTTP code",
+            api_requests.clone(),
+        );
         let csi_rpcs = Family::<RpcLabels, Counter>::default();
-        r.register("csi_rpcs", "CSI RPCs by method and gRPC code", csi_rpcs.clone());
+        r.register(
+            "csi_rpcs",
+            "CSI RPCs by method and gRPC code",
+            csi_rpcs.clone(),
+        );
         let csi_rpc_duration: Hist<MethodLabels> = Family::new_with_constructor(latency);
-        r.register("csi_rpc_duration_seconds", "CSI RPC duration by method", csi_rpc_duration.clone());
+        r.register(
+            "csi_rpc_duration_seconds",
+            "CSI RPC duration by method",
+            csi_rpc_duration.clone(),
+        );
         let service_address_seconds = latency();
         r.register(
             "service_address_seconds",
@@ -95,7 +115,11 @@ impl Metrics {
             service_address_seconds.clone(),
         );
         let dhcp_leases = Family::<LeaseLabels, Counter>::default();
-        r.register("dhcp_leases", "DHCP lease events (acquired, renewed, failed, released)", dhcp_leases.clone());
+        r.register(
+            "dhcp_leases",
+            "DHCP lease events (acquired, renewed, failed, released)",
+            dhcp_leases.clone(),
+        );
         let token_expiry_seconds = Gauge::<f64, AtomicU64>::default();
         r.register(
             "cloud_config_token_expiry_seconds",
@@ -183,11 +207,20 @@ mod tests {
         drop(m.reconcile_started("node"));
         m.reconcile_failed("node", "vm_not_found");
         m.api_requests
-            .get_or_create(&ApiLabels { verb: "get".into(), resource: "services".into(), code: "200".into() })
+            .get_or_create(&ApiLabels {
+                verb: "get".into(),
+                resource: "services".into(),
+                code: "200".into(),
+            })
             .inc_by(3);
         let text = m.encode();
-        assert!(text.contains(r#"harvester_reconciles_total{controller="node"} 1"#), "{text}");
-        assert!(text.contains(r#"harvester_reconcile_errors_total{controller="node",error="vm_not_found"} 1"#));
+        assert!(
+            text.contains(r#"harvester_reconciles_total{controller="node"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains(
+            r#"harvester_reconcile_errors_total{controller="node",error="vm_not_found"} 1"#
+        ));
         assert!(text.contains("harvester_reconcile_duration_seconds_count{controller=\"node\"} 1"));
         assert_eq!(m.api_request_total(), 3);
     }

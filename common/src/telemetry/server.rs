@@ -44,15 +44,21 @@ impl Readiness {
             .iter()
             .filter_map(|(n, s)| s.as_ref().err().map(|e| format!("{n}: {e}")))
             .collect();
-        if failing.is_empty() { Ok(()) } else { Err(failing) }
+        if failing.is_empty() {
+            Ok(())
+        } else {
+            Err(failing)
+        }
     }
 }
 
 fn text(code: StatusCode, body: String, content_type: &'static str) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(body)));
     *r.status_mut() = code;
-    r.headers_mut()
-        .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static(content_type));
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(content_type),
+    );
     r
 }
 
@@ -129,9 +135,15 @@ mod tests {
         let r = Readiness::with_checks(&["harvester", "caches"]);
         assert_eq!(r.status().unwrap_err().len(), 2);
         r.set("caches", Ok(()));
-        r.set("harvester", Err("401 Unauthorized from cloud-config /etc/kubernetes/cloud-config".into()));
+        r.set(
+            "harvester",
+            Err("401 Unauthorized from cloud-config /etc/kubernetes/cloud-config".into()),
+        );
         let failing = r.status().unwrap_err();
-        assert_eq!(failing, vec!["harvester: 401 Unauthorized from cloud-config /etc/kubernetes/cloud-config"]);
+        assert_eq!(
+            failing,
+            vec!["harvester: 401 Unauthorized from cloud-config /etc/kubernetes/cloud-config"]
+        );
         r.set("harvester", Ok(()));
         assert!(r.status().is_ok());
     }
@@ -150,20 +162,28 @@ mod tests {
         let get = |path: &'static str| async move {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
             let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-            s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-                .await
-                .unwrap();
+            s.write_all(
+                format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+            )
+            .await
+            .unwrap();
             let mut out = String::new();
             s.read_to_string(&mut out).await.unwrap();
             out
         };
         assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
         let not_ready = get("/readyz").await;
-        assert!(not_ready.starts_with("HTTP/1.1 503") && not_ready.contains("harvester"), "{not_ready}");
+        assert!(
+            not_ready.starts_with("HTTP/1.1 503") && not_ready.contains("harvester"),
+            "{not_ready}"
+        );
         readiness.set("harvester", Ok(()));
         assert!(get("/readyz").await.starts_with("HTTP/1.1 200"));
         let m = get("/metrics").await;
-        assert!(m.contains(r#"harvester_reconciles_total{controller="service"} 1"#), "{m}");
+        assert!(
+            m.contains(r#"harvester_reconciles_total{controller="service"} 1"#),
+            "{m}"
+        );
         drop(tx);
         server.await.unwrap();
     }
