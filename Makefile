@@ -29,9 +29,8 @@ clippy:
 
 help-check:
 	@echo "[test] both binaries answer --help"
-	$(CARGO) build --quiet --bin harvester-cloud-provider --bin harvester-csi-driver
-	./target/debug/harvester-cloud-provider --help >/dev/null
-	./target/debug/harvester-csi-driver --help >/dev/null
+	$(CARGO) run --quiet --bin harvester-cloud-provider -- --help >/dev/null
+	$(CARGO) run --quiet --bin harvester-csi-driver -- --help >/dev/null
 
 unit-and-integration:
 	@echo "[test] cargo test (unit, property and test-bed integration tests)"
