@@ -11,6 +11,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
+        // Methods a service does not implement answer UNIMPLEMENTED, as the CSI spec asks.
+        .generate_default_stubs(true)
         .compile_fds(fds)?;
     Ok(())
 }

@@ -2,14 +2,9 @@
 
 use std::path::PathBuf;
 
-use clap::{Parser, ValueEnum};
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum Mode {
-    Controller,
-    Node,
-    All,
-}
+use anyhow::Context;
+use clap::Parser;
+use harvester_csi_driver::{Config, Mode};
 
 /// Flags compatible with the upstream harvester-csi-driver where they exist.
 #[derive(Parser, Debug)]
@@ -21,27 +16,63 @@ struct Cli {
     /// CSI endpoint, `unix:///path/csi.sock`.
     #[arg(long, default_value = "unix:///csi/csi.sock")]
     endpoint: String,
-    /// Node ID (the guest node name, which is the VM name).
+    /// Node ID: the guest node's name (the hostname); the VM name is discovered from it.
     #[arg(long, env = "NODE_ID")]
     nodeid: Option<String>,
-    /// The Harvester cloud-config (kubeconfig).
+    /// The Harvester cloud-config (kubeconfig; its context namespace holds the guest VMs).
     #[arg(long, default_value = harvester_common::cloud_config::DEFAULT_PATH)]
     kubeconfig: PathBuf,
-    /// Which CSI services to serve.
+    /// Harvester StorageClass for new volumes when the guest StorageClass has no `hostStorageClass`.
+    #[arg(long, env = "HOST_STORAGE_CLASS")]
+    host_storage_class: Option<String>,
+    /// Which CSI services to serve (Identity is always served).
     #[arg(long, value_enum, default_value = "all")]
     mode: Mode,
+    /// Where hot-plugged disks appear by id.
+    #[arg(long, default_value = "/dev/disk/by-id")]
+    disk_by_id_dir: PathBuf,
+    /// Volumes a node can take (NodeGetInfo); default: 256 minus the VM's own disks.
+    #[arg(long)]
+    max_volumes_per_node: Option<u32>,
+    /// Debug logging (as upstream's `--debug`).
+    #[arg(long, env = "DEBUG")]
+    debug: bool,
 }
 
-fn main() -> anyhow::Result<()> {
+/// The shutdown signal: SIGTERM (kubelet stopping the pod) or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
+            }
+        }
+        Err(e) => {
+            tracing::warn!("cannot watch SIGTERM ({e}); stopping on SIGINT only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    anyhow::bail!(
-        "harvester-csi-driver {} (CSI {}): the {:?} services are not built into this version yet \
-         (endpoint {}, node {:?}, cloud-config {})",
-        env!("CARGO_PKG_VERSION"),
-        csi_proto::CSI_SPEC_VERSION,
-        cli.mode,
-        cli.endpoint,
-        cli.nodeid,
-        cli.kubeconfig.display()
-    )
+    let default_filter = if cli.debug { "debug" } else { "info" };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_filter.into()),
+        )
+        .init();
+    let mut config = Config::new(cli.endpoint, cli.kubeconfig);
+    config.mode = cli.mode;
+    config.node_id = cli.nodeid;
+    config.host_storage_class = cli.host_storage_class;
+    config.disk_by_id_dir = cli.disk_by_id_dir;
+    config.max_volumes_per_node = cli.max_volumes_per_node;
+    harvester_csi_driver::serve(config, shutdown_signal())
+        .await
+        .context("harvester-csi-driver")
 }

@@ -79,6 +79,7 @@ async fn demo() -> anyhow::Result<()> {
     show("Harvester VirtualMachineInstance", &vmi)?;
     show("guest Node", &node)?;
     demo::ccm::run(&bed).await.context("cloud provider demo")?;
+    demo::lb::run(&bed).await.context("LoadBalancer demo")?;
     demo::csi::run(&bed).await.context("CSI driver demo")?;
     drop(bed);
     println!(

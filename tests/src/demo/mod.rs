@@ -2,3 +2,4 @@
 
 pub mod ccm;
 pub mod csi;
+pub mod lb;

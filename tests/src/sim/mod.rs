@@ -3,6 +3,7 @@
 //! server. It never stands in for an API: every object lives in kube-apiserver.
 
 pub mod lb;
+pub mod snapshot;
 pub mod storage;
 pub mod virt_api;
 pub mod vm;
@@ -52,6 +53,11 @@ impl Sim {
         let mut tasks = JoinSet::new();
         tasks.spawn(storage::run_pvc_binder(harvester.clone(), storage.clone()));
         tasks.spawn(lb::run(harvester.clone()));
+        tasks.spawn(snapshot::run(
+            harvester.clone(),
+            storage.clone(),
+            dir.to_path_buf(),
+        ));
         Ok(Sim {
             harvester,
             guest,

@@ -83,7 +83,10 @@ impl Storage {
     /// Creates the volume of `size` bytes, or grows it to `size` (never shrinks).
     pub fn ensure(&self, namespace: &str, name: &str, size: u64) -> Result<Backing, BedError> {
         let k = key(namespace, name);
-        if let Some(b) = self.lock().get(&k).cloned() {
+        // Bind the lookup first: a guard in the `if let` scrutinee would live through the block
+        // and deadlock the `insert` below (Rust 2024 keeps it until the end of the then-branch).
+        let existing = self.lock().get(&k).cloned();
+        if let Some(b) = existing {
             if size <= b.size {
                 return Ok(b);
             }

@@ -1,0 +1,481 @@
+//! CreateSnapshot / DeleteSnapshot / ListSnapshots: a snapshot is a `VolumeSnapshot` on Harvester
+//! (in the cloud-config's namespace) of the volume's PVC; Harvester's snapshot controller and
+//! Longhorn take it. A volume restored from it is a PVC with that VolumeSnapshot as `dataSource`.
+//!
+//! Unlike upstream, a snapshot that is not ready yet is answered with `ready_to_use: false`
+//! (never INTERNAL), so the external-snapshotter simply asks again.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+
+use csi_proto::csi::v1::*;
+use harvester_common::quantity;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::CustomResource;
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use serde::{Deserialize, Serialize};
+
+use super::ControllerService;
+use crate::error::{ArgError, ControllerError};
+use crate::naming::{self, ORIGINAL_NAME_ANNOTATION};
+use crate::request::required;
+
+/// Labels upstream puts on a snapshot so a restore can recreate the PVC the same way.
+pub const LABEL_SNAP_HOST_SC: &str = "harvesterhci.io/snapHostSC";
+pub const LABEL_SNAP_HOST_VOLUME_MODE: &str = "harvesterhci.io/snapHostVolumeMode";
+/// CreateSnapshot parameter (the guest VolumeSnapshotClass's `parameters`) naming the Harvester
+/// VolumeSnapshotClass; without it Harvester's default class for the PVC's driver applies.
+pub const PARAM_HOST_SNAPSHOT_CLASS: &str = "hostVolumeSnapshotClass";
+
+/// `snapshot.storage.k8s.io/v1` VolumeSnapshot: only the fields this driver reads or writes.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "snapshot.storage.k8s.io",
+    version = "v1",
+    kind = "VolumeSnapshot",
+    namespaced,
+    status = "VolumeSnapshotStatus",
+    schema = "disabled"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeSnapshotSpec {
+    pub source: VolumeSnapshotSource,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_snapshot_class_name: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeSnapshotSource {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent_volume_claim_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_snapshot_content_name: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeSnapshotStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_to_use: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_size: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creation_time: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<serde_json::Value>,
+    #[serde(flatten)]
+    pub rest: serde_json::Map<String, serde_json::Value>,
+}
+
+impl VolumeSnapshot {
+    pub fn source_volume(&self) -> Option<&str> {
+        self.spec.source.persistent_volume_claim_name.as_deref()
+    }
+    pub fn ready(&self) -> bool {
+        self.status.as_ref().and_then(|s| s.ready_to_use) == Some(true)
+    }
+    pub fn restore_bytes(&self) -> Option<u64> {
+        quantity::to_bytes(self.status.as_ref()?.restore_size.as_deref()?)
+    }
+    /// The snapshot controller's error message, if it reported one.
+    pub fn error(&self) -> Option<String> {
+        let e = self.status.as_ref()?.error.as_ref()?;
+        Some(
+            e.get("message")
+                .and_then(|m| m.as_str())
+                .map_or_else(|| e.to_string(), str::to_string),
+        )
+    }
+}
+
+/// The VolumeSnapshot for CSI snapshot `name` of volume `source` (whose PVC is `pvc`).
+pub fn host_snapshot(
+    snap_name: &str,
+    csi_name: &str,
+    pvc: &PersistentVolumeClaim,
+    class: Option<&str>,
+) -> VolumeSnapshot {
+    let spec = pvc.spec.clone().unwrap_or_default();
+    let labels = BTreeMap::from([
+        (
+            LABEL_SNAP_HOST_SC.to_string(),
+            spec.storage_class_name.unwrap_or_default(),
+        ),
+        (
+            LABEL_SNAP_HOST_VOLUME_MODE.to_string(),
+            spec.volume_mode.unwrap_or_else(|| "Block".into()),
+        ),
+    ]);
+    let annotations = (snap_name != csi_name)
+        .then(|| BTreeMap::from([(ORIGINAL_NAME_ANNOTATION.to_string(), csi_name.to_string())]));
+    VolumeSnapshot {
+        metadata: ObjectMeta {
+            name: Some(snap_name.to_string()),
+            labels: Some(labels),
+            annotations,
+            ..Default::default()
+        },
+        spec: VolumeSnapshotSpec {
+            source: VolumeSnapshotSource {
+                persistent_volume_claim_name: pvc.metadata.name.clone(),
+                volume_snapshot_content_name: None,
+            },
+            volume_snapshot_class_name: class.map(str::to_string),
+        },
+        status: None,
+    }
+}
+
+/// Whether an existing VolumeSnapshot is the one CreateSnapshot asks for again.
+pub fn existing_snapshot_matches(
+    csi_name: &str,
+    source: &str,
+    snap: &VolumeSnapshot,
+) -> Result<(), ControllerError> {
+    let snap_name = snap.metadata.name.clone().unwrap_or_default();
+    let created_for = snap
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ORIGINAL_NAME_ANNOTATION))
+        .map(String::as_str)
+        .unwrap_or(&snap_name);
+    let clash = |reason: String| ControllerError::AlreadyExists {
+        name: csi_name.to_string(),
+        pvc: format!("VolumeSnapshot {snap_name}"),
+        reason,
+    };
+    if created_for != csi_name {
+        return Err(clash(format!("for another snapshot name {created_for:?}")));
+    }
+    match snap.source_volume() {
+        Some(s) if s == source => Ok(()),
+        other => Err(clash(format!(
+            "of volume {:?}, not {source}",
+            other.unwrap_or("")
+        ))),
+    }
+}
+
+/// The CSI view of a VolumeSnapshot; `fallback_size` when Harvester has not reported one yet.
+pub fn csi_snapshot(snap: &VolumeSnapshot, fallback_size: u64) -> Snapshot {
+    let created = snap
+        .status
+        .as_ref()
+        .and_then(|s| s.creation_time.as_deref())
+        .and_then(|t| k8s_openapi::jiff::Timestamp::from_str(t).ok())
+        .or_else(|| snap.metadata.creation_timestamp.as_ref().map(|t| t.0));
+    Snapshot {
+        size_bytes: i64::try_from(snap.restore_bytes().unwrap_or(fallback_size))
+            .unwrap_or(i64::MAX),
+        snapshot_id: snap.metadata.name.clone().unwrap_or_default(),
+        source_volume_id: snap.source_volume().unwrap_or_default().to_string(),
+        creation_time: created.map(|t| prost_types::Timestamp {
+            seconds: t.as_second(),
+            nanos: t.subsec_nanosecond(),
+        }),
+        ready_to_use: snap.ready(),
+        group_snapshot_id: String::new(),
+    }
+}
+
+/// One page of a list: entries from `start` (a decimal index token), at most `max` (0: all),
+/// and the token of the next page.
+pub fn page<T: Clone>(
+    items: &[T],
+    start: &str,
+    max: i32,
+) -> Result<(Vec<T>, String), ControllerError> {
+    let from: usize = if start.is_empty() {
+        0
+    } else {
+        start
+            .parse()
+            .ok()
+            .filter(|n| *n <= items.len())
+            .ok_or_else(|| ControllerError::BadToken(start.to_string()))?
+    };
+    let max = usize::try_from(max).map_err(|_| ArgError::Invalid {
+        field: "max_entries",
+        reason: format!("{max} is negative"),
+    })?;
+    let end = if max == 0 {
+        items.len()
+    } else {
+        (from + max).min(items.len())
+    };
+    let next = if end < items.len() {
+        end.to_string()
+    } else {
+        String::new()
+    };
+    Ok((items[from..end].to_vec(), next))
+}
+
+impl ControllerService {
+    fn snapshots(&self) -> Api<VolumeSnapshot> {
+        Api::namespaced(self.harvester.client.clone(), self.ns())
+    }
+
+    /// Waits briefly (watch) for a snapshot to become ready; not ready is not an error.
+    async fn settle(&self, snap: VolumeSnapshot) -> Result<VolumeSnapshot, ControllerError> {
+        if snap.ready() {
+            return Ok(snap);
+        }
+        let name = snap.metadata.name.clone().unwrap_or_default();
+        let waited = self
+            .wait_for(
+                self.snapshots(),
+                &name,
+                format!("VolumeSnapshot {}/{name} to be ready", self.ns()),
+                self.timeouts.snapshot_ready,
+                |s: Option<&VolumeSnapshot>| s.is_none_or(|s| s.ready() || s.error().is_some()),
+            )
+            .await;
+        let latest = match waited {
+            Ok(Some(s)) => s,
+            Ok(None) => {
+                return Err(ControllerError::Precondition(format!(
+                    "VolumeSnapshot {name} was deleted while it was being taken"
+                )));
+            }
+            Err(ControllerError::Timeout { .. }) => snap,
+            Err(e) => return Err(e),
+        };
+        if let Some(e) = latest.error() {
+            return Err(ControllerError::Precondition(format!(
+                "Harvester could not take snapshot {name}: {e}"
+            )));
+        }
+        Ok(latest)
+    }
+
+    pub(super) async fn create_snapshot(
+        &self,
+        req: CreateSnapshotRequest,
+    ) -> Result<CreateSnapshotResponse, ControllerError> {
+        let name = required("name", &req.name)?;
+        let source = required("source_volume_id", &req.source_volume_id)?;
+        let class = req
+            .parameters
+            .get(PARAM_HOST_SNAPSHOT_CLASS)
+            .map(|s| s.trim())
+            .filter(|s| !s.is_empty());
+        let snap_name = naming::host_volume_name(name);
+        let _guard = self.begin(&format!("snapshot/{snap_name}"))?;
+        let api = self.snapshots();
+        let get = || async {
+            api.get_opt(&snap_name)
+                .await
+                .map_err(ControllerError::api(format!(
+                    "getting VolumeSnapshot {snap_name}"
+                )))
+        };
+        let snap = match get().await? {
+            Some(existing) => {
+                existing_snapshot_matches(name, source, &existing)?;
+                existing
+            }
+            None => {
+                let pvc = self.existing(source).await?;
+                let snap = host_snapshot(&snap_name, name, &pvc, class);
+                match api.create(&PostParams::default(), &snap).await {
+                    Ok(created) => {
+                        tracing::info!(snapshot = %snap_name, volume = source, "created VolumeSnapshot");
+                        created
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 409 => {
+                        let existing = get().await?.ok_or_else(|| {
+                            ControllerError::Precondition(format!(
+                                "VolumeSnapshot {snap_name} was created and deleted concurrently"
+                            ))
+                        })?;
+                        existing_snapshot_matches(name, source, &existing)?;
+                        existing
+                    }
+                    Err(e) => {
+                        return Err(ControllerError::api(format!(
+                            "creating VolumeSnapshot {snap_name}"
+                        ))(e));
+                    }
+                }
+            }
+        };
+        let snap = self.settle(snap).await?;
+        let fallback = match self.pvcs().get_opt(source).await {
+            Ok(Some(pvc)) => super::volumes::requested_bytes(&pvc).unwrap_or(0),
+            _ => 0,
+        };
+        Ok(CreateSnapshotResponse {
+            snapshot: Some(csi_snapshot(&snap, fallback)),
+        })
+    }
+
+    pub(super) async fn delete_snapshot(
+        &self,
+        req: DeleteSnapshotRequest,
+    ) -> Result<DeleteSnapshotResponse, ControllerError> {
+        let id = required("snapshot_id", &req.snapshot_id)?;
+        if !naming::is_dns1123_label(id) {
+            return Ok(DeleteSnapshotResponse {});
+        }
+        let _guard = self.begin(&format!("snapshot/{id}"))?;
+        match self.snapshots().delete(id, &DeleteParams::default()).await {
+            Ok(_) => {
+                tracing::info!(snapshot = id, "deleted VolumeSnapshot");
+                Ok(DeleteSnapshotResponse {})
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(DeleteSnapshotResponse {}),
+            Err(e) => Err(ControllerError::api(format!(
+                "deleting VolumeSnapshot {id}"
+            ))(e)),
+        }
+    }
+
+    pub(super) async fn list_snapshots(
+        &self,
+        req: ListSnapshotsRequest,
+    ) -> Result<ListSnapshotsResponse, ControllerError> {
+        // Only snapshots this driver (or upstream's) made: they carry the restore labels.
+        let mut snaps: Vec<VolumeSnapshot> = if !req.snapshot_id.is_empty() {
+            if !naming::is_dns1123_label(&req.snapshot_id) {
+                Vec::new()
+            } else {
+                self.snapshots()
+                    .get_opt(&req.snapshot_id)
+                    .await
+                    .map_err(ControllerError::api(format!(
+                        "getting VolumeSnapshot {}",
+                        req.snapshot_id
+                    )))?
+                    .into_iter()
+                    .collect()
+            }
+        } else {
+            self.snapshots()
+                .list(&kube::api::ListParams::default().labels(LABEL_SNAP_HOST_VOLUME_MODE))
+                .await
+                .map_err(ControllerError::api(format!(
+                    "listing VolumeSnapshots in {}",
+                    self.ns()
+                )))?
+                .items
+        };
+        if !req.source_volume_id.is_empty() {
+            snaps.retain(|s| s.source_volume() == Some(req.source_volume_id.as_str()));
+        }
+        snaps.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        let (entries, next_token) = page(&snaps, &req.starting_token, req.max_entries)?;
+        Ok(ListSnapshotsResponse {
+            entries: entries
+                .iter()
+                .map(|s| list_snapshots_response::Entry {
+                    snapshot: Some(csi_snapshot(s, 0)),
+                })
+                .collect(),
+            next_token,
+        })
+    }
+
+    /// For CreateVolume from a snapshot: the VolumeSnapshot, which must exist and be ready.
+    pub(super) async fn restore_source(
+        &self,
+        snapshot_id: &str,
+    ) -> Result<VolumeSnapshot, ControllerError> {
+        let not_found = || ControllerError::SnapshotNotFound {
+            namespace: self.ns().to_string(),
+            snapshot: snapshot_id.to_string(),
+        };
+        if !naming::is_dns1123_label(snapshot_id) {
+            return Err(not_found());
+        }
+        let snap = self
+            .snapshots()
+            .get_opt(snapshot_id)
+            .await
+            .map_err(ControllerError::api(format!(
+                "getting VolumeSnapshot {snapshot_id}"
+            )))?
+            .ok_or_else(not_found)?;
+        if !snap.ready() {
+            return Err(ControllerError::NotReady(format!(
+                "VolumeSnapshot {snapshot_id} is not ready to use yet"
+            )));
+        }
+        Ok(snap)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pvc(name: &str) -> PersistentVolumeClaim {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"storageClassName": "lh", "volumeMode": "Block",
+                     "resources": {"requests": {"storage": "64Mi"}}}
+        }))
+        .expect("pvc literal")
+    }
+
+    #[test]
+    fn snapshots_carry_upstreams_restore_labels() {
+        let s = host_snapshot("snap-1", "snap-1", &pvc("pvc-1"), None);
+        let labels = s.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(
+            labels.get(LABEL_SNAP_HOST_SC).map(String::as_str),
+            Some("lh")
+        );
+        assert_eq!(
+            labels.get(LABEL_SNAP_HOST_VOLUME_MODE).map(String::as_str),
+            Some("Block")
+        );
+        assert_eq!(s.source_volume(), Some("pvc-1"));
+        assert!(existing_snapshot_matches("snap-1", "pvc-1", &s).is_ok());
+        assert!(matches!(
+            existing_snapshot_matches("snap-1", "pvc-2", &s),
+            Err(ControllerError::AlreadyExists { .. })
+        ));
+    }
+
+    #[test]
+    fn a_pending_snapshot_is_not_ready_rather_than_an_error() {
+        let mut s = host_snapshot("snap-1", "snap-1", &pvc("pvc-1"), None);
+        let c = csi_snapshot(&s, 64 << 20);
+        assert!(!c.ready_to_use);
+        assert_eq!(c.size_bytes, 64 << 20);
+        s.status = Some(VolumeSnapshotStatus {
+            ready_to_use: Some(true),
+            restore_size: Some("66Mi".into()),
+            creation_time: Some("2026-11-30T10:00:00Z".into()),
+            ..Default::default()
+        });
+        let c = csi_snapshot(&s, 0);
+        assert!(c.ready_to_use);
+        assert_eq!(c.size_bytes, 66 << 20);
+        assert_eq!(c.creation_time.map(|t| t.seconds), Some(1_796_032_800));
+    }
+
+    #[test]
+    fn pages_follow_index_tokens() {
+        let items: Vec<u32> = (0..5).collect();
+        assert_eq!(page(&items, "", 2).unwrap(), (vec![0, 1], "2".into()));
+        assert_eq!(
+            page(&items, "2", 0).unwrap(),
+            (vec![2, 3, 4], String::new())
+        );
+        assert_eq!(page(&items, "4", 2).unwrap(), (vec![4], String::new()));
+        assert!(matches!(
+            page(&items, "x", 0),
+            Err(ControllerError::BadToken(_))
+        ));
+        assert!(matches!(
+            page(&items, "6", 0),
+            Err(ControllerError::BadToken(_))
+        ));
+        assert!(page(&items, "", -1).is_err());
+    }
+}

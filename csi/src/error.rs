@@ -1,0 +1,245 @@
+//! One error enum per CSI service, each mapped once to a `tonic::Status` with the code the CSI
+//! spec names.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tonic::{Code, Status};
+
+/// A request field that is missing or malformed.
+#[derive(Debug, thiserror::Error)]
+pub enum ArgError {
+    #[error("{field} is required")]
+    Missing { field: &'static str },
+    #[error("{field}: {reason}")]
+    Invalid { field: &'static str, reason: String },
+    #[error("{field}: {reason}")]
+    OutOfRange { field: &'static str, reason: String },
+}
+
+impl ArgError {
+    fn code(&self) -> Code {
+        match self {
+            ArgError::OutOfRange { .. } => Code::OutOfRange,
+            _ => Code::InvalidArgument,
+        }
+    }
+}
+
+impl From<ArgError> for Status {
+    fn from(e: ArgError) -> Status {
+        Status::new(e.code(), e.to_string())
+    }
+}
+
+/// The code for a failed Harvester API call: conflicts are retried by the caller (`ABORTED`),
+/// an unreachable or overloaded server is `UNAVAILABLE`, anything else `INTERNAL`.
+fn kube_code(e: &kube::Error) -> Code {
+    match e {
+        kube::Error::Api(s) if s.code == 409 => Code::Aborted,
+        kube::Error::Api(s) if s.code == 429 || s.code >= 500 => Code::Unavailable,
+        kube::Error::Api(_) => Code::Internal,
+        kube::Error::HyperError(_) | kube::Error::Service(_) => Code::Unavailable,
+        _ => Code::Internal,
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error(transparent)]
+    Arg(#[from] ArgError),
+    #[error("volume {volume}: no PersistentVolumeClaim {namespace}/{volume} on Harvester")]
+    VolumeNotFound { namespace: String, volume: String },
+    #[error("snapshot {snapshot}: no VolumeSnapshot {namespace}/{snapshot} on Harvester")]
+    SnapshotNotFound { namespace: String, snapshot: String },
+    #[error("{0}")]
+    NotReady(String),
+    #[error("starting_token {0:?} is not a token this driver gave out")]
+    BadToken(String),
+    #[error("node {node}: no VirtualMachine {namespace}/{node} on Harvester")]
+    NodeNotFound { namespace: String, node: String },
+    #[error("volume name {name:?}: Harvester PVC {pvc} already exists with {reason}")]
+    AlreadyExists {
+        name: String,
+        pvc: String,
+        reason: String,
+    },
+    #[error(
+        "volume {volume} is attached to VM {other}; a single-node volume cannot also be published to {node}"
+    )]
+    AttachedElsewhere {
+        volume: String,
+        node: String,
+        other: String,
+    },
+    #[error("node {node} has {used} hot-plugged volumes, its limit ({limit}); unpublish one first")]
+    TooManyVolumes { node: String, used: i64, limit: i64 },
+    #[error("{0}")]
+    Precondition(String),
+    #[error("timed out after {after:?} waiting for {what}")]
+    Timeout { what: String, after: Duration },
+    #[error("Harvester API: {action}: {source}")]
+    Api {
+        action: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    #[error("{0}")]
+    Hotplug(Box<harvester_common::harvester::HotplugError>),
+    #[error("operation on volume {0} is already in progress")]
+    Busy(String),
+}
+
+impl ControllerError {
+    /// A closure turning a `kube::Error` into [`ControllerError::Api`] for `action`.
+    pub fn api(action: impl Into<String>) -> impl FnOnce(kube::Error) -> ControllerError {
+        let action = action.into();
+        move |source| ControllerError::Api {
+            action,
+            source: Box::new(source),
+        }
+    }
+}
+
+impl From<harvester_common::harvester::HotplugError> for ControllerError {
+    fn from(e: harvester_common::harvester::HotplugError) -> Self {
+        ControllerError::Hotplug(Box::new(e))
+    }
+}
+
+impl From<ControllerError> for Status {
+    fn from(e: ControllerError) -> Status {
+        let code = match &e {
+            ControllerError::Arg(a) => a.code(),
+            ControllerError::VolumeNotFound { .. }
+            | ControllerError::NodeNotFound { .. }
+            | ControllerError::SnapshotNotFound { .. } => Code::NotFound,
+            ControllerError::NotReady(_) => Code::Unavailable,
+            ControllerError::BadToken(_) => Code::Aborted,
+            ControllerError::AlreadyExists { .. } => Code::AlreadyExists,
+            ControllerError::AttachedElsewhere { .. } | ControllerError::Precondition(_) => {
+                Code::FailedPrecondition
+            }
+            ControllerError::TooManyVolumes { .. } => Code::ResourceExhausted,
+            ControllerError::Timeout { .. } => Code::DeadlineExceeded,
+            ControllerError::Api { source, .. } => kube_code(source),
+            ControllerError::Hotplug(h) => match h.as_ref() {
+                harvester_common::harvester::HotplugError::Request { source, .. } => {
+                    kube_code(source)
+                }
+                _ => Code::Internal,
+            },
+            ControllerError::Busy(_) => Code::Aborted,
+        };
+        Status::new(code, e.to_string())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(transparent)]
+    Arg(#[from] ArgError),
+    #[error(
+        "volume {volume}: no disk with serial {serial} appeared in {dir} or /sys/block within {waited:?}; \
+         is the volume published to this node (ControllerPublishVolume)?"
+    )]
+    DeviceNotFound {
+        volume: String,
+        serial: String,
+        dir: PathBuf,
+        waited: Duration,
+    },
+    #[error("{path}: not found")]
+    PathNotFound { path: PathBuf },
+    #[error("volume {volume} is not staged: nothing is mounted at {path}")]
+    NotStaged { volume: String, path: PathBuf },
+    #[error("{path} already has {found} mounted, not {wanted}")]
+    OtherMount {
+        path: PathBuf,
+        found: String,
+        wanted: String,
+    },
+    #[error("refusing to format {device}: {reason}")]
+    WillNotFormat { device: PathBuf, reason: String },
+    #[error("{path}: {reason}")]
+    Unsupported { path: PathBuf, reason: String },
+    #[error("{command} failed ({status}): {stderr}")]
+    Command {
+        command: String,
+        status: String,
+        stderr: String,
+    },
+    #[error("{action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("operation on volume {0} is already in progress")]
+    Busy(String),
+}
+
+impl NodeError {
+    pub fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.into();
+        move |source| NodeError::Io {
+            action,
+            path,
+            source,
+        }
+    }
+}
+
+impl From<NodeError> for Status {
+    fn from(e: NodeError) -> Status {
+        let code = match &e {
+            NodeError::Arg(a) => a.code(),
+            NodeError::DeviceNotFound { .. } | NodeError::PathNotFound { .. } => Code::NotFound,
+            NodeError::NotStaged { .. }
+            | NodeError::WillNotFormat { .. }
+            | NodeError::Unsupported { .. } => Code::FailedPrecondition,
+            NodeError::OtherMount { .. } => Code::AlreadyExists,
+            NodeError::Command { .. } | NodeError::Io { .. } => Code::Internal,
+            NodeError::Busy(_) => Code::Aborted,
+        };
+        Status::new(code, e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_follow_the_csi_spec() {
+        let s = Status::from(ControllerError::Arg(ArgError::Missing { field: "name" }));
+        assert_eq!(s.code(), Code::InvalidArgument);
+        assert_eq!(s.message(), "name is required");
+        let s = Status::from(ControllerError::NodeNotFound {
+            namespace: "ns".into(),
+            node: "n".into(),
+        });
+        assert_eq!(s.code(), Code::NotFound);
+        let s = Status::from(ControllerError::AttachedElsewhere {
+            volume: "v".into(),
+            node: "a".into(),
+            other: "b".into(),
+        });
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        let s = Status::from(NodeError::OtherMount {
+            path: "/p".into(),
+            found: "x".into(),
+            wanted: "y".into(),
+        });
+        assert_eq!(s.code(), Code::AlreadyExists);
+        let s = Status::from(NodeError::Arg(ArgError::OutOfRange {
+            field: "capacity_range",
+            reason: "r".into(),
+        }));
+        assert_eq!(s.code(), Code::OutOfRange);
+    }
+}

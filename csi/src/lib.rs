@@ -1,0 +1,318 @@
+//! `harvester-csi-driver`: a CSI plugin passing Harvester volumes through to guest clusters.
+//!
+//! A guest volume is a PVC on Harvester (block mode, RWX so the VM can live-migrate), hot-plugged
+//! into the guest VM as a SCSI disk with a serial derived from the volume ID; the node plugin in
+//! the VM finds the disk by that serial, formats it once and mounts it.
+//!
+//! [`serve`] runs the Identity service and, by [`Mode`], the Controller and/or Node services on a
+//! unix socket until a shutdown future completes. The binary is a thin CLI over it; tests and the
+//! demo run it in-process.
+
+pub mod controller;
+pub mod error;
+pub mod identity;
+mod inflight;
+pub mod naming;
+pub mod node;
+pub mod request;
+
+use std::future::Future;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use csi_proto::csi::v1::controller_server::ControllerServer;
+use csi_proto::csi::v1::identity_server::IdentityServer;
+use csi_proto::csi::v1::node_server::NodeServer;
+use harvester_common::cloud_config::{CloudConfigError, Harvester};
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Response, Status};
+
+/// The CSI driver name, as upstream.
+pub const DRIVER_NAME: &str = "driver.harvesterhci.io";
+/// This driver's version, reported by GetPluginInfo.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Which CSI services to serve (Identity is always served).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    Controller,
+    Node,
+    All,
+}
+
+impl Mode {
+    pub fn controller(self) -> bool {
+        matches!(self, Mode::Controller | Mode::All)
+    }
+    pub fn node(self) -> bool {
+        matches!(self, Mode::Node | Mode::All)
+    }
+}
+
+/// Bounds of the waits inside RPCs. Each wait watches (or, for devices, polls) and fails with
+/// a message naming what it waited for.
+#[derive(Clone, Debug)]
+pub struct Timeouts {
+    /// Publish: Harvester PVC Bound.
+    pub bind: Duration,
+    /// Publish: VMI volumeStatus Ready.
+    pub attach: Duration,
+    /// Unpublish: volume gone from VM and VMI.
+    pub detach: Duration,
+    /// ControllerExpand: PVC status capacity reached.
+    pub resize: Duration,
+    /// CreateSnapshot: how long to wait for readyToUse before answering `ready_to_use: false`.
+    pub snapshot_ready: Duration,
+    /// NodeStage/NodePublish: the disk appears in the by-id directory or sysfs.
+    pub device: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            bind: Duration::from_secs(60),
+            attach: Duration::from_secs(90),
+            detach: Duration::from_secs(90),
+            resize: Duration::from_secs(90),
+            snapshot_ready: Duration::from_secs(10),
+            device: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// `unix:///path/csi.sock`, `unix:/path` or an absolute path.
+    pub endpoint: String,
+    pub mode: Mode,
+    /// The node ID as given (`--nodeid`, the hostname); the VM name is discovered from it.
+    pub node_id: Option<String>,
+    /// The Harvester cloud-config (kubeconfig whose context namespace holds the VMs).
+    pub cloud_config: PathBuf,
+    /// Default Harvester StorageClass for new volumes (the `hostStorageClass` parameter wins).
+    pub host_storage_class: Option<String>,
+    /// Where hot-plugged disks appear by id (`/dev/disk/by-id`).
+    pub disk_by_id_dir: PathBuf,
+    /// sysfs root, for the by-serial fallback (`/sys`).
+    pub sysfs_dir: PathBuf,
+    /// Reported in NodeGetInfo; `None` derives it from the VMI (256 minus its static disks).
+    pub max_volumes_per_node: Option<u32>,
+    pub timeouts: Timeouts,
+}
+
+impl Config {
+    /// Defaults for everything but the endpoint and the cloud-config.
+    pub fn new(endpoint: impl Into<String>, cloud_config: impl Into<PathBuf>) -> Config {
+        Config {
+            endpoint: endpoint.into(),
+            mode: Mode::All,
+            node_id: None,
+            cloud_config: cloud_config.into(),
+            host_storage_class: None,
+            disk_by_id_dir: PathBuf::from("/dev/disk/by-id"),
+            sysfs_dir: PathBuf::from("/sys"),
+            max_volumes_per_node: None,
+            timeouts: Timeouts::default(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("endpoint {endpoint:?}: {reason}")]
+    Endpoint { endpoint: String, reason: String },
+    #[error("socket {path}: {action}: {source}")]
+    Socket {
+        path: PathBuf,
+        action: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("socket {path} exists and is not a socket; refusing to remove it")]
+    NotASocket { path: PathBuf },
+    #[error(transparent)]
+    CloudConfig(#[from] CloudConfigError),
+    #[error("--nodeid is required in {0:?} mode")]
+    NoNodeId(Mode),
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// The socket path of a CSI endpoint. Only unix sockets are served.
+pub fn socket_path(endpoint: &str) -> Result<PathBuf, ServeError> {
+    let bad = |reason: &str| ServeError::Endpoint {
+        endpoint: endpoint.to_string(),
+        reason: reason.to_string(),
+    };
+    let path = if let Some(rest) = endpoint.strip_prefix("unix://") {
+        rest
+    } else if let Some(rest) = endpoint.strip_prefix("unix:") {
+        rest
+    } else if endpoint.contains("://") {
+        return Err(bad("only unix:// endpoints are supported"));
+    } else {
+        endpoint
+    };
+    if !path.starts_with('/') {
+        return Err(bad("the socket path must be absolute"));
+    }
+    Ok(PathBuf::from(path))
+}
+
+/// Binds the socket: a stale socket is removed, anything else at the path is left alone; the
+/// socket is made owner-only (0600).
+fn bind(path: &Path) -> Result<tokio::net::UnixListener, ServeError> {
+    let err = |action: &'static str| {
+        let path = path.to_path_buf();
+        move |source| ServeError::Socket {
+            path,
+            action,
+            source,
+        }
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(err("creating its directory"))?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            std::fs::remove_file(path).map_err(err("removing the stale socket"))?
+        }
+        Ok(_) => {
+            return Err(ServeError::NotASocket {
+                path: path.to_path_buf(),
+            });
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err("inspecting")(e)),
+    }
+    let listener = tokio::net::UnixListener::bind(path).map_err(err("binding"))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(err("setting mode 0600"))?;
+    Ok(listener)
+}
+
+/// Serves CSI on `config.endpoint` until `shutdown` completes, then removes the socket.
+pub async fn serve(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let path = socket_path(&config.endpoint)?;
+    let harvester = Harvester::load(&config.cloud_config).await?;
+    let identity = identity::IdentityService::new(config.mode, harvester.clone());
+    let controller = config
+        .mode
+        .controller()
+        .then(|| controller::ControllerService::new(harvester.clone(), &config));
+    let node = if config.mode.node() {
+        let given = config
+            .node_id
+            .clone()
+            .filter(|n| !n.is_empty())
+            .ok_or(ServeError::NoNodeId(config.mode))?;
+        Some(node::NodeService::start(&harvester, &given, &config).await)
+    } else {
+        None
+    };
+    let listener = bind(&path)?;
+    tracing::info!(
+        socket = %path.display(),
+        mode = ?config.mode,
+        namespace = %harvester.namespace,
+        node = node.as_ref().map(|n| n.node_id()).unwrap_or_default(),
+        "harvester-csi-driver {VERSION} serving CSI {}",
+        csi_proto::CSI_SPEC_VERSION
+    );
+    let result = tonic::transport::Server::builder()
+        .add_service(IdentityServer::new(identity))
+        .add_optional_service(controller.map(ControllerServer::new))
+        .add_optional_service(node.map(NodeServer::new))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .await;
+    let _ = std::fs::remove_file(&path);
+    tracing::info!("harvester-csi-driver stopped");
+    result.map_err(ServeError::from)
+}
+
+/// A gRPC channel to a driver's unix socket (for tests, the demo and tools).
+pub async fn connect(socket: &Path) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let path = socket.to_path_buf();
+    tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
+}
+
+/// Logs the outcome of an RPC and turns its error into a `Status` (the one mapping point).
+pub(crate) fn respond<T, E>(
+    method: &'static str,
+    volume: &str,
+    result: Result<T, E>,
+) -> Result<Response<T>, Status>
+where
+    E: Into<Status> + std::fmt::Display,
+{
+    match result {
+        Ok(v) => {
+            tracing::debug!(method, volume, "ok");
+            Ok(Response::new(v))
+        }
+        Err(e) => {
+            tracing::warn!(method, volume, "{e}");
+            Err(e.into())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_name_unix_sockets() {
+        for (e, want) in [
+            ("unix:///csi/csi.sock", Some("/csi/csi.sock")),
+            ("unix:/csi/csi.sock", Some("/csi/csi.sock")),
+            ("/tmp/x.sock", Some("/tmp/x.sock")),
+            ("tcp://127.0.0.1:10000", None),
+            ("unix://relative.sock", None),
+            ("", None),
+        ] {
+            assert_eq!(
+                socket_path(e).ok(),
+                want.map(PathBuf::from),
+                "endpoint {e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn bind_replaces_a_stale_socket_but_not_a_file() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let sock = dir.path().join("sub/csi.sock");
+            drop(bind(&sock).expect("first bind"));
+            let l = bind(&sock).expect("a stale socket is replaced");
+            let mode = std::fs::metadata(&sock)
+                .expect("socket")
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600);
+            drop(l);
+            let file = dir.path().join("file");
+            std::fs::write(&file, b"data").expect("file");
+            assert!(matches!(bind(&file), Err(ServeError::NotASocket { .. })));
+            assert_eq!(std::fs::read(&file).expect("file kept"), b"data");
+        });
+    }
+}

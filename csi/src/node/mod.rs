@@ -1,0 +1,687 @@
+//! Node service, run inside the guest VM: finds the hot-plugged disk by serial (`device`),
+//! formats it only when blank and mounts it at the staging path (`filesystem`, `mount`),
+//! bind-mounts it for pods, grows it, reports its usage.
+//!
+//! Staging rules, written once in [`NodeService::stage_filesystem`]: already staged from the same
+//! device is success; another device on the path is ALREADY_EXISTS; a device is formatted only
+//! when `blkid -p` finds neither a filesystem nor a partition table.
+
+pub mod device;
+pub mod filesystem;
+pub mod mount;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use csi_proto::csi::v1::node_server::Node;
+use csi_proto::csi::v1::node_service_capability::{self, rpc};
+use csi_proto::csi::v1::*;
+use harvester_common::cloud_config::Harvester;
+use harvester_common::harvester::VirtualMachineInstance;
+use kube::api::Api;
+use tonic::{Request, Response, Status};
+
+use self::device::DiskId;
+use self::filesystem::{Filesystem, Prepare};
+use self::mount::{MountInfo, canonical, mount_at, mounts, run, run_any};
+use crate::error::{ArgError, NodeError};
+use crate::inflight::InFlight;
+use crate::request::{self, Access, required};
+use crate::{Config, naming, respond};
+
+/// KubeVirt's limit of volumes per VMI (root and cloud-init disks included).
+pub const KUBEVIRT_MAX_VOLUMES: i64 = 256;
+/// Publish context key with the disk serial (set by ControllerPublishVolume).
+pub const CONTEXT_SERIAL: &str = "serial";
+
+pub struct NodeService {
+    node_id: String,
+    by_id: PathBuf,
+    sysfs: PathBuf,
+    device_wait: Duration,
+    max_volumes: i64,
+    inflight: InFlight,
+}
+
+/// Node RPCs this driver implements.
+pub const CAPABILITIES: [rpc::Type; 4] = [
+    rpc::Type::StageUnstageVolume,
+    rpc::Type::GetVolumeStats,
+    rpc::Type::ExpandVolume,
+    rpc::Type::VolumeCondition,
+];
+
+/// The VMI whose interfaces carry one of this machine's MAC addresses (upstream's discovery
+/// when the hostname is not the VM name).
+pub fn vmi_by_mac<'a>(
+    vmis: &'a [VirtualMachineInstance],
+    macs: &[String],
+) -> Option<&'a VirtualMachineInstance> {
+    vmis.iter().find(|vmi| {
+        vmi.status.as_ref().is_some_and(|s| {
+            s.interfaces.iter().any(|i| {
+                i.mac
+                    .as_deref()
+                    .is_some_and(|m| macs.iter().any(|l| l.eq_ignore_ascii_case(m)))
+            })
+        })
+    })
+}
+
+/// This machine's MAC addresses, without the placeholders upstream ignores (Calico's
+/// `ee:ee:ee:ee:ee:ee`, all zeroes).
+pub fn local_macs(sysfs: &Path) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir(sysfs.join("class/net")) else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read_to_string(e.path().join("address")).ok())
+        .map(|m| m.trim().to_ascii_lowercase())
+        .filter(|m| !m.is_empty() && m != "ee:ee:ee:ee:ee:ee" && m != "00:00:00:00:00:00")
+        .collect()
+}
+
+/// Volumes this node can still take: KubeVirt's 256 per VMI minus the VMI's own (not
+/// hot-plugged) disks; without a VMI, assume a root and a cloud-init disk.
+pub fn max_volumes(vmi: Option<&VirtualMachineInstance>) -> i64 {
+    let fixed = vmi.map_or(2, |vmi| {
+        vmi.spec
+            .volumes
+            .iter()
+            .filter(|v| {
+                let hotplugged = v
+                    .persistent_volume_claim
+                    .as_ref()
+                    .and_then(|p| p.hotpluggable)
+                    == Some(true)
+                    || vmi
+                        .volume_status(&v.name)
+                        .is_some_and(|s| s.hotplug_volume.is_some());
+                !hotplugged
+            })
+            .count() as i64
+    });
+    (KUBEVIRT_MAX_VOLUMES - fixed).max(1)
+}
+
+/// How to recognise the disk of `volume`: the serial from the publish context, else the derived
+/// serial or (upstream-attached disks without serial) the volume ID in the by-id name.
+pub fn disk_id(volume: &str, publish_context: &HashMap<String, String>) -> DiskId {
+    match publish_context
+        .get(CONTEXT_SERIAL)
+        .filter(|s| !s.is_empty())
+    {
+        Some(serial) => DiskId {
+            serial: serial.clone(),
+            volume: None,
+        },
+        None => DiskId {
+            serial: naming::disk_serial(volume),
+            volume: Some(volume.to_string()),
+        },
+    }
+}
+
+impl NodeService {
+    /// Resolves the node ID as upstream does: the VMI named `given` (the hostname), else the VMI
+    /// with one of this machine's MAC addresses, else `given` as it is.
+    pub async fn start(harvester: &Harvester, given: &str, config: &Config) -> NodeService {
+        let vmis: Api<VirtualMachineInstance> =
+            Api::namespaced(harvester.client.clone(), &harvester.namespace);
+        let (node_id, vmi) = match vmis.get_opt(given).await {
+            Ok(Some(vmi)) => (given.to_string(), Some(vmi)),
+            Ok(None) => {
+                let macs = local_macs(&config.sysfs_dir);
+                match vmis.list(&Default::default()).await {
+                    Ok(list) => match vmi_by_mac(&list.items, &macs) {
+                        Some(vmi) => (
+                            vmi.metadata.name.clone().unwrap_or_default(),
+                            Some(vmi.clone()),
+                        ),
+                        None => {
+                            tracing::warn!(
+                                node = given,
+                                ?macs,
+                                "no VMI named {given} or with this machine's MAC addresses; using {given} as the node ID"
+                            );
+                            (given.to_string(), None)
+                        }
+                    },
+                    Err(e) => {
+                        tracing::warn!("listing VMIs for node discovery: {e}; using {given}");
+                        (given.to_string(), None)
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!("getting VMI {given} for node discovery: {e}; using {given}");
+                (given.to_string(), None)
+            }
+        };
+        let max_volumes = config
+            .max_volumes_per_node
+            .map(i64::from)
+            .unwrap_or_else(|| max_volumes(vmi.as_ref()));
+        NodeService {
+            node_id,
+            by_id: config.disk_by_id_dir.clone(),
+            sysfs: config.sysfs_dir.clone(),
+            device_wait: config.timeouts.device,
+            max_volumes,
+            inflight: InFlight::default(),
+        }
+    }
+
+    /// The node ID this plugin reports (the VM name).
+    pub fn node_id(&self) -> String {
+        self.node_id.clone()
+    }
+
+    fn begin(&self, volume: &str) -> Result<crate::inflight::Guard<'_>, NodeError> {
+        self.inflight
+            .begin(volume)
+            .ok_or_else(|| NodeError::Busy(volume.to_string()))
+    }
+
+    async fn find_disk(
+        &self,
+        volume: &str,
+        ctx: &HashMap<String, String>,
+    ) -> Result<PathBuf, NodeError> {
+        let id = disk_id(volume, ctx);
+        device::wait_for(volume, &self.by_id, &self.sysfs, &id, self.device_wait).await
+    }
+
+    async fn stage(
+        &self,
+        req: NodeStageVolumeRequest,
+    ) -> Result<NodeStageVolumeResponse, NodeError> {
+        let id = required("volume_id", &req.volume_id)?;
+        let staging = required("staging_target_path", &req.staging_target_path)?;
+        let cap = request::capability("volume_capability", req.volume_capability.as_ref())?;
+        let _guard = self.begin(id)?;
+        let device = self.find_disk(id, &req.publish_context).await?;
+        match &cap.access {
+            // A block volume has nothing to stage: NodePublish binds the device itself.
+            Access::Block => Ok(NodeStageVolumeResponse {}),
+            Access::Mount { fs_type, flags } => {
+                let fs = filesystem::by_name(fs_type).ok_or_else(|| ArgError::Invalid {
+                    field: "volume_capability",
+                    reason: format!("fs_type {fs_type} is not supported"),
+                })?;
+                self.stage_filesystem(&device, Path::new(staging), fs, flags, cap.read_only())
+                    .await?;
+                Ok(NodeStageVolumeResponse {})
+            }
+        }
+    }
+
+    /// Mounts `device` at `staging` with filesystem `fs`, formatting it only if it is blank.
+    pub async fn stage_filesystem(
+        &self,
+        device: &Path,
+        staging: &Path,
+        fs: &dyn Filesystem,
+        flags: &[String],
+        read_only: bool,
+    ) -> Result<(), NodeError> {
+        std::fs::create_dir_all(staging).map_err(NodeError::io("creating", staging))?;
+        let staging = canonical(staging);
+        let want = device::rdev_of(device)?;
+        if let Some(m) = mount_at(&mounts()?, &staging) {
+            return if (m.major, m.minor) == want {
+                Ok(())
+            } else {
+                Err(other_mount(&staging, m, device))
+            };
+        }
+        let probe = run_any(&filesystem::probe_cmd(device)).await?;
+        let probe = filesystem::classify(probe.code, &probe.stdout, &probe.stderr);
+        match filesystem::prepare(&probe, fs.name()) {
+            Prepare::Format => {
+                tracing::info!(device = %device.display(), fs = fs.name(), "formatting blank device");
+                run(&fs.format(device)).await?;
+            }
+            Prepare::Mount => {}
+            Prepare::Refuse(reason) => {
+                return Err(NodeError::WillNotFormat {
+                    device: device.to_path_buf(),
+                    reason,
+                });
+            }
+        }
+        let mut options: Vec<String> = fs.mount_options().iter().map(|s| s.to_string()).collect();
+        options.extend(flags.iter().cloned());
+        if read_only {
+            options.push("ro".into());
+        }
+        run(&mount::mount_cmd(device, &staging, fs.name(), &options)).await?;
+        Ok(())
+    }
+
+    async fn unstage(
+        &self,
+        req: NodeUnstageVolumeRequest,
+    ) -> Result<NodeUnstageVolumeResponse, NodeError> {
+        let id = required("volume_id", &req.volume_id)?;
+        let staging = required("staging_target_path", &req.staging_target_path)?;
+        let _guard = self.begin(id)?;
+        let staging = Path::new(staging);
+        if staging.exists() {
+            mount::unmount_all(staging).await?;
+        }
+        Ok(NodeUnstageVolumeResponse {})
+    }
+
+    async fn publish(
+        &self,
+        req: NodePublishVolumeRequest,
+    ) -> Result<NodePublishVolumeResponse, NodeError> {
+        let id = required("volume_id", &req.volume_id)?;
+        let target = required("target_path", &req.target_path)?;
+        let cap = request::capability("volume_capability", req.volume_capability.as_ref())?;
+        let staging = required("staging_target_path", &req.staging_target_path)?;
+        let read_only = req.readonly || cap.read_only();
+        let _guard = self.begin(id)?;
+        let target = Path::new(target);
+        let source = match cap.access {
+            Access::Mount { .. } => {
+                let staging = canonical(Path::new(staging));
+                let all = mounts()?;
+                let staged =
+                    mount_at(&all, &staging)
+                        .cloned()
+                        .ok_or_else(|| NodeError::NotStaged {
+                            volume: id.to_string(),
+                            path: staging.clone(),
+                        })?;
+                std::fs::create_dir_all(target).map_err(NodeError::io("creating", target))?;
+                if let Some(m) = mount_at(&all, &canonical(target)) {
+                    return if (m.major, m.minor, &m.root)
+                        == (staged.major, staged.minor, &staged.root)
+                    {
+                        Ok(NodePublishVolumeResponse {})
+                    } else {
+                        Err(other_mount(target, m, &staging))
+                    };
+                }
+                staging
+            }
+            Access::Block => {
+                let device = self.find_disk(id, &req.publish_context).await?;
+                if let Some(parent) = target.parent() {
+                    std::fs::create_dir_all(parent).map_err(NodeError::io("creating", parent))?;
+                }
+                match std::fs::symlink_metadata(target) {
+                    Ok(m) if m.is_dir() => {
+                        return Err(NodeError::Unsupported {
+                            path: target.to_path_buf(),
+                            reason:
+                                "a block volume is published on a file, and this is a directory"
+                                    .into(),
+                        });
+                    }
+                    Ok(_) => {}
+                    Err(_) => {
+                        std::fs::OpenOptions::new()
+                            .create(true)
+                            .truncate(false)
+                            .write(true)
+                            .open(target)
+                            .map_err(NodeError::io("creating", target))?;
+                    }
+                }
+                if let Some(m) = mount_at(&mounts()?, &canonical(target)) {
+                    return if device::rdev_of(target)? == device::rdev_of(&device)? {
+                        Ok(NodePublishVolumeResponse {})
+                    } else {
+                        Err(other_mount(target, m, &device))
+                    };
+                }
+                device
+            }
+        };
+        run(&mount::bind_cmd(&source, target)).await?;
+        if read_only && let Err(e) = run(&mount::remount_ro_cmd(target)).await {
+            // Never leave a writable mount behind a read-only request.
+            let _ = mount::unmount_all(target).await;
+            return Err(e);
+        }
+        Ok(NodePublishVolumeResponse {})
+    }
+
+    async fn unpublish(
+        &self,
+        req: NodeUnpublishVolumeRequest,
+    ) -> Result<NodeUnpublishVolumeResponse, NodeError> {
+        let id = required("volume_id", &req.volume_id)?;
+        let target = required("target_path", &req.target_path)?;
+        let _guard = self.begin(id)?;
+        let target = Path::new(target);
+        let meta = match std::fs::symlink_metadata(target) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(NodeUnpublishVolumeResponse {});
+            }
+            Err(e) => return Err(NodeError::io("inspecting", target)(e)),
+        };
+        mount::unmount_all(target).await?;
+        // Only an empty directory or the file we created goes: never data.
+        let removed = if meta.is_dir() {
+            std::fs::remove_dir(target)
+        } else {
+            std::fs::remove_file(target)
+        };
+        match removed {
+            Ok(()) => Ok(NodeUnpublishVolumeResponse {}),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Ok(NodeUnpublishVolumeResponse {})
+            }
+            Err(e) => Err(NodeError::io("removing", target)(e)),
+        }
+    }
+
+    async fn stats(
+        &self,
+        req: NodeGetVolumeStatsRequest,
+    ) -> Result<NodeGetVolumeStatsResponse, NodeError> {
+        required("volume_id", &req.volume_id)?;
+        let path = Path::new(required("volume_path", &req.volume_path)?);
+        let meta = std::fs::metadata(path).map_err(|_| NodeError::PathNotFound {
+            path: path.to_path_buf(),
+        })?;
+        let all = mounts()?;
+        let Some(m) = mount_at(&all, &canonical(path)) else {
+            return Ok(NodeGetVolumeStatsResponse {
+                usage: Vec::new(),
+                volume_condition: Some(abnormal(format!(
+                    "nothing is mounted at {}: the volume's mount is gone",
+                    path.display()
+                ))),
+            });
+        };
+        if !meta.is_dir() {
+            let total = device::size_of(path)?;
+            return Ok(NodeGetVolumeStatsResponse {
+                usage: vec![usage(volume_usage::Unit::Bytes, total, 0, 0)],
+                volume_condition: Some(normal()),
+            });
+        }
+        let st = rustix::fs::statvfs(path).map_err(|e| NodeError::io("statvfs", path)(e.into()))?;
+        let frsize = st.f_frsize;
+        let condition = match device::device_of_mount(&self.sysfs, m) {
+            Some(dev) if dev.exists() => normal(),
+            _ => abnormal(format!(
+                "the device behind {} ({}:{}, {}) is gone",
+                path.display(),
+                m.major,
+                m.minor,
+                m.source
+            )),
+        };
+        Ok(NodeGetVolumeStatsResponse {
+            usage: vec![
+                usage(
+                    volume_usage::Unit::Bytes,
+                    st.f_blocks.saturating_mul(frsize),
+                    st.f_bavail.saturating_mul(frsize),
+                    st.f_blocks
+                        .saturating_sub(st.f_bfree)
+                        .saturating_mul(frsize),
+                ),
+                usage(
+                    volume_usage::Unit::Inodes,
+                    st.f_files,
+                    st.f_ffree,
+                    st.f_files.saturating_sub(st.f_ffree),
+                ),
+            ],
+            volume_condition: Some(condition),
+        })
+    }
+
+    async fn expand(
+        &self,
+        req: NodeExpandVolumeRequest,
+    ) -> Result<NodeExpandVolumeResponse, NodeError> {
+        let id = required("volume_id", &req.volume_id)?;
+        let path = Path::new(required("volume_path", &req.volume_path)?);
+        let cap = req
+            .volume_capability
+            .as_ref()
+            .map(|c| request::Capability::parse("volume_capability", c))
+            .transpose()?;
+        let required_bytes = req
+            .capacity_range
+            .as_ref()
+            .map_or(0, |r| u64::try_from(r.required_bytes).unwrap_or(0));
+        let meta = std::fs::metadata(path).map_err(|_| NodeError::PathNotFound {
+            path: path.to_path_buf(),
+        })?;
+        let _guard = self.begin(id)?;
+        let capacity = if !meta.is_dir() || cap.is_some_and(|c| c.is_block()) {
+            // A block volume: the device already has its new size; nothing to grow.
+            device::size_of(path)?
+        } else {
+            let mount_point = Some(req.staging_target_path.as_str())
+                .filter(|s| !s.is_empty() && Path::new(s).exists())
+                .map(|s| canonical(Path::new(s)))
+                .filter(|s| mount_at(&mounts().unwrap_or_default(), s).is_some())
+                .unwrap_or_else(|| canonical(path));
+            let all = mounts()?;
+            let m = mount_at(&all, &mount_point).ok_or_else(|| NodeError::PathNotFound {
+                path: mount_point.clone(),
+            })?;
+            let dev =
+                device::device_of_mount(&self.sysfs, m).ok_or_else(|| NodeError::Unsupported {
+                    path: mount_point.clone(),
+                    reason: format!("no block device for {}:{} ({})", m.major, m.minor, m.source),
+                })?;
+            let fs = filesystem::by_name(&m.fs_type).ok_or_else(|| NodeError::Unsupported {
+                path: mount_point.clone(),
+                reason: format!("cannot grow a {} filesystem", m.fs_type),
+            })?;
+            let size = device::size_of(&dev)?;
+            if size < required_bytes {
+                return Err(NodeError::Unsupported {
+                    path: dev,
+                    reason: format!(
+                        "the disk is {size} bytes, less than the {required_bytes} asked for; \
+                         the Harvester volume has not grown yet"
+                    ),
+                });
+            }
+            run(&fs.grow(&dev, &mount_point)).await?;
+            tracing::info!(volume = id, device = %dev.display(), size, "grew {} filesystem", fs.name());
+            size
+        };
+        Ok(NodeExpandVolumeResponse {
+            capacity_bytes: i64::try_from(capacity).unwrap_or(i64::MAX),
+        })
+    }
+}
+
+fn other_mount(path: &Path, found: &MountInfo, wanted: &Path) -> NodeError {
+    NodeError::OtherMount {
+        path: path.to_path_buf(),
+        found: format!(
+            "{} ({}:{} {})",
+            found.source, found.major, found.minor, found.root
+        ),
+        wanted: wanted.display().to_string(),
+    }
+}
+
+fn usage(unit: volume_usage::Unit, total: u64, available: u64, used: u64) -> VolumeUsage {
+    let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    VolumeUsage {
+        available: i(available),
+        total: i(total),
+        used: i(used),
+        unit: unit as i32,
+    }
+}
+
+fn normal() -> VolumeCondition {
+    VolumeCondition {
+        abnormal: false,
+        message: "volume is mounted".into(),
+    }
+}
+
+fn abnormal(message: String) -> VolumeCondition {
+    VolumeCondition {
+        abnormal: true,
+        message,
+    }
+}
+
+#[tonic::async_trait]
+impl Node for NodeService {
+    async fn node_stage_volume(
+        &self,
+        request: Request<NodeStageVolumeRequest>,
+    ) -> Result<Response<NodeStageVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let id = req.volume_id.clone();
+        respond("NodeStageVolume", &id, self.stage(req).await)
+    }
+
+    async fn node_unstage_volume(
+        &self,
+        request: Request<NodeUnstageVolumeRequest>,
+    ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let id = req.volume_id.clone();
+        respond("NodeUnstageVolume", &id, self.unstage(req).await)
+    }
+
+    async fn node_publish_volume(
+        &self,
+        request: Request<NodePublishVolumeRequest>,
+    ) -> Result<Response<NodePublishVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let id = req.volume_id.clone();
+        respond("NodePublishVolume", &id, self.publish(req).await)
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        request: Request<NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let id = req.volume_id.clone();
+        respond("NodeUnpublishVolume", &id, self.unpublish(req).await)
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        request: Request<NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
+        let req = request.into_inner();
+        let id = req.volume_id.clone();
+        respond("NodeGetVolumeStats", &id, self.stats(req).await)
+    }
+
+    async fn node_expand_volume(
+        &self,
+        request: Request<NodeExpandVolumeRequest>,
+    ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let id = req.volume_id.clone();
+        respond("NodeExpandVolume", &id, self.expand(req).await)
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        _: Request<NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
+        Ok(Response::new(NodeGetCapabilitiesResponse {
+            capabilities: CAPABILITIES
+                .iter()
+                .map(|t| NodeServiceCapability {
+                    r#type: Some(node_service_capability::Type::Rpc(
+                        node_service_capability::Rpc { r#type: *t as i32 },
+                    )),
+                })
+                .collect(),
+        }))
+    }
+
+    async fn node_get_info(
+        &self,
+        _: Request<NodeGetInfoRequest>,
+    ) -> Result<Response<NodeGetInfoResponse>, Status> {
+        Ok(Response::new(NodeGetInfoResponse {
+            node_id: self.node_id.clone(),
+            max_volumes_per_node: self.max_volumes,
+            accessible_topology: None,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn vmi(v: serde_json::Value) -> VirtualMachineInstance {
+        serde_json::from_value(v).expect("vmi literal")
+    }
+
+    #[test]
+    fn node_is_found_by_mac_when_the_hostname_differs() {
+        let vmis = [
+            vmi(
+                json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                "metadata": {"name": "vm-a"}, "spec": {},
+                "status": {"interfaces": [{"name": "nic-1", "mac": "52:54:00:00:00:0A"}]}}),
+            ),
+            vmi(
+                json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                "metadata": {"name": "vm-b"}, "spec": {},
+                "status": {"interfaces": [{"name": "nic-1", "mac": "52:54:00:00:00:0b"}]}}),
+            ),
+        ];
+        let found = vmi_by_mac(&vmis, &["52:54:00:00:00:0b".into()]);
+        assert_eq!(found.and_then(|v| v.metadata.name.as_deref()), Some("vm-b"));
+        let found = vmi_by_mac(&vmis, &["52:54:00:00:00:0a".into()]);
+        assert_eq!(
+            found.and_then(|v| v.metadata.name.as_deref()),
+            Some("vm-a"),
+            "case-insensitive"
+        );
+        assert!(vmi_by_mac(&vmis, &["02:00:00:00:00:01".into()]).is_none());
+    }
+
+    #[test]
+    fn max_volumes_leaves_room_for_the_vms_own_disks() {
+        assert_eq!(max_volumes(None), 254);
+        let v = vmi(
+            json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": "w"},
+            "spec": {"volumes": [
+                {"name": "root", "persistentVolumeClaim": {"claimName": "root"}},
+                {"name": "cloudinit", "cloudInitNoCloud": {}},
+                {"name": "pvc-1", "persistentVolumeClaim": {"claimName": "pvc-1", "hotpluggable": true}}
+            ]}}),
+        );
+        assert_eq!(max_volumes(Some(&v)), 254);
+    }
+
+    #[test]
+    fn the_disk_is_looked_up_by_the_published_serial() {
+        let ctx = HashMap::from([(CONTEXT_SERIAL.to_string(), "abc".to_string())]);
+        assert_eq!(
+            disk_id("pvc-1", &ctx),
+            DiskId {
+                serial: "abc".into(),
+                volume: None
+            }
+        );
+        let d = disk_id("pvc-1", &HashMap::new());
+        assert_eq!(d.serial, naming::disk_serial("pvc-1"));
+        assert_eq!(d.volume.as_deref(), Some("pvc-1"));
+    }
+}

@@ -1,0 +1,232 @@
+//! The snapshot part of Harvester (external-snapshotter's controller plus Longhorn): a
+//! `VolumeSnapshot` of a PVC gets a copy of the PVC's backing file and is marked `readyToUse`
+//! with its `restoreSize`; a PVC whose `dataSource` is a VolumeSnapshot gets that copy written
+//! onto its volume once the storage stand-in has created it, and is then annotated
+//! [`RESTORED_ANNOTATION`].
+//!
+//! Difference from Harvester, on purpose small: Longhorn binds a restored PVC only after the
+//! restore, while here the storage stand-in binds it at once and the copy follows within
+//! milliseconds. A test that stages a restored volume waits for [`RESTORED_ANNOTATION`] first.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use harvester_common::quantity;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::ResourceExt;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::runtime::watcher::{self, Event};
+use serde_json::json;
+
+use super::storage::{Backing, Storage};
+
+/// Set on a PVC restored from a snapshot once its data is in place (value: the snapshot).
+pub const RESTORED_ANNOTATION: &str = "sim.harvesterhci.io/restored-from";
+const WAIT: Duration = Duration::from_secs(60);
+
+fn snapshot_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", "VolumeSnapshot"),
+        "volumesnapshots",
+    )
+}
+
+struct Ctx {
+    client: kube::Client,
+    storage: Arc<Storage>,
+    dir: PathBuf,
+    busy: Mutex<HashSet<String>>,
+}
+
+impl Ctx {
+    fn data_file(&self, ns: &str, snapshot: &str) -> PathBuf {
+        self.dir.join(format!("{ns}_{snapshot}.img"))
+    }
+
+    /// Runs `job` for `key` unless one is already running.
+    fn once(
+        self: &Arc<Self>,
+        key: String,
+        job: impl Future<Output = Result<(), String>> + Send + 'static,
+    ) {
+        let fresh = self
+            .busy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.clone());
+        if !fresh {
+            return;
+        }
+        let ctx = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = job.await {
+                tracing::warn!("sim snapshot {key}: {e}");
+            }
+            ctx.busy
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&key);
+        });
+    }
+}
+
+/// Watches VolumeSnapshots and PVCs on the Harvester API server until the bed stops.
+pub async fn run(client: kube::Client, storage: Arc<Storage>, dir: PathBuf) {
+    let dir = dir.join("snapshots");
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        tracing::warn!("sim snapshot: creating {}: {e}", dir.display());
+        return;
+    }
+    let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        storage,
+        dir,
+        busy: Mutex::new(HashSet::new()),
+    });
+    let snaps: Api<DynamicObject> = Api::all_with(client.clone(), &snapshot_resource());
+    let pvcs: Api<PersistentVolumeClaim> = Api::all(client);
+    let mut snap_events = watcher::watcher(snaps, watcher::Config::default()).boxed();
+    let mut pvc_events = watcher::watcher(pvcs, watcher::Config::default()).boxed();
+    loop {
+        tokio::select! {
+            Some(ev) = snap_events.next() => match ev {
+                Ok(Event::Apply(s) | Event::InitApply(s)) => {
+                    let ready = s.data.pointer("/status/readyToUse").and_then(|v| v.as_bool()) == Some(true);
+                    if !ready && s.metadata.deletion_timestamp.is_none() {
+                        let key = format!("snap/{}/{}", s.namespace().unwrap_or_default(), s.name_any());
+                        ctx.once(key, take(ctx.clone(), s));
+                    }
+                }
+                Ok(Event::Delete(s)) => {
+                    let _ = std::fs::remove_file(ctx.data_file(&s.namespace().unwrap_or_default(), &s.name_any()));
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!("sim snapshot watch: {e}"),
+            },
+            Some(ev) = pvc_events.next() => match ev {
+                Ok(Event::Apply(p) | Event::InitApply(p)) => {
+                    let source = p.spec.as_ref().and_then(|s| s.data_source.as_ref())
+                        .filter(|d| d.kind == "VolumeSnapshot").map(|d| d.name.clone());
+                    let done = p.annotations().contains_key(RESTORED_ANNOTATION);
+                    if let (Some(snapshot), false, None) = (source, done, &p.metadata.deletion_timestamp) {
+                        let key = format!("restore/{}/{}", p.namespace().unwrap_or_default(), p.name_any());
+                        ctx.once(key, restore(ctx.clone(), p.clone(), snapshot));
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!("sim snapshot PVC watch: {e}"),
+            },
+            else => return,
+        }
+    }
+}
+
+/// The backing of PVC `ns/name` once the storage stand-in has created it.
+async fn backing(storage: &Storage, ns: &str, name: &str) -> Result<Backing, String> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(b) = storage.get(ns, name) {
+            return Ok(b);
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!("PVC {ns}/{name} never got a volume"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Writes what the device's buffers hold to its backing file (loop devices only).
+fn flush(b: &Backing) {
+    if b.device != b.file {
+        let _ = Command::new("blockdev")
+            .arg("--flushbufs")
+            .arg(&b.device)
+            .status();
+    }
+}
+
+async fn take(ctx: Arc<Ctx>, snap: DynamicObject) -> Result<(), String> {
+    let ns = snap.namespace().unwrap_or_default();
+    let name = snap.name_any();
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), &ns, &snapshot_resource());
+    let Some(source) = snap
+        .data
+        .pointer("/spec/source/persistentVolumeClaimName")
+        .and_then(|v| v.as_str())
+        .map(str::to_string)
+    else {
+        let status = json!({"status": {"readyToUse": false, "error": {"message": "only PVC sources are simulated"}}});
+        let _ = api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await;
+        return Err(format!("VolumeSnapshot {ns}/{name} has no PVC source"));
+    };
+    let b = backing(&ctx.storage, &ns, &source).await?;
+    let dest = ctx.data_file(&ns, &name);
+    let copy = {
+        let b = b.clone();
+        let dest = dest.clone();
+        tokio::task::spawn_blocking(move || {
+            flush(&b);
+            std::fs::copy(&b.file, &dest)
+                .map_err(|e| format!("copying {} to {}: {e}", b.file.display(), dest.display()))
+        })
+    };
+    copy.await.map_err(|e| e.to_string())??;
+    let status = json!({"status": {
+        "readyToUse": true,
+        "restoreSize": quantity::from_bytes(b.size),
+        "creationTime": jiff::Timestamp::now().to_string(),
+        "boundVolumeSnapshotContentName": format!("snapcontent-{}", snap.uid().unwrap_or_default()),
+    }});
+    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .map_err(|e| format!("marking VolumeSnapshot {ns}/{name} ready: {e}"))?;
+    Ok(())
+}
+
+async fn restore(
+    ctx: Arc<Ctx>,
+    pvc: PersistentVolumeClaim,
+    snapshot: String,
+) -> Result<(), String> {
+    let ns = pvc.namespace().unwrap_or_default();
+    let name = pvc.name_any();
+    let data = ctx.data_file(&ns, &snapshot);
+    if !data.exists() {
+        return Err(format!(
+            "PVC {ns}/{name}: snapshot {snapshot} has no data (not taken by the stand-in)"
+        ));
+    }
+    let b = backing(&ctx.storage, &ns, &name).await?;
+    tokio::task::spawn_blocking(move || write_over(&data, &b))
+        .await
+        .map_err(|e| e.to_string())??;
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
+    let patch = json!({"metadata": {"annotations": {RESTORED_ANNOTATION: snapshot}}});
+    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|e| format!("annotating restored PVC {ns}/{name}: {e}"))?;
+    Ok(())
+}
+
+/// Copies the snapshot's data onto the start of the volume's backing file (never truncating it),
+/// then drops the device's stale buffers.
+fn write_over(data: &Path, b: &Backing) -> Result<(), String> {
+    let mut src =
+        std::fs::File::open(data).map_err(|e| format!("opening {}: {e}", data.display()))?;
+    let mut dst = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&b.file)
+        .map_err(|e| format!("opening {}: {e}", b.file.display()))?;
+    std::io::copy(&mut src, &mut dst)
+        .map_err(|e| format!("restoring into {}: {e}", b.file.display()))?;
+    dst.sync_all().map_err(|e| e.to_string())?;
+    flush(b);
+    Ok(())
+}

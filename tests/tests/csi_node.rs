@@ -1,0 +1,598 @@
+//! The node plugin against real devices: loop-device volumes hot-plugged by the test bed's
+//! virt-api stand-in, real mkfs/mount, the driver in-process. Tests named `_root` need root.
+
+#[path = "csi_common.rs"]
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{Driver, MountSweeper, NODE, assert_root, bed_with_vm};
+use csi_proto::csi::v1::volume_capability::access_mode::Mode;
+use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
+use csi_proto::csi::v1::*;
+use tonic::Code;
+
+fn mount_cap(fs: &str) -> VolumeCapability {
+    VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs.into(),
+            ..Default::default()
+        })),
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+    }
+}
+
+/// A created and controller-published volume, with its staging and target paths.
+struct Vol {
+    id: String,
+    ctx: HashMap<String, String>,
+    staging: PathBuf,
+    target: PathBuf,
+}
+
+async fn create_and_publish(d: &Driver, name: &str, size: u64, fs: &str, dir: &Path) -> Vol {
+    let created = d
+        .controller()
+        .create_volume(CreateVolumeRequest {
+            name: name.into(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: size as i64,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![mount_cap(fs)],
+            ..Default::default()
+        })
+        .await
+        .expect("CreateVolume")
+        .into_inner()
+        .volume
+        .expect("volume");
+    let published = d
+        .controller()
+        .controller_publish_volume(ControllerPublishVolumeRequest {
+            volume_id: created.volume_id.clone(),
+            node_id: NODE.into(),
+            volume_capability: Some(mount_cap(fs)),
+            ..Default::default()
+        })
+        .await
+        .expect("ControllerPublishVolume")
+        .into_inner();
+    Vol {
+        id: created.volume_id,
+        ctx: published.publish_context,
+        staging: dir.join(format!("{name}-staging")),
+        target: dir.join(format!("{name}-target")),
+    }
+}
+
+async fn stage(d: &Driver, v: &Vol, fs: &str) -> Result<(), tonic::Status> {
+    d.node()
+        .node_stage_volume(NodeStageVolumeRequest {
+            volume_id: v.id.clone(),
+            publish_context: v.ctx.clone(),
+            staging_target_path: v.staging.display().to_string(),
+            volume_capability: Some(mount_cap(fs)),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ())
+}
+
+async fn publish(d: &Driver, v: &Vol, fs: &str) {
+    d.node()
+        .node_publish_volume(NodePublishVolumeRequest {
+            volume_id: v.id.clone(),
+            publish_context: v.ctx.clone(),
+            staging_target_path: v.staging.display().to_string(),
+            target_path: v.target.display().to_string(),
+            volume_capability: Some(mount_cap(fs)),
+            ..Default::default()
+        })
+        .await
+        .expect("NodePublishVolume");
+}
+
+async fn unpublish_and_unstage(d: &Driver, v: &Vol) {
+    d.node()
+        .node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: v.id.clone(),
+            target_path: v.target.display().to_string(),
+        })
+        .await
+        .expect("NodeUnpublishVolume");
+    d.node()
+        .node_unstage_volume(NodeUnstageVolumeRequest {
+            volume_id: v.id.clone(),
+            staging_target_path: v.staging.display().to_string(),
+        })
+        .await
+        .expect("NodeUnstageVolume");
+}
+
+async fn detach_and_delete(d: &Driver, v: &Vol) {
+    d.controller()
+        .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+            volume_id: v.id.clone(),
+            node_id: NODE.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("ControllerUnpublishVolume");
+    d.controller()
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: v.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("DeleteVolume");
+}
+
+fn blkid_uuid(dev_of: &Path) -> String {
+    let out = std::process::Command::new("findmnt")
+        .args(["-n", "-o", "UUID", "--target"])
+        .arg(dev_of)
+        .output()
+        .expect("findmnt");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_survives_unstage_and_restage_root() {
+    assert_root();
+    let bed = bed_with_vm().await;
+    let d = Driver::start(&bed, |_| {}).await;
+    let dir = bed.dir.path().join("node-data");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let sweeper = MountSweeper(dir.clone());
+    let v = create_and_publish(&d, "pvc-data-1", 64 << 20, "ext4", &dir).await;
+    assert_eq!(
+        v.ctx.get("serial").map(String::len),
+        Some(20),
+        "publish context carries the 20-character serial: {:?}",
+        v.ctx
+    );
+
+    stage(&d, &v, "ext4").await.expect("first NodeStageVolume");
+    publish(&d, &v, "ext4").await;
+    let uuid = blkid_uuid(&v.target);
+    let file = v.target.join("hello.txt");
+    std::fs::write(&file, b"written before unstage").expect("write");
+    unpublish_and_unstage(&d, &v).await;
+    assert!(!v.target.exists(), "NodeUnpublishVolume removes the target");
+    assert!(
+        common::mounts_under(&dir).is_empty(),
+        "nothing mounted after unstage"
+    );
+
+    // The device now holds ext4: staging it as xfs must be refused, not reformatted.
+    let refused = stage(&d, &v, "xfs").await.expect_err("ext4 staged as xfs");
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(
+        refused.message().contains("refusing to format") && refused.message().contains("ext4"),
+        "{}",
+        refused.message()
+    );
+
+    stage(&d, &v, "ext4").await.expect("second NodeStageVolume");
+    stage(&d, &v, "ext4")
+        .await
+        .expect("NodeStageVolume again is idempotent");
+    publish(&d, &v, "ext4").await;
+    assert_eq!(
+        std::fs::read(&file).expect("read back after restage"),
+        b"written before unstage"
+    );
+    assert_eq!(
+        blkid_uuid(&v.target),
+        uuid,
+        "same filesystem, not a new one"
+    );
+
+    unpublish_and_unstage(&d, &v).await;
+    detach_and_delete(&d, &v).await;
+    assert!(sweeper.sweep().is_empty(), "mounts left behind");
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xfs_volume_grows_while_mounted_root() {
+    assert_root();
+    let bed = bed_with_vm().await;
+    let d = Driver::start(&bed, |_| {}).await;
+    let dir = bed.dir.path().join("node-xfs");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let sweeper = MountSweeper(dir.clone());
+    // mkfs.xfs wants at least 300 MiB.
+    let v = create_and_publish(&d, "pvc-xfs-1", 320 << 20, "xfs", &dir).await;
+    stage(&d, &v, "xfs").await.expect("NodeStageVolume xfs");
+    publish(&d, &v, "xfs").await;
+    std::fs::write(v.target.join("keep.txt"), b"xfs data").expect("write");
+    let before = rustix_like_total(&v.target);
+
+    let expanded = d
+        .controller()
+        .controller_expand_volume(ControllerExpandVolumeRequest {
+            volume_id: v.id.clone(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: 512 << 20,
+                limit_bytes: 0,
+            }),
+            volume_capability: Some(mount_cap("xfs")),
+            ..Default::default()
+        })
+        .await
+        .expect("ControllerExpandVolume")
+        .into_inner();
+    assert_eq!(expanded.capacity_bytes, 512 << 20);
+    assert!(expanded.node_expansion_required);
+    let grown = d
+        .node()
+        .node_expand_volume(NodeExpandVolumeRequest {
+            volume_id: v.id.clone(),
+            volume_path: v.target.display().to_string(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: 512 << 20,
+                limit_bytes: 0,
+            }),
+            staging_target_path: v.staging.display().to_string(),
+            volume_capability: Some(mount_cap("xfs")),
+            ..Default::default()
+        })
+        .await
+        .expect("NodeExpandVolume")
+        .into_inner();
+    assert_eq!(grown.capacity_bytes, 512 << 20);
+    let after = rustix_like_total(&v.target);
+    assert!(
+        after > before + (150 << 20),
+        "the mounted xfs grew: {before} -> {after} bytes"
+    );
+    let stats = d
+        .node()
+        .node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: v.id.clone(),
+            volume_path: v.target.display().to_string(),
+            ..Default::default()
+        })
+        .await
+        .expect("NodeGetVolumeStats")
+        .into_inner();
+    assert_eq!(stats.usage.len(), 2, "bytes and inodes: {stats:?}");
+    assert_eq!(stats.usage[0].total as u64, after);
+    assert_eq!(
+        stats.volume_condition.map(|c| c.abnormal),
+        Some(false),
+        "mounted volume is normal"
+    );
+    assert_eq!(
+        std::fs::read(v.target.join("keep.txt")).expect("data after growth"),
+        b"xfs data"
+    );
+
+    unpublish_and_unstage(&d, &v).await;
+    // With the mount gone, the stats of the (re-created) path report an abnormal volume.
+    std::fs::create_dir_all(&v.target).expect("empty target");
+    let gone = d
+        .node()
+        .node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: v.id.clone(),
+            volume_path: v.target.display().to_string(),
+            ..Default::default()
+        })
+        .await
+        .expect("NodeGetVolumeStats on an unmounted path")
+        .into_inner();
+    assert_eq!(gone.volume_condition.map(|c| c.abnormal), Some(true));
+    std::fs::remove_dir(&v.target).expect("cleanup");
+    detach_and_delete(&d, &v).await;
+    assert!(sweeper.sweep().is_empty(), "mounts left behind");
+    d.stop().await;
+}
+
+/// Total bytes of the filesystem at `path`, via `df` (independent of the driver's statvfs).
+fn rustix_like_total(path: &Path) -> u64 {
+    let out = std::process::Command::new("df")
+        .args(["-B1", "--output=size"])
+        .arg(path)
+        .output()
+        .expect("df");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .nth(1)
+        .and_then(|l| l.trim().parse().ok())
+        .expect("df size")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_restores_the_data_and_mounts_beside_its_xfs_source_root() {
+    assert_root();
+    let bed = bed_with_vm().await;
+    let d = Driver::start(&bed, |_| {}).await;
+    let dir = bed.dir.path().join("node-snap");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let sweeper = MountSweeper(dir.clone());
+    let src = create_and_publish(&d, "pvc-snap-src", 320 << 20, "xfs", &dir).await;
+    stage(&d, &src, "xfs")
+        .await
+        .expect("NodeStageVolume source");
+    publish(&d, &src, "xfs").await;
+    std::fs::write(src.target.join("before.txt"), b"in the snapshot").expect("write");
+    // What an application-consistent snapshot does first (fsfreeze): flush to the disk.
+    assert!(
+        std::process::Command::new("sync")
+            .status()
+            .expect("sync")
+            .success()
+    );
+
+    let snap = d
+        .controller()
+        .create_snapshot(CreateSnapshotRequest {
+            name: "Snap-Of-Src".into(),
+            source_volume_id: src.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("CreateSnapshot")
+        .into_inner()
+        .snapshot
+        .expect("snapshot");
+    assert!(
+        snap.ready_to_use,
+        "the stand-in takes it within the wait: {snap:?}"
+    );
+    assert_eq!(snap.size_bytes, 320 << 20);
+    std::fs::write(src.target.join("after.txt"), b"not in the snapshot").expect("write");
+
+    let restored = d
+        .controller()
+        .create_volume(CreateVolumeRequest {
+            name: "pvc-snap-restored".into(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: 320 << 20,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![mount_cap("xfs")],
+            volume_content_source: Some(VolumeContentSource {
+                r#type: Some(volume_content_source::Type::Snapshot(
+                    volume_content_source::SnapshotSource {
+                        snapshot_id: snap.snapshot_id.clone(),
+                    },
+                )),
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("CreateVolume from the snapshot")
+        .into_inner()
+        .volume
+        .expect("volume");
+    assert!(restored.content_source.is_some(), "content source echoed");
+    // Longhorn binds a restored PVC after the restore; the stand-in says when its copy is done.
+    let pvcs = kube::Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(
+        bed.harvester.client.clone(),
+        &bed.vm_namespace,
+    );
+    testbed::wait::until("the restore copy", Duration::from_secs(60), || {
+        let pvcs = pvcs.clone();
+        let id = restored.volume_id.clone();
+        async move {
+            let p = pvcs.get(&id).await.map_err(|e| e.to_string())?;
+            let a = p.metadata.annotations.unwrap_or_default();
+            Ok(
+                if a.contains_key(testbed::sim::snapshot::RESTORED_ANNOTATION) {
+                    Ok(())
+                } else {
+                    Err(a)
+                },
+            )
+        }
+    })
+    .await
+    .expect("restored");
+    let published = d
+        .controller()
+        .controller_publish_volume(ControllerPublishVolumeRequest {
+            volume_id: restored.volume_id.clone(),
+            node_id: NODE.into(),
+            volume_capability: Some(mount_cap("xfs")),
+            ..Default::default()
+        })
+        .await
+        .expect("ControllerPublishVolume restored")
+        .into_inner();
+    let copy = Vol {
+        id: restored.volume_id.clone(),
+        ctx: published.publish_context,
+        staging: dir.join("restored-staging"),
+        target: dir.join("restored-target"),
+    };
+    // Same XFS UUID as the still-mounted source: mounts only thanks to `nouuid`.
+    stage(&d, &copy, "xfs")
+        .await
+        .expect("NodeStageVolume restored (no reformat, nouuid)");
+    publish(&d, &copy, "xfs").await;
+    assert_eq!(
+        std::fs::read(copy.target.join("before.txt")).expect("restored file"),
+        b"in the snapshot"
+    );
+    assert!(
+        !copy.target.join("after.txt").exists(),
+        "written after the snapshot"
+    );
+
+    let listed = d
+        .controller()
+        .list_snapshots(ListSnapshotsRequest {
+            source_volume_id: src.id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("ListSnapshots")
+        .into_inner();
+    assert_eq!(listed.entries.len(), 1);
+
+    unpublish_and_unstage(&d, &copy).await;
+    detach_and_delete(&d, &copy).await;
+    d.controller()
+        .delete_snapshot(DeleteSnapshotRequest {
+            snapshot_id: snap.snapshot_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("DeleteSnapshot");
+    unpublish_and_unstage(&d, &src).await;
+    detach_and_delete(&d, &src).await;
+    assert!(sweeper.sweep().is_empty(), "mounts left behind");
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_that_never_appears_fails_clearly_within_the_bound() {
+    let bed = bed_with_vm().await;
+    let bound = Duration::from_secs(2);
+    let d = Driver::start(&bed, |c| c.timeouts.device = bound).await;
+    let staging = bed.dir.path().join("never-staging");
+    let t0 = Instant::now();
+    let err = d
+        .node()
+        .node_stage_volume(NodeStageVolumeRequest {
+            volume_id: "pvc-never-attached".into(),
+            publish_context: HashMap::from([(
+                "serial".to_string(),
+                "0000deadbeef00000000".to_string(),
+            )]),
+            staging_target_path: staging.display().to_string(),
+            volume_capability: Some(mount_cap("ext4")),
+            ..Default::default()
+        })
+        .await
+        .expect_err("a disk that never appears");
+    let took = t0.elapsed();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    for needle in [
+        "pvc-never-attached",
+        "0000deadbeef00000000",
+        "2s",
+        "ControllerPublishVolume",
+    ] {
+        assert!(
+            err.message().contains(needle),
+            "message lacks {needle:?}: {}",
+            err.message()
+        );
+    }
+    assert!(
+        took >= bound && took < bound + Duration::from_secs(5),
+        "waited {took:?} for a bound of {bound:?}"
+    );
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_missing_a_field_get_invalid_argument_naming_it() {
+    let bed = bed_with_vm().await;
+    let d = Driver::start(&bed, |_| {}).await;
+    let check = |what: &str, r: Result<(), tonic::Status>, field: &str| {
+        let e = r.expect_err(what);
+        assert_eq!(e.code(), Code::InvalidArgument, "{what}: {e:?}");
+        assert!(
+            e.message().contains(field),
+            "{what}: {:?} lacks {field:?}",
+            e.message()
+        );
+    };
+    let (mut c, mut n) = (d.controller(), d.node());
+    check(
+        "CreateVolume without name",
+        c.create_volume(CreateVolumeRequest {
+            volume_capabilities: vec![mount_cap("ext4")],
+            ..Default::default()
+        })
+        .await
+        .map(|_| ()),
+        "name",
+    );
+    check(
+        "CreateVolume without capabilities",
+        c.create_volume(CreateVolumeRequest {
+            name: "pvc-x".into(),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ()),
+        "volume_capabilities",
+    );
+    check(
+        "ControllerPublishVolume without node",
+        c.controller_publish_volume(ControllerPublishVolumeRequest {
+            volume_id: "pvc-x".into(),
+            volume_capability: Some(mount_cap("ext4")),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ()),
+        "node_id",
+    );
+    check(
+        "ControllerExpandVolume without range",
+        c.controller_expand_volume(ControllerExpandVolumeRequest {
+            volume_id: "pvc-x".into(),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ()),
+        "capacity_range",
+    );
+    check(
+        "NodeStageVolume without staging path",
+        n.node_stage_volume(NodeStageVolumeRequest {
+            volume_id: "pvc-x".into(),
+            volume_capability: Some(mount_cap("ext4")),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ()),
+        "staging_target_path",
+    );
+    check(
+        "NodePublishVolume without capability",
+        n.node_publish_volume(NodePublishVolumeRequest {
+            volume_id: "pvc-x".into(),
+            target_path: "/tmp/x".into(),
+            staging_target_path: "/tmp/y".into(),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ()),
+        "volume_capability",
+    );
+    check(
+        "NodeStageVolume with an unsupported filesystem",
+        n.node_stage_volume(NodeStageVolumeRequest {
+            volume_id: "pvc-x".into(),
+            staging_target_path: "/tmp/y".into(),
+            volume_capability: Some(mount_cap("btrfs")),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ()),
+        "volume_capability: fs_type \"btrfs\"",
+    );
+    check(
+        "NodeGetVolumeStats without path",
+        n.node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: "pvc-x".into(),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ()),
+        "volume_path",
+    );
+    d.stop().await;
+}
