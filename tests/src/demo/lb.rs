@@ -47,7 +47,11 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
         let services = services.clone();
         async move {
             let s = services.get("web").await.map_err(|e| e.to_string())?;
-            Ok(if external_ip(&s).is_some() { Ok(s) } else { Err(s.status) })
+            Ok(if external_ip(&s).is_some() {
+                Ok(s)
+            } else {
+                Err(s.status)
+            })
         }
     })
     .await
@@ -59,7 +63,10 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
     println!("NAME   TYPE           CLUSTER-IP   EXTERNAL-IP        PORT(S)");
     println!(
         "web    LoadBalancer   {:<12} {:<18} 80:{}/TCP",
-        svc.spec.as_ref().and_then(|s| s.cluster_ip.clone()).unwrap_or_default(),
+        svc.spec
+            .as_ref()
+            .and_then(|s| s.cluster_ip.clone())
+            .unwrap_or_default(),
         external_ip(&svc).unwrap_or_default(),
         svc.spec
             .as_ref()
@@ -90,8 +97,17 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
         let (services, lbs) = (services.clone(), lbs.clone());
         async move {
             let svc = services.get_opt("web").await.map_err(|e| e.to_string())?;
-            let crs = lbs.list(&Default::default()).await.map_err(|e| e.to_string())?.items.len();
-            Ok(if svc.is_none() && crs == 0 { Ok(()) } else { Err((svc.is_some(), crs)) })
+            let crs = lbs
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .len();
+            Ok(if svc.is_none() && crs == 0 {
+                Ok(())
+            } else {
+                Err((svc.is_some(), crs))
+            })
         }
     })
     .await
@@ -102,7 +118,11 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
         async move {
             let p = pools.get("demo-pool").await.map_err(|e| e.to_string())?;
             let st = p.status.unwrap_or_default();
-            Ok(if st.allocated.is_empty() { Ok(()) } else { Err(st.allocated) })
+            Ok(if st.allocated.is_empty() {
+                Ok(())
+            } else {
+                Err(st.allocated)
+            })
         }
     })
     .await
@@ -113,7 +133,15 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
 }
 
 fn external_ip(svc: &Service) -> Option<String> {
-    svc.status.as_ref()?.load_balancer.as_ref()?.ingress.as_ref()?.first()?.ip.clone()
+    svc.status
+        .as_ref()?
+        .load_balancer
+        .as_ref()?
+        .ingress
+        .as_ref()?
+        .first()?
+        .ip
+        .clone()
 }
 
 async fn print_pool(pools: &Api<IPPool>, when: &str) -> anyhow::Result<()> {
