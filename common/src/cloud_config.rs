@@ -1,12 +1,29 @@
 //! The Harvester "cloud-config": a kubeconfig for the Harvester cluster whose current context's
 //! namespace is the namespace holding the guest VMs (same format and path as upstream).
+//!
+//! The client [`Harvester::load`] returns follows the file: when the cloud-config changes (a
+//! rotated Secret shows up as a new file), the next requests go out with the new credentials, no
+//! restart needed. It also keeps what an operator must know: when the token expires (JWT `exp`),
+//! and whether Harvester last answered 401 Unauthorized.
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, RwLock, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
+use base64::Engine;
+use http::{Request, Response};
+use kube::client::Body;
 use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::telemetry::Metrics;
 
 /// Default path of the cloud-config inside the upstream charts' pods.
 pub const DEFAULT_PATH: &str = "/etc/kubernetes/cloud-config";
+/// How often the file is checked for a new version.
+pub const DEFAULT_RELOAD_PERIOD: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum CloudConfigError {
@@ -30,12 +47,31 @@ pub enum CloudConfigError {
     },
 }
 
+/// What is known about the credentials in use.
+#[derive(Debug, Default)]
+struct Status {
+    /// `exp` of the token, if it is a JWT that has one.
+    token_expiry: Option<jiff::Timestamp>,
+    /// Set by a 401 from Harvester, cleared by the next success.
+    unauthorized: Option<String>,
+    /// Content of the file the current client was built from.
+    loaded: Vec<u8>,
+}
+
+struct Shared {
+    current: RwLock<kube::Client>,
+    status: RwLock<Status>,
+    path: PathBuf,
+    metrics: Option<Metrics>,
+}
+
 /// A client for the Harvester cluster and the namespace that holds the guest VMs.
 #[derive(Clone)]
 pub struct Harvester {
     pub client: kube::Client,
     pub namespace: String,
     pub path: PathBuf,
+    shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for Harvester {
@@ -48,39 +84,291 @@ impl std::fmt::Debug for Harvester {
     }
 }
 
+struct Loaded {
+    client: kube::Client,
+    namespace: String,
+    token_expiry: Option<jiff::Timestamp>,
+    bytes: Vec<u8>,
+}
+
+async fn build(path: &Path, metrics: Option<&Metrics>) -> Result<Loaded, CloudConfigError> {
+    let bytes = std::fs::read(path).unwrap_or_default();
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|source| CloudConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let token_expiry = current_token(&kubeconfig).as_deref().and_then(jwt_expiry);
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|source| CloudConfigError::Context {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    let namespace = config.default_namespace.clone();
+    let client = crate::telemetry::kube_client(config, metrics).map_err(|source| {
+        CloudConfigError::Client {
+            path: path.to_path_buf(),
+            source,
+        }
+    })?;
+    Ok(Loaded {
+        client,
+        namespace,
+        token_expiry,
+        bytes,
+    })
+}
+
+/// The bearer token of the current context's user, if it has one inline or in a file.
+fn current_token(kc: &Kubeconfig) -> Option<String> {
+    let ctx_name = kc.current_context.as_ref()?;
+    let ctx = kc.contexts.iter().find(|c| &c.name == ctx_name)?.context.as_ref()?;
+    let user = kc.auth_infos.iter().find(|u| u.name == ctx.user.clone().unwrap_or_default())?;
+    let auth = user.auth_info.as_ref()?;
+    if let Some(t) = &auth.token {
+        use secrecy::ExposeSecret;
+        return Some(t.expose_secret().to_string());
+    }
+    auth.token_file
+        .as_ref()
+        .and_then(|f| std::fs::read_to_string(f).ok())
+        .map(|t| t.trim().to_string())
+}
+
+/// `exp` of a JWT (not verified: the server does that; we only want to warn in time).
+pub fn jwt_expiry(token: &str) -> Option<jiff::Timestamp> {
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    jiff::Timestamp::from_second(claims.get("exp")?.as_i64()?).ok()
+}
+
 impl Harvester {
     /// Loads the cloud-config at `path`. The namespace is the current context's, `default` if unset.
     pub async fn load(path: &Path) -> Result<Self, CloudConfigError> {
         Self::load_with_metrics(path, None).await
     }
 
-    /// As [`Harvester::load`], counting the client's API requests in `metrics`.
+    /// As [`Harvester::load`], counting the client's API requests in `metrics` and exporting the
+    /// token's remaining lifetime. The file is re-read every [`DEFAULT_RELOAD_PERIOD`] while a
+    /// clone of the returned value lives.
     pub async fn load_with_metrics(
         path: &Path,
-        metrics: Option<&crate::telemetry::Metrics>,
+        metrics: Option<&Metrics>,
     ) -> Result<Self, CloudConfigError> {
-        let kubeconfig = Kubeconfig::read_from(path).map_err(|source| CloudConfigError::Read {
+        Self::load_with(path, metrics, DEFAULT_RELOAD_PERIOD).await
+    }
+
+    pub async fn load_with(
+        path: &Path,
+        metrics: Option<&Metrics>,
+        reload_period: Duration,
+    ) -> Result<Self, CloudConfigError> {
+        let loaded = build(path, metrics).await?;
+        let shared = Arc::new(Shared {
+            current: RwLock::new(loaded.client.clone()),
+            status: RwLock::new(Status {
+                token_expiry: loaded.token_expiry,
+                unauthorized: None,
+                loaded: loaded.bytes,
+            }),
             path: path.to_path_buf(),
-            source,
-        })?;
-        let config =
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .map_err(|source| CloudConfigError::Context {
-                    path: path.to_path_buf(),
-                    source,
-                })?;
-        let namespace = config.default_namespace.clone();
-        let client = crate::telemetry::kube_client(config, metrics).map_err(|source| {
-            CloudConfigError::Client {
-                path: path.to_path_buf(),
-                source,
-            }
-        })?;
-        Ok(Harvester {
+            metrics: metrics.cloned(),
+        });
+        let client = kube::Client::new(
+            Following {
+                shared: Arc::downgrade(&shared),
+            },
+            loaded.namespace.clone(),
+        );
+        let harvester = Harvester {
             client,
-            namespace,
+            namespace: loaded.namespace,
             path: path.to_path_buf(),
+            shared: shared.clone(),
+        };
+        harvester.report_expiry();
+        tokio::spawn(follow_file(Arc::downgrade(&shared), reload_period));
+        Ok(harvester)
+    }
+
+    /// When the token expires, if it is a JWT with `exp`.
+    pub fn token_expiry(&self) -> Option<jiff::Timestamp> {
+        read(&self.shared.status).token_expiry
+    }
+
+    /// `Err` with a message naming the cloud-config while Harvester rejects our credentials.
+    pub fn credentials_state(&self) -> Result<(), String> {
+        match &read(&self.shared.status).unauthorized {
+            None => Ok(()),
+            Some(m) => Err(m.clone()),
+        }
+    }
+
+    /// A warning when the token expires within `warn_before`, for a log line or Event.
+    pub fn expiry_warning(&self, warn_before: Duration) -> Option<String> {
+        expiry_warning(&self.path, self.token_expiry()?, jiff::Timestamp::now(), warn_before)
+    }
+
+    fn report_expiry(&self) {
+        report_expiry(&self.shared);
+    }
+}
+
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|p| p.into_inner())
+}
+
+fn report_expiry(shared: &Shared) {
+    if let (Some(m), Some(exp)) = (&shared.metrics, read(&shared.status).token_expiry) {
+        let left = exp.as_second() - jiff::Timestamp::now().as_second();
+        m.token_expiry_seconds.set(left as f64);
+    }
+}
+
+/// Pure: the warning for a token expiring at `expiry`, seen at `now`.
+pub fn expiry_warning(
+    path: &Path,
+    expiry: jiff::Timestamp,
+    now: jiff::Timestamp,
+    warn_before: Duration,
+) -> Option<String> {
+    let left = expiry.as_second() - now.as_second();
+    let warn = i64::try_from(warn_before.as_secs()).unwrap_or(i64::MAX);
+    if left > warn {
+        return None;
+    }
+    Some(if left <= 0 {
+        format!(
+            "the token in cloud-config {} expired at {expiry}: Harvester will refuse every request; rotate the cloud-config Secret",
+            path.display()
+        )
+    } else {
+        format!(
+            "the token in cloud-config {} expires at {expiry} (in {:.1} days); rotate the cloud-config Secret before then",
+            path.display(),
+            left as f64 / 86_400.0
+        )
+    })
+}
+
+/// Re-reads the file every `period` while the client lives; rebuilds the client when it changed.
+async fn follow_file(shared: Weak<Shared>, period: Duration) {
+    loop {
+        tokio::time::sleep(period).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        report_expiry(&shared);
+        let bytes = match std::fs::read(&shared.path) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!("reading cloud-config {}: {e}; keeping the current credentials", shared.path.display());
+                continue;
+            }
+        };
+        if bytes == read(&shared.status).loaded {
+            continue;
+        }
+        match build(&shared.path, shared.metrics.as_ref()).await {
+            Ok(loaded) => {
+                *write(&shared.current) = loaded.client;
+                let mut status = write(&shared.status);
+                status.token_expiry = loaded.token_expiry;
+                status.loaded = loaded.bytes;
+                status.unauthorized = None;
+                drop(status);
+                report_expiry(&shared);
+                tracing::info!("cloud-config {} changed: the Harvester client now uses it", shared.path.display());
+            }
+            Err(e) => {
+                tracing::warn!("cloud-config changed but cannot be used ({e}); keeping the current credentials");
+                // Do not retry the same broken content every period.
+                write(&shared.status).loaded = bytes;
+            }
+        }
+    }
+}
+
+/// The tower service under the public client: sends each request with the client built from the
+/// current cloud-config, and notes 401s.
+#[derive(Clone)]
+struct Following {
+    shared: Weak<Shared>,
+}
+
+impl tower::Service<Request<Body>> for Following {
+    type Response = Response<Body>;
+    type Error = kube::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, kube::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let shared = self.shared.upgrade();
+        Box::pin(async move {
+            let Some(shared) = shared else {
+                return Err(kube::Error::Service("the Harvester client was dropped".into()));
+            };
+            let client = read(&shared.current).clone();
+            let res = client.send(req).await;
+            if let Ok(r) = &res {
+                let mut status = write(&shared.status);
+                if r.status() == http::StatusCode::UNAUTHORIZED {
+                    status.unauthorized = Some(format!(
+                        "Harvester answered 401 Unauthorized: the credentials in cloud-config {} are invalid or expired",
+                        shared.path.display()
+                    ));
+                } else if r.status().is_success() {
+                    status.unauthorized = None;
+                }
+            }
+            res
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn jwt(exp: i64) -> String {
+        let b64 = |v: serde_json::Value| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+        };
+        format!(
+            "{}.{}.sig",
+            b64(serde_json::json!({"alg": "RS256"})),
+            b64(serde_json::json!({"sub": "system:serviceaccount:ns:sa", "exp": exp}))
+        )
+    }
+
+    #[test]
+    fn reads_the_expiry_of_a_jwt_and_nothing_else() {
+        assert_eq!(jwt_expiry(&jwt(1_900_000_000)).map(|t| t.as_second()), Some(1_900_000_000));
+        assert_eq!(jwt_expiry("not-a-jwt"), None);
+        assert_eq!(jwt_expiry("a.%%%.c"), None);
+        assert_eq!(jwt_expiry("kubeconfig-user-xyz:abcdef"), None);
+    }
+
+    #[test]
+    fn warns_within_the_window_and_names_the_file() {
+        let path = Path::new("/etc/kubernetes/cloud-config");
+        let now = jiff::Timestamp::from_second(1_000_000).unwrap();
+        let week = Duration::from_secs(7 * 86_400);
+        let later = |days: i64| jiff::Timestamp::from_second(1_000_000 + days * 86_400).unwrap();
+        assert_eq!(expiry_warning(path, later(30), now, week), None);
+        let soon = expiry_warning(path, later(3), now, week).unwrap();
+        assert!(soon.contains("/etc/kubernetes/cloud-config") && soon.contains("3.0 days"), "{soon}");
+        let gone = expiry_warning(path, later(-1), now, week).unwrap();
+        assert!(gone.contains("expired"), "{gone}");
     }
 }

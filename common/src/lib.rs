@@ -4,10 +4,12 @@
 //!   preserved) and the KubeVirt hot-plug subresource calls.
 //! - [`cloud_config`]: the Harvester kubeconfig ("cloud-config") -> client + VM namespace.
 //! - [`ipam`]: a pure IP pool allocator with Harvester IPPool semantics.
+//! - [`dhcp`]: a DHCPv4 client leasing addresses for synthetic MACs (LoadBalancer `ipam: dhcp`).
 //! - [`quantity`]: Kubernetes quantities as bytes.
 //! - [`telemetry`]: logs, metrics, health endpoints, API request counts, shutdown signal.
 
 pub mod cloud_config;
+pub mod dhcp;
 pub mod harvester;
 pub mod ipam;
 pub mod quantity;
