@@ -122,8 +122,16 @@ async fn build(path: &Path, metrics: Option<&Metrics>) -> Result<Loaded, CloudCo
 /// The bearer token of the current context's user, if it has one inline or in a file.
 fn current_token(kc: &Kubeconfig) -> Option<String> {
     let ctx_name = kc.current_context.as_ref()?;
-    let ctx = kc.contexts.iter().find(|c| &c.name == ctx_name)?.context.as_ref()?;
-    let user = kc.auth_infos.iter().find(|u| u.name == ctx.user.clone().unwrap_or_default())?;
+    let ctx = kc
+        .contexts
+        .iter()
+        .find(|c| &c.name == ctx_name)?
+        .context
+        .as_ref()?;
+    let user = kc
+        .auth_infos
+        .iter()
+        .find(|u| u.name == ctx.user.clone().unwrap_or_default())?;
     let auth = user.auth_info.as_ref()?;
     if let Some(t) = &auth.token {
         use secrecy::ExposeSecret;
@@ -209,7 +217,12 @@ impl Harvester {
 
     /// A warning when the token expires within `warn_before`, for a log line or Event.
     pub fn expiry_warning(&self, warn_before: Duration) -> Option<String> {
-        expiry_warning(&self.path, self.token_expiry()?, jiff::Timestamp::now(), warn_before)
+        expiry_warning(
+            &self.path,
+            self.token_expiry()?,
+            jiff::Timestamp::now(),
+            warn_before,
+        )
     }
 
     fn report_expiry(&self) {
@@ -269,7 +282,10 @@ async fn follow_file(shared: Weak<Shared>, period: Duration) {
         let bytes = match std::fs::read(&shared.path) {
             Ok(b) => b,
             Err(e) => {
-                tracing::warn!("reading cloud-config {}: {e}; keeping the current credentials", shared.path.display());
+                tracing::warn!(
+                    "reading cloud-config {}: {e}; keeping the current credentials",
+                    shared.path.display()
+                );
                 continue;
             }
         };
@@ -285,10 +301,15 @@ async fn follow_file(shared: Weak<Shared>, period: Duration) {
                 status.unauthorized = None;
                 drop(status);
                 report_expiry(&shared);
-                tracing::info!("cloud-config {} changed: the Harvester client now uses it", shared.path.display());
+                tracing::info!(
+                    "cloud-config {} changed: the Harvester client now uses it",
+                    shared.path.display()
+                );
             }
             Err(e) => {
-                tracing::warn!("cloud-config changed but cannot be used ({e}); keeping the current credentials");
+                tracing::warn!(
+                    "cloud-config changed but cannot be used ({e}); keeping the current credentials"
+                );
                 // Do not retry the same broken content every period.
                 write(&shared.status).loaded = bytes;
             }
@@ -316,7 +337,9 @@ impl tower::Service<Request<Body>> for Following {
         let shared = self.shared.upgrade();
         Box::pin(async move {
             let Some(shared) = shared else {
-                return Err(kube::Error::Service("the Harvester client was dropped".into()));
+                return Err(kube::Error::Service(
+                    "the Harvester client was dropped".into(),
+                ));
             };
             let client = read(&shared.current).clone();
             let res = client.send(req).await;
@@ -353,7 +376,10 @@ mod tests {
 
     #[test]
     fn reads_the_expiry_of_a_jwt_and_nothing_else() {
-        assert_eq!(jwt_expiry(&jwt(1_900_000_000)).map(|t| t.as_second()), Some(1_900_000_000));
+        assert_eq!(
+            jwt_expiry(&jwt(1_900_000_000)).map(|t| t.as_second()),
+            Some(1_900_000_000)
+        );
         assert_eq!(jwt_expiry("not-a-jwt"), None);
         assert_eq!(jwt_expiry("a.%%%.c"), None);
         assert_eq!(jwt_expiry("kubeconfig-user-xyz:abcdef"), None);
@@ -367,7 +393,10 @@ mod tests {
         let later = |days: i64| jiff::Timestamp::from_second(1_000_000 + days * 86_400).unwrap();
         assert_eq!(expiry_warning(path, later(30), now, week), None);
         let soon = expiry_warning(path, later(3), now, week).unwrap();
-        assert!(soon.contains("/etc/kubernetes/cloud-config") && soon.contains("3.0 days"), "{soon}");
+        assert!(
+            soon.contains("/etc/kubernetes/cloud-config") && soon.contains("3.0 days"),
+            "{soon}"
+        );
         let gone = expiry_warning(path, later(-1), now, week).unwrap();
         assert!(gone.contains("expired"), "{gone}");
     }

@@ -35,7 +35,10 @@ fn token_kubeconfig(bed: &TestBed, token: &str) -> String {
 }
 
 fn user_kubeconfig(bed: &TestBed, user: &str) -> String {
-    let cert = bed.pki.client_cert(bed.dir.path(), user, &[]).expect("client cert");
+    let cert = bed
+        .pki
+        .client_cert(bed.dir.path(), user, &[])
+        .expect("client cert");
     testbed::cluster::kubeconfig_text(&bed.harvester.url, &bed.pki, &cert, user, &bed.vm_namespace)
 }
 
@@ -56,10 +59,14 @@ async fn list_vms(h: &Harvester) -> Result<(), u16> {
 }
 
 async fn until_list_gives(h: &Harvester, want: Result<(), u16>) {
-    wait::until(&format!("listing VMs gives {want:?}"), Duration::from_secs(10), || async {
-        let got = list_vms(h).await;
-        Ok(if got == want { Ok(()) } else { Err(got) })
-    })
+    wait::until(
+        &format!("listing VMs gives {want:?}"),
+        Duration::from_secs(10),
+        || async {
+            let got = list_vms(h).await;
+            Ok(if got == want { Ok(()) } else { Err(got) })
+        },
+    )
     .await
     .unwrap();
 }
@@ -69,7 +76,9 @@ async fn cloud_config_rotation_switches_credentials_without_a_restart() {
     let bed = bed().await;
     let path = bed.dir.path().join("rotating-cloud-config");
     std::fs::write(&path, std::fs::read_to_string(&bed.cloud_config).unwrap()).unwrap();
-    let h = Harvester::load_with(&path, None, RELOAD).await.expect("load");
+    let h = Harvester::load_with(&path, None, RELOAD)
+        .await
+        .expect("load");
     assert_eq!(h.namespace, bed.vm_namespace);
     assert_eq!(list_vms(&h).await, Ok(()));
 
@@ -90,14 +99,27 @@ async fn a_401_from_harvester_marks_the_credentials_bad_naming_the_file() {
     let bed = bed().await;
     let path = bed.dir.path().join("bad-cloud-config");
     std::fs::write(&path, token_kubeconfig(&bed, "not-a-valid-token")).unwrap();
-    let h = Harvester::load_with(&path, None, RELOAD).await.expect("load");
-    assert_eq!(h.credentials_state(), Ok(()), "nothing known before the first request");
+    let h = Harvester::load_with(&path, None, RELOAD)
+        .await
+        .expect("load");
+    assert_eq!(
+        h.credentials_state(),
+        Ok(()),
+        "nothing known before the first request"
+    );
     assert_eq!(list_vms(&h).await, Err(401));
     let err = h.credentials_state().unwrap_err();
-    assert!(err.contains("401") && err.contains(&path.display().to_string()), "{err}");
+    assert!(
+        err.contains("401") && err.contains(&path.display().to_string()),
+        "{err}"
+    );
     rotate(&path, &std::fs::read_to_string(&bed.cloud_config).unwrap());
     until_list_gives(&h, Ok(())).await;
-    assert_eq!(h.credentials_state(), Ok(()), "a success after rotation clears it");
+    assert_eq!(
+        h.credentials_state(),
+        Ok(()),
+        "a success after rotation clears it"
+    );
 }
 
 #[tokio::test]
@@ -105,10 +127,14 @@ async fn the_expiry_of_a_service_account_token_is_exported_and_warned_about() {
     let bed = bed().await;
     let c = bed.harvester.client.clone();
     let sas: Api<ServiceAccount> = Api::namespaced(c.clone(), &bed.vm_namespace);
-    sas.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "ccm"}})).unwrap())
-        .await
-        .expect("service account");
-    let req: TokenRequest = serde_json::from_value(json!({"spec": {"expirationSeconds": 3600}})).unwrap();
+    sas.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "ccm"}})).unwrap(),
+    )
+    .await
+    .expect("service account");
+    let req: TokenRequest =
+        serde_json::from_value(json!({"spec": {"expirationSeconds": 3600}})).unwrap();
     let issued = sas
         .create_token_request("ccm", &PostParams::default(), &req)
         .await
@@ -117,11 +143,18 @@ async fn the_expiry_of_a_service_account_token_is_exported_and_warned_about() {
     let path = bed.dir.path().join("sa-cloud-config");
     std::fs::write(&path, token_kubeconfig(&bed, &token)).unwrap();
     let metrics = Metrics::new();
-    let h = Harvester::load_with(&path, Some(&metrics), RELOAD).await.expect("load");
-    let left = h.token_expiry().expect("a ServiceAccount token is a JWT with exp").as_second()
+    let h = Harvester::load_with(&path, Some(&metrics), RELOAD)
+        .await
+        .expect("load");
+    let left = h
+        .token_expiry()
+        .expect("a ServiceAccount token is a JWT with exp")
+        .as_second()
         - jiff::Timestamp::now().as_second();
     assert!((3500..=3600).contains(&left), "expires in {left} s");
-    let warning = h.expiry_warning(Duration::from_secs(7 * 86_400)).expect("within 7 days");
+    let warning = h
+        .expiry_warning(Duration::from_secs(7 * 86_400))
+        .expect("within 7 days");
     assert!(warning.contains(&path.display().to_string()), "{warning}");
     assert_eq!(h.expiry_warning(Duration::from_secs(60)), None);
     let text = metrics.encode();
