@@ -43,6 +43,38 @@ pub struct Flags {
     pub node: NodeFlags,
     #[command(flatten)]
     pub service: ServiceFlags,
+    #[command(flatten)]
+    pub ops: OpsFlags,
+}
+
+/// Operations: logs, health and metrics endpoints, leader election, credential expiry.
+/// Read by `main` only; the controllers never see them.
+#[derive(Args, Debug, Clone)]
+pub struct OpsFlags {
+    /// Log format: text or json.
+    #[arg(long, default_value = "text")]
+    pub log_format: harvester_common::telemetry::LogFormat,
+    /// Address of the /healthz, /readyz and /metrics endpoints; empty disables them.
+    #[arg(long, default_value = "0.0.0.0:10268")]
+    pub metrics_address: String,
+    /// Run the controllers only while holding a Lease (needed with more than one replica).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    #[arg(long, default_value = "kube-system")]
+    pub leader_elect_resource_namespace: String,
+    #[arg(long, default_value = "harvester-cloud-provider")]
+    pub leader_elect_resource_name: String,
+    /// How long a Lease holds without renewal (Go duration).
+    #[arg(long, default_value = "15s")]
+    pub leader_elect_lease_duration: String,
+    /// The leader stops working when it could not renew for this long (< lease duration).
+    #[arg(long, default_value = "10s")]
+    pub leader_elect_renew_deadline: String,
+    #[arg(long, default_value = "2s")]
+    pub leader_elect_retry_period: String,
+    /// Warn this many days before the cloud-config token expires.
+    #[arg(long, default_value_t = 7)]
+    pub token_expiry_warning_days: u32,
 }
 
 /// Flags of the LoadBalancer service controller.
@@ -133,6 +165,8 @@ pub struct Config {
     pub controllers: Controllers,
     pub node: NodeConfig,
     pub service: ServiceConfig,
+    /// `--token-expiry-warning-days`.
+    pub token_expiry_warning_days: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -226,6 +260,7 @@ impl Config {
                 resync,
             },
             management_network,
+            token_expiry_warning_days: flags.ops.token_expiry_warning_days,
             service: ServiceConfig {
                 load_balancer_class: flags
                     .service

@@ -29,6 +29,7 @@ use std::sync::Arc;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use harvester_common::cloud_config::Harvester;
+use harvester_common::telemetry::{Metrics, Readiness};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::events::{Recorder, Reporter};
 
@@ -50,13 +51,36 @@ pub struct Context {
     pub config: Config,
     /// Publishes Events into the guest cluster.
     pub recorder: Recorder,
+    pub telemetry: Telemetry,
+}
+
+/// Metrics and readiness of the process, shared with `main`'s HTTP endpoints.
+#[derive(Clone, Default)]
+pub struct Telemetry {
+    pub metrics: Metrics,
+    pub readiness: Readiness,
+}
+
+/// Readiness checks of the cloud provider.
+pub const READY_CLIENTS: &str = "clients";
+pub const READY_HARVESTER: &str = "harvester";
+
+impl Telemetry {
+    pub fn new() -> Telemetry {
+        Telemetry {
+            metrics: Metrics::new(),
+            readiness: Readiness::with_checks(&[READY_CLIENTS, READY_HARVESTER]),
+        }
+    }
 }
 
 impl Context {
     /// Loads the cloud-config and the guest kubeconfig; fails with the file and the problem.
-    pub async fn new(config: Config) -> Result<Context, Error> {
-        let harvester = Harvester::load(&config.cloud_config).await?;
-        let guest = guest_client(config.kubeconfig.as_deref()).await?;
+    pub async fn new(config: Config, telemetry: Telemetry) -> Result<Context, Error> {
+        let harvester =
+            Harvester::load_with_metrics(&config.cloud_config, Some(&telemetry.metrics)).await?;
+        let guest = guest_client(config.kubeconfig.as_deref(), Some(&telemetry.metrics)).await?;
+        telemetry.readiness.set(READY_CLIENTS, Ok(()));
         let recorder = Recorder::new(
             guest.clone(),
             Reporter {
@@ -69,6 +93,7 @@ impl Context {
             harvester,
             config,
             recorder,
+            telemetry,
         })
     }
 
@@ -78,7 +103,11 @@ impl Context {
     }
 }
 
-async fn guest_client(path: Option<&Path>) -> Result<kube::Client, Error> {
+/// The guest cluster's client: `path`, or in-cluster config (then `KUBECONFIG`, `~/.kube/config`).
+pub async fn guest_client(
+    path: Option<&Path>,
+    metrics: Option<&Metrics>,
+) -> Result<kube::Client, Error> {
     let fail = |reason: String| Error::GuestConfig {
         path: path.map(Path::to_path_buf),
         reason,
@@ -94,7 +123,7 @@ async fn guest_client(path: Option<&Path>) -> Result<kube::Client, Error> {
             .await
             .map_err(|e| fail(e.to_string()))?,
     };
-    kube::Client::try_from(config).map_err(|e| fail(e.to_string()))
+    harvester_common::telemetry::kube_client(config, metrics).map_err(|e| fail(e.to_string()))
 }
 
 /// Runs every enabled controller until `shutdown` resolves. Fails only at start (cloud-config,
@@ -103,7 +132,16 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let ctx = Arc::new(Context::new(config).await?);
+    run_with(config, Telemetry::new(), shutdown).await
+}
+
+/// [`run`], reporting into `telemetry` (the process's `/metrics` and `/readyz`).
+pub async fn run_with(
+    config: Config,
+    telemetry: Telemetry,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let ctx = Arc::new(Context::new(config, telemetry).await?);
     if let Some(w) = ctx.config.cluster_name_warning() {
         tracing::warn!("{w}");
     }
@@ -124,9 +162,42 @@ pub async fn run(
         lifecycle::run(nodes.clone(), shutdown.clone()),
         topology::run(nodes.clone(), shutdown.clone()),
         run_service_controller(&ctx, shutdown.clone()),
+        watch_credentials(&ctx, shutdown.clone()),
     );
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Keeps the `harvester` readiness check and the token-expiry warning true: Harvester reachable
+/// with the cloud-config's credentials (a 401 makes the provider unready, naming the file).
+async fn watch_credentials(ctx: &Context, shutdown: Shutdown) {
+    let warn_before =
+        std::time::Duration::from_secs(u64::from(ctx.config.token_expiry_warning_days) * 86_400);
+    let mut last_warning = None::<std::time::Instant>;
+    let work = async {
+        loop {
+            let state = match ctx.harvester.client.apiserver_version().await {
+                Ok(_) => ctx.harvester.credentials_state(),
+                Err(e) => ctx.harvester.credentials_state().and(Err(format!(
+                    "Harvester API unreachable with cloud-config {}: {e}",
+                    ctx.harvester.path.display()
+                ))),
+            };
+            ctx.telemetry.readiness.set(READY_HARVESTER, state);
+            if let Some(w) = ctx.harvester.expiry_warning(warn_before)
+                && last_warning.is_none_or(|t| t.elapsed() > std::time::Duration::from_secs(3600))
+            {
+                // Readiness stays true: the credentials still work; the operator must rotate them.
+                tracing::warn!("{w}");
+                last_warning = Some(std::time::Instant::now());
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+        }
+    };
+    tokio::select! {
+        () = work => {},
+        () = shutdown => {},
+    }
 }
 
 async fn run_service_controller(ctx: &Context, shutdown: Shutdown) {

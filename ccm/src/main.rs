@@ -1,21 +1,23 @@
 //! `harvester-cloud-provider`: the cloud controller manager of Kubernetes guest clusters on
 //! Harvester HCI. Flags are parsed and checked here; the controllers are in the library.
 
+use std::net::SocketAddr;
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::Parser;
-use harvester_cloud_provider::config::{Config, Flags};
+use futures::FutureExt;
+use harvester_cloud_provider::config::{Config, Flags, OpsFlags, parse_go_duration};
 use harvester_cloud_provider::error::one_line;
+use harvester_cloud_provider::{Telemetry, guest_client};
+use harvester_common::telemetry::{self, LeaderConfig};
 
 fn main() -> ExitCode {
     let flags = Flags::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| Config::log_filter(flags.common.verbosity).into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    telemetry::init_logging(
+        flags.ops.log_format,
+        Config::log_filter(flags.common.verbosity),
+    );
     match start(flags) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -26,32 +28,93 @@ fn main() -> ExitCode {
 }
 
 fn start(flags: Flags) -> anyhow::Result<()> {
+    let ops = flags.ops.clone();
     let config = Config::from_flags(flags)?;
+    let leader = leader_config(&ops)?;
+    let metrics_address = parse_address(&ops.metrics_address)?;
     let runtime = tokio::runtime::Runtime::new()?;
-    runtime.block_on(harvester_cloud_provider::run(config, shutdown_signal()))?;
-    Ok(())
+    runtime.block_on(async move {
+        let shutdown = telemetry::shutdown_signal().boxed().shared();
+        let telemetry = Telemetry::new();
+        if let Some(addr) = metrics_address {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("--metrics-address {addr}"))?;
+            tracing::info!("health and metrics on http://{addr}");
+            tokio::spawn(telemetry::server::serve_on(
+                listener,
+                telemetry.metrics.clone(),
+                telemetry.readiness.clone(),
+                shutdown.clone(),
+            ));
+        }
+        // Fail on a bad cloud-config at once, even on a replica that is not (yet) the leader.
+        harvester_common::cloud_config::Harvester::load(&config.cloud_config)
+            .await
+            .map_err(harvester_cloud_provider::Error::from)?;
+        let Some(leader) = leader else {
+            harvester_cloud_provider::run_with(config, telemetry, shutdown).await?;
+            return Ok(());
+        };
+        let guest = guest_client(config.kubeconfig.as_deref(), Some(&telemetry.metrics)).await?;
+        telemetry::run_as_leader(guest, leader, shutdown, |mut stop| async move {
+            let stopped = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            if let Err(e) = harvester_cloud_provider::run_with(config, telemetry, stopped).await {
+                tracing::error!("{}", one_line(&e));
+            }
+        })
+        .await?;
+        Ok(())
+    })
 }
 
-/// SIGTERM (Kubernetes stopping the pod) or Ctrl-C.
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {},
-                    _ = tokio::signal::ctrl_c() => {},
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
+fn parse_address(raw: &str) -> anyhow::Result<Option<SocketAddr>> {
+    let raw = raw.trim();
+    if raw.is_empty() {
+        return Ok(None);
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+    raw.parse::<SocketAddr>()
+        .map(Some)
+        .map_err(|e| anyhow::anyhow!("invalid value {raw:?} for --metrics-address: {e}"))
+}
+
+fn leader_config(ops: &OpsFlags) -> anyhow::Result<Option<LeaderConfig>> {
+    if !ops.leader_elect {
+        return Ok(None);
     }
-    tracing::info!("shutdown requested");
+    let duration = |flag: &str, v: &str| {
+        parse_go_duration(v).map_err(|e| anyhow::anyhow!("invalid value {v:?} for {flag}: {e}"))
+    };
+    let identity = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| format!("harvester-cloud-provider-{}", std::process::id()));
+    let cfg = LeaderConfig {
+        lease_duration: duration(
+            "--leader-elect-lease-duration",
+            &ops.leader_elect_lease_duration,
+        )?,
+        renew_deadline: duration(
+            "--leader-elect-renew-deadline",
+            &ops.leader_elect_renew_deadline,
+        )?,
+        retry_period: duration(
+            "--leader-elect-retry-period",
+            &ops.leader_elect_retry_period,
+        )?,
+        ..LeaderConfig::new(
+            &ops.leader_elect_resource_namespace,
+            &ops.leader_elect_resource_name,
+            &identity,
+        )
+    };
+    if cfg.renew_deadline >= cfg.lease_duration {
+        anyhow::bail!(
+            "--leader-elect-renew-deadline {:?} must be shorter than --leader-elect-lease-duration {:?}",
+            ops.leader_elect_renew_deadline,
+            ops.leader_elect_lease_duration
+        );
+    }
+    Ok(Some(cfg))
 }

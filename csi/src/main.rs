@@ -37,6 +37,9 @@ struct Cli {
     /// Debug logging (as upstream's `--debug`).
     #[arg(long, env = "DEBUG")]
     debug: bool,
+    /// Log format: text or json.
+    #[arg(long, default_value = "text")]
+    log_format: harvester_common::telemetry::LogFormat,
 }
 
 /// The shutdown signal: SIGTERM (kubelet stopping the pod) or SIGINT.
@@ -60,12 +63,7 @@ async fn shutdown_signal() {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let default_filter = if cli.debug { "debug" } else { "info" };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| default_filter.into()),
-        )
-        .init();
+    harvester_common::telemetry::init_logging(cli.log_format, default_filter);
     let mut config = Config::new(cli.endpoint, cli.kubeconfig);
     config.mode = cli.mode;
     config.node_id = cli.nodeid;

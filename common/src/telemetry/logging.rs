@@ -20,12 +20,14 @@ impl FromStr for LogFormat {
     }
 }
 
-/// Installs the global subscriber; `default_filter` applies when `RUST_LOG` is unset.
+/// Installs the global subscriber, writing to stderr; `default_filter` applies when `RUST_LOG` is unset.
 /// A second call (tests) is a no-op.
 pub fn init_logging(format: LogFormat, default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
