@@ -84,6 +84,13 @@ pub struct ServiceFlags {
     /// always served, as upstream does).
     #[arg(long)]
     pub load_balancer_class: Option<String>,
+    /// Who leases addresses of `cloudprovider.harvesterhci.io/ipam: dhcp` Services: `ccm` (this
+    /// provider, renewing and releasing them) or `kube-vip` (upstream: `0.0.0.0`, kube-vip does it).
+    #[arg(long, default_value = "ccm")]
+    pub dhcp_mode: crate::service::dhcp::DhcpMode,
+    /// Interface to lease DHCP addresses on when the Service's network maps to no interface.
+    #[arg(long)]
+    pub dhcp_interface: Option<String>,
 }
 
 /// Flags every controller reads.
@@ -172,6 +179,8 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ServiceConfig {
     pub load_balancer_class: Option<String>,
+    pub dhcp_mode: crate::service::dhcp::DhcpMode,
+    pub dhcp_interface: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -262,6 +271,13 @@ impl Config {
             management_network,
             token_expiry_warning_days: flags.ops.token_expiry_warning_days,
             service: ServiceConfig {
+                dhcp_mode: flags.service.dhcp_mode.clone(),
+                dhcp_interface: flags
+                    .service
+                    .dhcp_interface
+                    .clone()
+                    .map(|i| i.trim().to_string())
+                    .filter(|i| !i.is_empty()),
                 load_balancer_class: flags
                     .service
                     .load_balancer_class

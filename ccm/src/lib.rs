@@ -216,6 +216,8 @@ async fn run_service_controller(ctx: &Context, shutdown: Shutdown) {
             .as_ref()
             .map(ToString::to_string),
         load_balancer_class: ctx.config.service.load_balancer_class.clone(),
+        dhcp_mode: ctx.config.service.dhcp_mode.clone(),
+        dhcp_interface: ctx.config.service.dhcp_interface.clone(),
     };
     service::run(
         ctx.guest.clone(),
@@ -223,6 +225,7 @@ async fn run_service_controller(ctx: &Context, shutdown: Shutdown) {
         ctx.namespace().to_string(),
         settings,
         ctx.config.node.resync,
+        Some(ctx.telemetry.metrics.clone()),
         shutdown,
     )
     .await;

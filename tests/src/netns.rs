@@ -55,6 +55,17 @@ pub struct DhcpNet {
 impl DhcpNet {
     /// Creates the namespaces and the veth pair and starts dnsmasq (waits until it serves).
     pub fn start() -> Result<DhcpNet, BedError> {
+        Self::start_with(false)
+    }
+
+    /// As [`DhcpNet::start`], but the client end of the veth (`client_if`) is in this process's
+    /// own network namespace, so code that also talks to the bed's API servers on loopback (the
+    /// cloud provider) can lease on it. Deleting the server namespace removes the pair.
+    pub fn start_host_client() -> Result<DhcpNet, BedError> {
+        Self::start_with(true)
+    }
+
+    fn start_with(host_client: bool) -> Result<DhcpNet, BedError> {
         let pid = std::process::id();
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let dir = tempfile::Builder::new()
@@ -74,10 +85,20 @@ impl DhcpNet {
             namespaces: Vec::new(),
         };
         // From here on, Drop cleans up whatever was made.
-        for ns in [net.server_ns.clone(), net.client_ns.clone()] {
+        let mut namespaces = vec![net.server_ns.clone()];
+        if !host_client {
+            namespaces.push(net.client_ns.clone());
+        }
+        for ns in namespaces {
             run("ip", &["netns", "add", &ns])?;
             net.namespaces.push(ns);
         }
+        // The peer goes to the client namespace, or to ours (named by our pid).
+        let peer_ns = if host_client {
+            std::process::id().to_string()
+        } else {
+            net.client_ns.clone()
+        };
         // Both ends are created inside the namespaces: nothing touches the host's network.
         run(
             "ip",
@@ -93,7 +114,7 @@ impl DhcpNet {
                 "name",
                 &net.client_if,
                 "netns",
-                &net.client_ns,
+                &peer_ns,
             ],
         )?;
         run(
@@ -112,11 +133,15 @@ impl DhcpNet {
             "ip",
             &["-n", &net.server_ns, "link", "set", &net.server_if, "up"],
         )?;
-        run(
-            "ip",
-            &["-n", &net.client_ns, "link", "set", &net.client_if, "up"],
-        )?;
-        run("ip", &["-n", &net.client_ns, "link", "set", "lo", "up"])?;
+        if host_client {
+            run("ip", &["link", "set", &net.client_if, "up"])?;
+        } else {
+            run(
+                "ip",
+                &["-n", &net.client_ns, "link", "set", &net.client_if, "up"],
+            )?;
+            run("ip", &["-n", &net.client_ns, "link", "set", "lo", "up"])?;
+        }
         std::fs::write(&net.lease_file, "")
             .map_err(|e| BedError::Setup(format!("creating the lease file: {e}")))?;
         net.start_server()?;

@@ -33,8 +33,7 @@ fn start_ccm(bed: &TestBed) -> Ccm {
     let (tx, rx) = oneshot::channel::<()>();
     let settings = LbSettings {
         cluster_name: CLUSTER.into(),
-        management_network: None,
-        load_balancer_class: None,
+        ..Default::default()
     };
     let task = tokio::spawn(service::run(
         bed.guest.client.clone(),
@@ -42,6 +41,7 @@ fn start_ccm(bed: &TestBed) -> Ccm {
         bed.vm_namespace.clone(),
         settings,
         Duration::from_secs(60),
+        None,
         async move {
             let _ = rx.await;
         },

@@ -4,6 +4,7 @@
 //! a CR. Driven by watches on guest Services and Harvester LoadBalancers.
 
 pub mod annotations;
+pub mod dhcp;
 pub mod name;
 pub mod plan;
 mod reconcile;

@@ -30,6 +30,10 @@ pub struct LbSettings {
     pub management_network: Option<String>,
     /// `--load-balancer-class`: serve Services of this class (and those without one).
     pub load_balancer_class: Option<String>,
+    /// `--dhcp-mode`: who leases `ipam: dhcp` addresses.
+    pub dhcp_mode: super::dhcp::DhcpMode,
+    /// `--dhcp-interface`: where to lease when the Service's network maps to no interface.
+    pub dhcp_interface: Option<String>,
 }
 
 /// Whether this controller serves the Service.
@@ -286,7 +290,7 @@ mod tests {
         LbSettings {
             cluster_name: "rke2".into(),
             management_network: Some("default/mgmt".into()),
-            load_balancer_class: None,
+            ..Default::default()
         }
     }
 

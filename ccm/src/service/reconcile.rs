@@ -16,7 +16,10 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
+use harvester_common::telemetry::Metrics;
+
 use super::annotations::{BadAnnotation, Ipam, ServiceKey, ServiceLbSpec};
+use super::dhcp::{DhcpMode, KUBE_VIP_HWADDR, KUBE_VIP_REQUESTED_IP, Leases};
 use super::plan::{
     self, LABEL_CLUSTER, LABEL_SERVICE_NAME, LABEL_SERVICE_NAMESPACE, LbSettings, ServiceChange,
 };
@@ -30,6 +33,8 @@ pub enum Error {
     Harvester(#[source] kube::Error),
     #[error("ConfigMap {NAD_MAPPING_NAMESPACE}/{NAD_MAPPING_NAME}: {0}")]
     NadMapping(String),
+    #[error("DHCP: {0}")]
+    Dhcp(String),
 }
 
 /// Everything a reconcile needs.
@@ -43,6 +48,9 @@ pub struct ServiceCtx {
     recorder: Recorder,
     services: Store<Service>,
     failures: Mutex<HashMap<ObjectRef<Service>, u32>>,
+    /// Leases of `ipam: dhcp` Services in `--dhcp-mode=ccm`.
+    leases: Option<Leases>,
+    metrics: Option<Metrics>,
 }
 
 impl ServiceCtx {
@@ -102,9 +110,14 @@ pub async fn run(
     namespace: String,
     settings: LbSettings,
     resync: Duration,
+    metrics: Option<Metrics>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let services: Api<Service> = Api::all(guest.clone());
+    // A DHCP lease lost or re-acquired outside a reconcile wakes its Service through this channel.
+    let (wake, woken) = tokio::sync::mpsc::unbounded_channel();
+    let leases = (settings.dhcp_mode == DhcpMode::Ccm)
+        .then(|| Leases::new(Default::default(), wake, metrics.clone()));
     let controller = Controller::new(services.clone(), watcher::Config::default());
     let store = controller.store();
     let reporter = Reporter {
@@ -120,6 +133,8 @@ pub async fn run(
         resync,
         services: store.clone(),
         failures: Mutex::new(HashMap::new()),
+        leases,
+        metrics,
     });
     let lb_watch = watcher::Config::default()
         .labels(&format!("{LABEL_CLUSTER}={}", ctx.settings.cluster_name));
@@ -134,6 +149,7 @@ pub async fn run(
             related_services(&related, &svc)
         })
         .reconcile_all_on(ticks(ctx.resync))
+        .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(woken))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|_| async {});
@@ -355,6 +371,9 @@ async fn cleanup(svc: &Service, ctx: &ServiceCtx, deleting: bool) -> Result<Acti
     }
     ctx.normal(svc, "DeletingLoadBalancer", "Deleting load balancer".into())
         .await;
+    if let Some(leases) = &ctx.leases {
+        leases.release(&key).await;
+    }
     let deleted = delete_crs_of(ctx, &key, None).await?;
     if !deleted.is_empty() {
         tracing::info!(service = %key, "deleted LoadBalancer CRs {deleted:?}");
@@ -443,6 +462,11 @@ async fn reconcile_primary(
             }
         }
     };
+    if spec.ipam == Ipam::Dhcp
+        && let Some(leases) = &ctx.leases
+    {
+        return reconcile_dhcp(svc, spec, &lb, leases, ctx).await;
+    }
     let Some(ip) = lb.allocated_ip().map(str::to_string) else {
         let reason = lb
             .ready_condition()
@@ -492,6 +516,7 @@ async fn reconcile_primary(
             .await;
         }
         apply_change(svc, ctx, &change).await?;
+        observe_first_address(svc, ctx, &change);
         ctx.normal(
             svc,
             "EnsuredLoadBalancer",
@@ -513,6 +538,89 @@ async fn reconcile_primary(
                 &name,
                 &patch_params(),
                 &Patch::Merge(json!({"status": {"address": addr}})),
+            )
+            .await
+            .map_err(Error::Harvester)?;
+    }
+    Ok(Action::requeue(ctx.resync))
+}
+
+/// Time from the Service's creation to its first address, for `service_address_seconds`.
+fn observe_first_address(svc: &Service, ctx: &ServiceCtx, change: &ServiceChange) {
+    let (Some(m), Some(created)) = (&ctx.metrics, svc.meta().creation_timestamp.as_ref()) else {
+        return;
+    };
+    if change.ingress.as_ref().is_some_and(|i| !i.is_empty()) && plan::ingress_ips(svc).is_empty() {
+        let secs = jiff::Timestamp::now()
+            .duration_since(created.0)
+            .as_secs_f64();
+        m.service_address_seconds.observe(secs.max(0.0));
+    }
+}
+
+/// `ipam: dhcp` in `--dhcp-mode=ccm`: lease for the Service's MAC, write the address like a pool one.
+async fn reconcile_dhcp(
+    svc: &Service,
+    spec: &ServiceLbSpec,
+    lb: &LoadBalancer,
+    leases: &Leases,
+    ctx: &ServiceCtx,
+) -> Result<Action, Error> {
+    let key = ServiceKey::of(svc);
+    let mac = match super::dhcp::mac_of(svc) {
+        Ok(mac) => mac,
+        Err(bad) => {
+            ctx.warn(svc, "SyncLoadBalancerFailed", format!("invalid {bad}"))
+                .await;
+            return Ok(Action::await_change());
+        }
+    };
+    let iface = match interface_for(ctx, spec.network.as_deref()).await? {
+        Some(i) => i,
+        None => match &ctx.settings.dhcp_interface {
+            Some(i) => i.clone(),
+            None => {
+                ctx.warn(svc, "SyncLoadBalancerFailed", format!(
+                    "no interface to lease a DHCP address on: set --dhcp-interface, or {} with a network that {NAD_MAPPING_NAMESPACE}/{NAD_MAPPING_NAME} maps",
+                    super::annotations::ANN_NETWORK)).await;
+                return Ok(Action::await_change());
+            }
+        },
+    };
+    let lease = match leases.current(&key, mac) {
+        Some(l) => l,
+        None => leases
+            .acquire(&key, &iface, mac, super::dhcp::requested_of(svc))
+            .await
+            .map_err(|e| Error::Dhcp(e.to_string()))?,
+    };
+    let ip = lease.ip.to_string();
+    let mut change = plan::primary_change(svc, &ip, None);
+    let mac_text = harvester_common::dhcp::format_mac(&mac);
+    for (k, v) in [
+        (KUBE_VIP_HWADDR, mac_text.as_str()),
+        (KUBE_VIP_REQUESTED_IP, ip.as_str()),
+    ] {
+        if svc.annotations().get(k).map(String::as_str) != Some(v) {
+            change.annotations.insert(k.into(), Some(v.into()));
+        }
+    }
+    if !change.is_empty() {
+        apply_change(svc, ctx, &change).await?;
+        observe_first_address(svc, ctx, &change);
+        ctx.normal(
+            svc,
+            "EnsuredLoadBalancer",
+            format!("Ensured load balancer with DHCP address {ip} (MAC {mac_text} on {iface})"),
+        )
+        .await;
+    }
+    if lb.status.as_ref().and_then(|s| s.address.as_deref()) != Some(ip.as_str()) {
+        ctx.lbs()
+            .patch(
+                &lb.name_any(),
+                &patch_params(),
+                &Patch::Merge(json!({"status": {"address": ip}})),
             )
             .await
             .map_err(Error::Harvester)?;

@@ -1,0 +1,234 @@
+//! `cloudprovider.harvesterhci.io/ipam: dhcp` Services with the cloud provider leasing the
+//! address itself (`--dhcp-mode=ccm`) from a real dnsmasq, and upstream's kube-vip mode (root:
+//! network namespaces).
+
+use std::time::Duration;
+
+use harvester_cloud_provider::{Config, Telemetry};
+use harvester_common::dhcp;
+use harvester_common::harvester::LoadBalancer;
+use k8s_openapi::api::core::v1::Service;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::json;
+use testbed::netns::DhcpNet;
+use testbed::{BedOptions, TestBed, wait};
+use tokio::sync::oneshot;
+
+const LIMIT: Duration = Duration::from_secs(40);
+
+struct Ccm {
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), harvester_cloud_provider::Error>>,
+}
+
+fn start_ccm(bed: &TestBed, extra: &[&str], telemetry: &Telemetry) -> Ccm {
+    let mut args = vec![
+        "harvester-cloud-provider".to_string(),
+        "--cloud-config".into(),
+        bed.cloud_config.to_string_lossy().into(),
+        "--kubeconfig".into(),
+        bed.guest.kubeconfig.to_string_lossy().into(),
+        "--cluster-name".into(),
+        "dhcp-test".into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let config = Config::from_args(args).expect("flags");
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(harvester_cloud_provider::run_with(
+        config,
+        telemetry.clone(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    Ccm { stop, task }
+}
+
+impl Ccm {
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(Duration::from_secs(20), self.task)
+            .await
+            .expect("stops")
+            .expect("task")
+            .expect("clean run");
+    }
+}
+
+fn dhcp_service(name: &str) -> Service {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": {"cloudprovider.harvesterhci.io/ipam": "dhcp"}},
+        "spec": {"type": "LoadBalancer", "ports": [{"port": 80}]}
+    }))
+    .unwrap()
+}
+
+async fn wait_ingress(api: &Api<Service>, name: &str) -> (String, Service) {
+    wait::until(&format!("{name} gets a DHCP address"), LIMIT, || {
+        let api = api.clone();
+        async move {
+            let s = api.get(name).await.map_err(|e| e.to_string())?;
+            let ip = s
+                .status
+                .as_ref()
+                .and_then(|st| st.load_balancer.as_ref())
+                .and_then(|lb| lb.ingress.as_ref())
+                .and_then(|i| i.first())
+                .and_then(|i| i.ip.clone());
+            Ok(match ip {
+                Some(ip) => Ok((ip, s)),
+                None => Err(s.metadata.annotations),
+            })
+        }
+    })
+    .await
+    .unwrap()
+}
+
+fn metric(t: &Telemetry, event: &str) -> u64 {
+    let needle = format!("harvester_dhcp_leases_total{{event=\"{event}\"}} ");
+    t.metrics
+        .encode()
+        .lines()
+        .find_map(|l| l.strip_prefix(&needle).and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn dhcp_service_gets_a_lease_keeps_it_across_a_restart_and_releases_it_root() {
+    assert!(
+        testbed::sim::storage::is_root(),
+        "this test needs root for network namespaces (make test runs as root)"
+    );
+    let bed = TestBed::start(BedOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("bed: {e}"));
+    let net = DhcpNet::start_host_client().expect("dnsmasq in a network namespace");
+    let telemetry = Telemetry::new();
+    let iface = net.client_if.clone();
+    let ccm = start_ccm(&bed, &["--dhcp-interface", &iface], &telemetry);
+    let api: Api<Service> = Api::namespaced(bed.guest.client.clone(), "default");
+    let created = api
+        .create(&PostParams::default(), &dhcp_service("dns"))
+        .await
+        .unwrap();
+    let (ip, svc) = wait_ingress(&api, "dns").await;
+    let mac = dhcp::format_mac(&dhcp::mac_for(&created.uid().unwrap()));
+    let ann = svc.annotations();
+    assert_eq!(
+        ann.get("kube-vip.io/loadbalancerIPs"),
+        Some(&ip),
+        "kube-vip announces the leased address"
+    );
+    assert_eq!(ann.get("kube-vip.io/hwaddr"), Some(&mac));
+    assert_eq!(ann.get("kube-vip.io/requestedIP"), Some(&ip));
+    let leases = net.leases();
+    assert!(
+        leases
+            .iter()
+            .any(|l| l.mac == mac && l.ip.to_string() == ip),
+        "dnsmasq leased {ip} to {mac}: {leases:?}"
+    );
+    let lbs: Api<LoadBalancer> = Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);
+    let cr = lbs
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .pop()
+        .expect("one CR");
+    assert_eq!(cr.spec.ipam.as_deref(), Some("dhcp"));
+    let mirrored = wait::until("CR status.address", LIMIT, || {
+        let lbs = lbs.clone();
+        let name = cr.name_any();
+        async move {
+            let cr = lbs.get(&name).await.map_err(|e| e.to_string())?;
+            let a = cr.status.and_then(|s| s.address);
+            Ok(if a.is_some() { Ok(a) } else { Err(a) })
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(mirrored.as_deref(), Some(ip.as_str()));
+    assert_eq!(metric(&telemetry, "acquired"), 1);
+
+    // A restarted provider asks for the same address for the same MAC.
+    ccm.stop().await;
+    let telemetry = Telemetry::new();
+    let ccm = start_ccm(&bed, &["--dhcp-interface", &iface], &telemetry);
+    wait::until(
+        "the restarted provider holds a lease again",
+        LIMIT,
+        || async {
+            Ok(if metric(&telemetry, "acquired") == 1 {
+                Ok(())
+            } else {
+                Err(())
+            })
+        },
+    )
+    .await
+    .unwrap();
+    let (again, _) = wait_ingress(&api, "dns").await;
+    assert_eq!(again, ip, "same address after a restart");
+    assert_eq!(net.leases().iter().filter(|l| l.mac == mac).count(), 1);
+
+    // Deleting the Service releases the lease.
+    api.delete("dns", &DeleteParams::default()).await.unwrap();
+    wait::until("lease released in dnsmasq", LIMIT, || async {
+        let held: Vec<_> = net.leases().into_iter().filter(|l| l.mac == mac).collect();
+        Ok(if held.is_empty() { Ok(()) } else { Err(held) })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\ndnsmasq log:\n{}", net.dhcp_log_text()));
+    assert_eq!(metric(&telemetry, "released"), 1);
+    ccm.stop().await;
+}
+
+#[tokio::test]
+async fn kube_vip_dhcp_mode_keeps_upstreams_sentinel_root() {
+    assert!(
+        testbed::sim::storage::is_root(),
+        "this test needs root for network namespaces (make test runs as root)"
+    );
+    let bed = TestBed::start(BedOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("bed: {e}"));
+    let net = DhcpNet::start_host_client().expect("dnsmasq in a network namespace");
+    let telemetry = Telemetry::new();
+    let ccm = start_ccm(
+        &bed,
+        &[
+            "--dhcp-mode",
+            "kube-vip",
+            "--dhcp-interface",
+            &net.client_if,
+        ],
+        &telemetry,
+    );
+    let api: Api<Service> = Api::namespaced(bed.guest.client.clone(), "default");
+    api.create(&PostParams::default(), &dhcp_service("dns"))
+        .await
+        .unwrap();
+    wait::until("0.0.0.0 for kube-vip", LIMIT, || {
+        let api = api.clone();
+        async move {
+            let s = api.get("dns").await.map_err(|e| e.to_string())?;
+            let v = s.annotations().get("kube-vip.io/loadbalancerIPs").cloned();
+            Ok(if v.as_deref() == Some("0.0.0.0") {
+                Ok(())
+            } else {
+                Err(v)
+            })
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        net.leases().is_empty(),
+        "the provider leased nothing in kube-vip mode"
+    );
+    assert_eq!(metric(&telemetry, "acquired"), 0);
+    ccm.stop().await;
+}
