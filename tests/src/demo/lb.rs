@@ -152,3 +152,79 @@ async fn print_pool(pools: &Api<IPPool>, when: &str) -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// With root: a DHCP server (dnsmasq) on a veth, and an `ipam: dhcp` Service whose address the
+/// cloud provider leases itself.
+pub async fn run_dhcp(bed: &TestBed) -> anyhow::Result<()> {
+    if !testbed::sim::storage::is_root() {
+        println!("--- DHCP demo skipped: dnsmasq in a network namespace needs root");
+        return Ok(());
+    }
+    let net = testbed::netns::DhcpNet::start_host_client()?;
+    println!(
+        "--- dnsmasq serving {}-{} on a veth; the cloud provider leases on {}",
+        testbed::netns::RANGE.0,
+        testbed::netns::RANGE.1,
+        net.client_if
+    );
+    let config = Config::from_args([
+        "harvester-cloud-provider",
+        "--cloud-config",
+        &bed.cloud_config.to_string_lossy(),
+        "--kubeconfig",
+        &bed.guest.kubeconfig.to_string_lossy(),
+        "--cluster-name",
+        "demo",
+        "--dhcp-interface",
+        &net.client_if,
+    ])?;
+    let ccm = harvester_cloud_provider::spawn(config);
+    let services: Api<Service> = Api::namespaced(bed.guest.client.clone(), "default");
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "dns", "annotations": {"cloudprovider.harvesterhci.io/ipam": "dhcp"}},
+        "spec": {"type": "LoadBalancer", "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]}
+    }))?;
+    let t0 = Instant::now();
+    services.create(&PostParams::default(), &svc).await?;
+    let svc = wait::until("Service dns gets a DHCP address", LIMIT, || {
+        let services = services.clone();
+        async move {
+            let s = services.get("dns").await.map_err(|e| e.to_string())?;
+            Ok(if external_ip(&s).is_some() {
+                Ok(s)
+            } else {
+                Err(s.status)
+            })
+        }
+    })
+    .await
+    .map_err(anyhow::Error::msg)?;
+    let ann = svc.annotations();
+    println!(
+        "--- Service default/dns (ipam dhcp) got {} in {:.2}s for MAC {} (kube-vip.io/hwaddr), kept in kube-vip.io/requestedIP={}",
+        external_ip(&svc).unwrap_or_default(),
+        t0.elapsed().as_secs_f64(),
+        ann.get("kube-vip.io/hwaddr").cloned().unwrap_or_default(),
+        ann.get("kube-vip.io/requestedIP")
+            .cloned()
+            .unwrap_or_default()
+    );
+    for l in net.leases() {
+        println!(
+            "--- dnsmasq lease file: {} {} expires {}",
+            l.mac, l.ip, l.expiry
+        );
+    }
+    services.delete("dns", &DeleteParams::default()).await?;
+    wait::until("lease released", LIMIT, || async {
+        let n = net.leases().len();
+        Ok(if n == 0 { Ok(()) } else { Err(n) })
+    })
+    .await
+    .map_err(anyhow::Error::msg)?;
+    println!(
+        "--- Service dns deleted: the provider sent DHCPRELEASE, dnsmasq's lease file is empty"
+    );
+    ccm.stop().await.context("stopping the cloud provider")?;
+    Ok(())
+}
