@@ -37,6 +37,18 @@ pub enum Error {
     Dhcp(String),
 }
 
+impl Error {
+    /// A stable label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Guest(_) => "guest_api",
+            Error::Harvester(_) => "harvester_api",
+            Error::NadMapping(_) => "nad_mapping",
+            Error::Dhcp(_) => "dhcp",
+        }
+    }
+}
+
 /// Everything a reconcile needs.
 pub struct ServiceCtx {
     pub guest: kube::Client,
@@ -203,7 +215,11 @@ fn error_policy(svc: Arc<Service>, err: &Error, ctx: Arc<ServiceCtx>) -> Action 
 }
 
 async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceCtx>) -> Result<Action, Error> {
+    let _timer = ctx.metrics.as_ref().map(|m| m.reconcile_started("service"));
     let result = reconcile_service(&svc, &ctx).await;
+    if let (Err(e), Some(m)) = (&result, &ctx.metrics) {
+        m.reconcile_failed("service", e.kind());
+    }
     match &result {
         Ok(_) => {
             ctx.failures
