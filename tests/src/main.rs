@@ -80,7 +80,9 @@ async fn demo() -> anyhow::Result<()> {
     show("guest Node", &node)?;
     demo::ccm::run(&bed).await.context("cloud provider demo")?;
     demo::lb::run(&bed).await.context("LoadBalancer demo")?;
-    demo::lb::run_dhcp(&bed).await.context("LoadBalancer DHCP demo")?;
+    demo::lb::run_dhcp(&bed)
+        .await
+        .context("LoadBalancer DHCP demo")?;
     demo::csi::run(&bed).await.context("CSI driver demo")?;
     drop(bed);
     println!(

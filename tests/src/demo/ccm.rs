@@ -5,7 +5,6 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use harvester_cloud_provider::Config;
 use harvester_cloud_provider::patch::UNINITIALIZED_TAINT;
 use harvester_common::harvester::{TOPOLOGY_REGION, TOPOLOGY_ZONE};
 use k8s_openapi::api::core::v1::Node;
@@ -16,15 +15,7 @@ use testbed::{TestBed, wait};
 const NODE: &str = "worker-1";
 
 pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
-    let config = Config::from_args([
-        "harvester-cloud-provider",
-        "--cloud-config",
-        &bed.cloud_config.to_string_lossy(),
-        "--kubeconfig",
-        &bed.guest.kubeconfig.to_string_lossy(),
-        "--cluster-name",
-        "demo",
-    ])?;
+    let config = super::ccm_config(bed, &[])?;
     println!(
         "--- cloud provider: starting (cloud-config {})",
         bed.cloud_config.display()

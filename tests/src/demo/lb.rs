@@ -5,7 +5,6 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use harvester_cloud_provider::Config;
 use harvester_common::harvester::{IPPool, LoadBalancer};
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
@@ -16,15 +15,7 @@ use testbed::{TestBed, wait};
 const LIMIT: Duration = Duration::from_secs(30);
 
 pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
-    let config = Config::from_args([
-        "harvester-cloud-provider",
-        "--cloud-config",
-        &bed.cloud_config.to_string_lossy(),
-        "--kubeconfig",
-        &bed.guest.kubeconfig.to_string_lossy(),
-        "--cluster-name",
-        "demo",
-    ])?;
+    let config = super::ccm_config(bed, &[])?;
     let pools: Api<IPPool> = Api::all(bed.harvester.client.clone());
     let pool: IPPool = serde_json::from_value(json!({
         "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
@@ -43,19 +34,7 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
     }))?;
     let t0 = Instant::now();
     services.create(&PostParams::default(), &svc).await?;
-    let svc = wait::until("Service web gets an address", LIMIT, || {
-        let services = services.clone();
-        async move {
-            let s = services.get("web").await.map_err(|e| e.to_string())?;
-            Ok(if external_ip(&s).is_some() {
-                Ok(s)
-            } else {
-                Err(s.status)
-            })
-        }
-    })
-    .await
-    .map_err(anyhow::Error::msg)?;
+    let svc = wait_external_ip(&services, "web").await?;
     println!(
         "--- guest Service default/web got its address in {:.2}s",
         t0.elapsed().as_secs_f64()
@@ -132,6 +111,23 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Waits until Service `name` shows an external address.
+async fn wait_external_ip(services: &Api<Service>, name: &str) -> anyhow::Result<Service> {
+    wait::until(&format!("Service {name} gets an address"), LIMIT, || {
+        let services = services.clone();
+        async move {
+            let s = services.get(name).await.map_err(|e| e.to_string())?;
+            Ok(if external_ip(&s).is_some() {
+                Ok(s)
+            } else {
+                Err(s.status)
+            })
+        }
+    })
+    .await
+    .map_err(anyhow::Error::msg)
+}
+
 fn external_ip(svc: &Service) -> Option<String> {
     svc.status
         .as_ref()?
@@ -167,17 +163,7 @@ pub async fn run_dhcp(bed: &TestBed) -> anyhow::Result<()> {
         testbed::netns::RANGE.1,
         net.client_if
     );
-    let config = Config::from_args([
-        "harvester-cloud-provider",
-        "--cloud-config",
-        &bed.cloud_config.to_string_lossy(),
-        "--kubeconfig",
-        &bed.guest.kubeconfig.to_string_lossy(),
-        "--cluster-name",
-        "demo",
-        "--dhcp-interface",
-        &net.client_if,
-    ])?;
+    let config = super::ccm_config(bed, &["--dhcp-interface", &net.client_if])?;
     let ccm = harvester_cloud_provider::spawn(config);
     let services: Api<Service> = Api::namespaced(bed.guest.client.clone(), "default");
     let svc: Service = serde_json::from_value(json!({
@@ -186,19 +172,7 @@ pub async fn run_dhcp(bed: &TestBed) -> anyhow::Result<()> {
     }))?;
     let t0 = Instant::now();
     services.create(&PostParams::default(), &svc).await?;
-    let svc = wait::until("Service dns gets a DHCP address", LIMIT, || {
-        let services = services.clone();
-        async move {
-            let s = services.get("dns").await.map_err(|e| e.to_string())?;
-            Ok(if external_ip(&s).is_some() {
-                Ok(s)
-            } else {
-                Err(s.status)
-            })
-        }
-    })
-    .await
-    .map_err(anyhow::Error::msg)?;
+    let svc = wait_external_ip(&services, "dns").await?;
     let ann = svc.annotations();
     println!(
         "--- Service default/dns (ipam dhcp) got {} in {:.2}s for MAC {} (kube-vip.io/hwaddr), kept in kube-vip.io/requestedIP={}",
