@@ -232,3 +232,74 @@ async fn kube_vip_dhcp_mode_keeps_upstreams_sentinel_root() {
     assert_eq!(metric(&telemetry, "acquired"), 0);
     ccm.stop().await;
 }
+
+#[tokio::test]
+async fn dhcp_service_waits_with_an_event_while_the_server_is_down_then_recovers_root() {
+    assert!(
+        testbed::sim::storage::is_root(),
+        "this test needs root for network namespaces (make test runs as root)"
+    );
+    let bed = TestBed::start(BedOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("bed: {e}"));
+    let mut net = DhcpNet::start_host_client().expect("dnsmasq in a network namespace");
+    net.stop_server();
+    let telemetry = Telemetry::new();
+    let ccm = start_ccm(&bed, &["--dhcp-interface", &net.client_if], &telemetry);
+    let api: Api<Service> = Api::namespaced(bed.guest.client.clone(), "default");
+    api.create(&PostParams::default(), &dhcp_service("dns"))
+        .await
+        .unwrap();
+    // No server: the acquisition gives up (about 24 s with the default retransmissions).
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(bed.guest.client.clone(), "default");
+    wait::until(
+        "a DHCP failure event on the Service",
+        Duration::from_secs(60),
+        || {
+            let events = events.clone();
+            async move {
+                let list = events
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let notes: Vec<String> = list
+                    .items
+                    .iter()
+                    .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("dns"))
+                    .filter_map(|e| e.note.clone())
+                    .collect();
+                Ok(
+                    if notes
+                        .iter()
+                        .any(|n| n.contains("DHCP") && n.contains("no OFFER"))
+                    {
+                        Ok(())
+                    } else {
+                        Err(notes)
+                    },
+                )
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(metric(&telemetry, "failed") >= 1);
+    let svc = api.get("dns").await.unwrap();
+    assert!(
+        svc.status
+            .and_then(|s| s.load_balancer)
+            .and_then(|l| l.ingress)
+            .is_none_or(|i| i.is_empty()),
+        "pending while no server answers"
+    );
+    // The server comes back: the retry (with backoff) gets a lease.
+    net.start_server().expect("dnsmasq back");
+    let (ip, _) = wait_ingress(&api, "dns").await;
+    assert!(
+        net.leases().iter().any(|l| l.ip.to_string() == ip),
+        "{:?}",
+        net.leases()
+    );
+    ccm.stop().await;
+}
