@@ -144,3 +144,168 @@ async fn the_binary_serves_probes_and_metrics_leads_with_a_lease_and_stops_on_si
         );
     }
 }
+
+/// A provider binary with a short lease, for the hand-over test.
+fn provider(bed: &TestBed, name: &str, port: u16) -> std::process::Child {
+    Command::new(binary())
+        .args(["--cloud-config", &bed.cloud_config.to_string_lossy()])
+        .args(["--kubeconfig", &bed.guest.kubeconfig.to_string_lossy()])
+        .args(["--cluster-name", "ops", "--v", "4"])
+        .args(["--metrics-address", &format!("127.0.0.1:{port}")])
+        .args(["--leader-elect-lease-duration", "4s"])
+        .args(["--leader-elect-renew-deadline", "3s"])
+        .args(["--leader-elect-retry-period", "500ms"])
+        .env("POD_NAME", name)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the binary")
+}
+
+/// Write requests (create, update, patch, delete) a provider made, but for its Lease.
+fn writes(port: u16) -> u64 {
+    let Ok((_, text)) = http_get(port, "/metrics") else {
+        return u64::MAX;
+    };
+    text.lines()
+        .filter(|l| l.starts_with("harvester_kube_api_requests_total{"))
+        .filter(|l| !l.contains(r#"resource="leases""#) && !l.contains(r#"resource="events""#))
+        .filter(|l| {
+            ["create", "update", "patch", "delete"]
+                .iter()
+                .any(|v| l.contains(&format!(r#"verb="{v}""#)))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+async fn wait_initialised(bed: &TestBed, node: &str) {
+    let nodes: Api<Node> = Api::all(bed.guest.client.clone());
+    wait::until(
+        &format!("Node {node} initialised"),
+        Duration::from_secs(30),
+        || {
+            let nodes = nodes.clone();
+            async move {
+                let n = nodes.get(node).await.map_err(|e| e.to_string())?;
+                let id = n.spec.as_ref().and_then(|s| s.provider_id.clone());
+                Ok(if id.is_some() { Ok(()) } else { Err(n.spec) })
+            }
+        },
+    )
+    .await
+    .unwrap();
+}
+
+async fn holder(leases: &Api<Lease>) -> Option<String> {
+    leases
+        .get_opt("harvester-cloud-provider")
+        .await
+        .ok()
+        .flatten()?
+        .spec?
+        .holder_identity
+}
+
+#[tokio::test]
+async fn two_providers_have_one_writer_and_kill_9_hands_over_within_the_lease() {
+    let bed = TestBed::start(BedOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("bed: {e}"));
+    bed.sim
+        .create_host("h1", Some("r1"), Some("z1"))
+        .await
+        .unwrap();
+    let leases: Api<Lease> = Api::namespaced(bed.guest.client.clone(), "kube-system");
+    let (pa, pb) = (
+        testbed::process::free_port().unwrap(),
+        testbed::process::free_port().unwrap(),
+    );
+    let mut a = provider(&bed, "ccm-a", pa);
+    wait::until("ccm-a leads", Duration::from_secs(30), || async {
+        let h = holder(&leases).await;
+        Ok(if h.as_deref() == Some("ccm-a") {
+            Ok(())
+        } else {
+            Err(h)
+        })
+    })
+    .await
+    .unwrap();
+    let mut b = provider(&bed, "ccm-b", pb);
+    let b_stderr = b.stderr.take().unwrap();
+    let b_logs = std::thread::spawn(move || {
+        BufReader::new(b_stderr)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<_>>()
+    });
+    wait::until(
+        "ccm-b serves its probes",
+        Duration::from_secs(30),
+        || async {
+            Ok(match http_get(pb, "/healthz") {
+                Ok((200, _)) => Ok(()),
+                other => Err(other),
+            })
+        },
+    )
+    .await
+    .unwrap();
+    bed.sim
+        .create_vm(&GuestVm::new("w1").on_host("h1").ip("10.0.0.8"))
+        .await
+        .unwrap();
+    bed.sim.create_guest_node("w1").await.unwrap();
+    wait_initialised(&bed, "w1").await;
+    assert!(writes(pa) > 0, "the leader wrote");
+    assert_eq!(writes(pb), 0, "the standby never writes");
+
+    // kill -9 the leader: the standby takes over once the lease (4 s) has run out, and converges.
+    let t0 = tokio::time::Instant::now();
+    a.kill().unwrap();
+    let _ = a.wait();
+    wait::until("ccm-b leads", Duration::from_secs(15), || async {
+        let h = holder(&leases).await;
+        Ok(if h.as_deref() == Some("ccm-b") {
+            Ok(())
+        } else {
+            Err(h)
+        })
+    })
+    .await
+    .unwrap();
+    let took = t0.elapsed();
+    assert!(
+        took <= Duration::from_secs(6),
+        "hand-over took {took:?} (lease 4 s, retry 0.5 s)"
+    );
+    bed.sim
+        .create_vm(&GuestVm::new("w2").on_host("h1").ip("10.0.0.9"))
+        .await
+        .unwrap();
+    bed.sim.create_guest_node("w2").await.unwrap();
+    wait_initialised(&bed, "w2").await;
+    assert!(writes(pb) > 0, "the new leader writes");
+
+    let _ = Command::new("kill")
+        .args(["-TERM", &b.id().to_string()])
+        .status();
+    let exit = tokio::task::spawn_blocking(move || b.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(exit.success(), "{exit}");
+    // Debug logs of a whole flow carry no credentials: no key or certificate from the cloud-config.
+    let logs = b_logs.join().unwrap().join("\n");
+    assert!(logs.contains("DEBUG"), "ran at debug level");
+    for secret in [&bed.pki.admin.key_pem, &bed.pki.admin.cert_pem] {
+        use base64::Engine;
+        let body: String = secret.lines().filter(|l| !l.starts_with("-----")).collect();
+        // As PEM, and base64-encoded as the kubeconfig carries it.
+        let encoded = base64::engine::general_purpose::STANDARD.encode(secret);
+        for needle in [&body[..40], &encoded[..40]] {
+            assert!(!logs.contains(needle), "key material in the logs: {needle}");
+        }
+    }
+}
