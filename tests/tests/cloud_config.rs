@@ -134,7 +134,7 @@ async fn the_expiry_of_a_service_account_token_is_exported_and_warned_about() {
     .await
     .expect("service account");
     let req: TokenRequest =
-        serde_json::from_value(json!({"spec": {"expirationSeconds": 3600}})).unwrap();
+        serde_json::from_value(json!({"spec": {"expirationSeconds": 2 * 86_400}})).unwrap();
     let issued = sas
         .create_token_request("ccm", &PostParams::default(), &req)
         .await
@@ -151,7 +151,10 @@ async fn the_expiry_of_a_service_account_token_is_exported_and_warned_about() {
         .expect("a ServiceAccount token is a JWT with exp")
         .as_second()
         - jiff::Timestamp::now().as_second();
-    assert!((3500..=3600).contains(&left), "expires in {left} s");
+    assert!(
+        (2 * 86_400 - 120..=2 * 86_400).contains(&left),
+        "expires in {left} s"
+    );
     let warning = h
         .expiry_warning(Duration::from_secs(7 * 86_400))
         .expect("within 7 days");
@@ -163,8 +166,68 @@ async fn the_expiry_of_a_service_account_token_is_exported_and_warned_about() {
         .find(|l| l.starts_with("harvester_cloud_config_token_expiry_seconds "))
         .expect("gauge exported");
     let secs: f64 = gauge.rsplit(' ').next().unwrap().parse().unwrap();
-    assert!((3500.0..=3600.0).contains(&secs), "{gauge}");
+    assert!((172_680.0..=172_800.0).contains(&secs), "{gauge}");
     // The API requests of this client are counted.
     let _ = list_vms(&h).await;
     assert!(metrics.api_request_total() >= 1);
+}
+
+/// A ServiceAccount in the VM namespace allowed to list VMs, and a token for it.
+async fn reader_token(bed: &TestBed, name: &str) -> String {
+    let yaml = format!(
+        r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: {name}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: vm-reader}}
+rules: [{{apiGroups: [kubevirt.io], resources: [virtualmachines], verbs: [list]}}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: {name}-vm-reader}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: vm-reader}}
+subjects: [{{kind: ServiceAccount, name: {name}, namespace: {ns}}}]
+"#,
+        ns = bed.vm_namespace
+    );
+    testbed::apply::apply_yaml(&bed.harvester.client, &yaml, &bed.vm_namespace)
+        .await
+        .expect("service account and RBAC");
+    let sas: Api<ServiceAccount> = Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);
+    let req: TokenRequest = serde_json::from_value(json!({"spec": {}})).unwrap();
+    sas.create_token_request(name, &PostParams::default(), &req)
+        .await
+        .expect("TokenRequest")
+        .status
+        .expect("token")
+        .token
+}
+
+#[tokio::test]
+async fn a_new_service_account_token_is_used_after_the_old_one_is_revoked() {
+    let bed = bed().await;
+    let old = reader_token(&bed, "ccm-old").await;
+    let new = reader_token(&bed, "ccm-new").await;
+    let path = bed.dir.path().join("sa-rotation");
+    std::fs::write(&path, token_kubeconfig(&bed, &old)).unwrap();
+    let h = Harvester::load_with(&path, None, RELOAD)
+        .await
+        .expect("load");
+    assert_eq!(list_vms(&h).await, Ok(()));
+    rotate(&path, &token_kubeconfig(&bed, &new));
+    // Revoke the old token: deleting its ServiceAccount invalidates every token bound to it.
+    let sas: Api<ServiceAccount> = Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);
+    sas.delete("ccm-old", &Default::default())
+        .await
+        .expect("revoke");
+    until_list_gives(&h, Ok(())).await;
+    tokio::time::sleep(RELOAD * 3).await;
+    assert_eq!(
+        list_vms(&h).await,
+        Ok(()),
+        "the same client works with the new token"
+    );
+    assert_eq!(h.credentials_state(), Ok(()));
 }
