@@ -12,7 +12,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
@@ -59,6 +59,9 @@ pub struct ServiceCtx {
     pub resync: Duration,
     recorder: Recorder,
     services: Store<Service>,
+    /// The LoadBalancer CRs of this cluster, from the watch that also wakes the Services: the
+    /// hot path reads them here instead of asking the API server.
+    crs: Store<LoadBalancer>,
     failures: Mutex<HashMap<ObjectRef<Service>, u32>>,
     /// Leases of `ipam: dhcp` Services in `--dhcp-mode=ccm`.
     leases: Option<Leases>,
@@ -136,7 +139,9 @@ pub async fn run(
         controller: MANAGER.into(),
         instance: std::env::var("POD_NAME").ok(),
     };
+    let (crs, cr_writer) = kube::runtime::reflector::store::<LoadBalancer>();
     let ctx = Arc::new(ServiceCtx {
+        crs,
         recorder: Recorder::new(guest.clone(), reporter),
         guest,
         harvester,
@@ -150,12 +155,15 @@ pub async fn run(
     });
     let lb_watch = watcher::Config::default()
         .labels(&format!("{LABEL_CLUSTER}={}", ctx.settings.cluster_name));
+    let cr_events = kube::runtime::reflector(cr_writer, watcher::watcher(ctx.lbs(), lb_watch))
+        .default_backoff()
+        .touched_objects();
     let related = store.clone();
     let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
     let gc = garbage_collector(ctx.clone(), shutdown.clone());
     let ctrl = controller
         // A CR's status changed: reconcile its Service (no polling while an address is pending).
-        .watches(ctx.lbs(), lb_watch, |lb| service_of_cr(&lb))
+        .watches_stream(cr_events, |lb| service_of_cr(&lb))
         // A primary or secondary changed: reconcile the other side of the shared address.
         .watches(services, watcher::Config::default(), move |svc| {
             related_services(&related, &svc)
@@ -334,7 +342,34 @@ async fn apply_change(
     Ok(())
 }
 
-/// Deletes every CR of this cluster that belongs to `key`, except `keep`.
+/// Deletes the cached CRs of `key` other than `keep` (those of an earlier UID of the Service).
+async fn delete_stale_crs(ctx: &ServiceCtx, key: &ServiceKey, keep: &str) -> Result<(), Error> {
+    let stale: Vec<String> = ctx
+        .crs
+        .state()
+        .iter()
+        .filter(|cr| {
+            let l = cr.labels();
+            cr.name_any() != keep
+                && l.get(LABEL_SERVICE_NAMESPACE) == Some(&key.namespace)
+                && l.get(LABEL_SERVICE_NAME) == Some(&key.name)
+        })
+        .map(|cr| cr.name_any())
+        .collect();
+    for name in stale {
+        match ctx.lbs().delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {
+                tracing::info!(service = %key, "deleted LoadBalancer {name} of an earlier Service")
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(Error::Harvester(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Deletes every CR of this cluster that belongs to `key`, except `keep` (asks the API server:
+/// cleanup must not miss a CR the cache has not seen yet).
 async fn delete_crs_of(
     ctx: &ServiceCtx,
     key: &ServiceKey,
@@ -437,8 +472,17 @@ async fn reconcile_primary(
     let desired = plan::desired_lb(svc, spec, &ctx.settings, &ctx.namespace);
     let name = desired.name_any();
     // A CR of an earlier Service with this name (another UID) must not leak.
-    delete_crs_of(ctx, &key, Some(&name)).await?;
-    let lb = match ctx.lbs().get_opt(&name).await.map_err(Error::Harvester)? {
+    delete_stale_crs(ctx, &key, &name).await?;
+    let cached = ctx
+        .crs
+        .get(&ObjectRef::new(&name).within(&ctx.namespace))
+        .map(|lb| lb.as_ref().clone());
+    // Not in the cache yet (a CR just made, a cache still filling): ask the API server.
+    let existing = match cached {
+        Some(lb) => Some(lb),
+        None => ctx.lbs().get_opt(&name).await.map_err(Error::Harvester)?,
+    };
+    let lb = match existing {
         None => {
             ctx.normal(svc, "EnsuringLoadBalancer", "Ensuring load balancer".into())
                 .await;
@@ -484,20 +528,24 @@ async fn reconcile_primary(
         return reconcile_dhcp(svc, spec, &lb, leases, ctx).await;
     }
     let Some(ip) = lb.allocated_ip().map(str::to_string) else {
-        let reason = lb
+        // Harvester said why it has no address (no matching pool, pool exhausted): tell the user.
+        // No condition yet just means Harvester has not got to it; that is no warning.
+        if let Some(reason) = lb
             .ready_condition()
+            .filter(|c| c.status != "True")
             .and_then(|c| c.message.clone())
-            .unwrap_or_else(|| "waiting for Harvester to allocate an address".into());
-        ctx.warn(
-            svc,
-            "SyncLoadBalancerFailed",
-            format!(
-                "ip is not allocated, mode: {}, message: {reason}",
-                spec.ipam.as_str()
-            ),
-        )
-        .await;
-        // The CR watch wakes us when Harvester allocates.
+        {
+            ctx.warn(
+                svc,
+                "SyncLoadBalancerFailed",
+                format!(
+                    "ip is not allocated, mode: {}, message: {reason}",
+                    spec.ipam.as_str()
+                ),
+            )
+            .await;
+        }
+        // The CR watch wakes us when Harvester allocates or reports.
         return Ok(Action::await_change());
     };
     let is_dhcp_sentinel = spec.ipam == Ipam::Dhcp;
