@@ -5,12 +5,12 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test tools proto-check fmt-check clippy unit-and-integration help-check bench
+.PHONY: demo test tools proto-check fmt-check clippy unit-and-integration help-check bench charts-check
 
 demo: tools
 	$(CARGO) run --quiet -p testbed --bin testbed -- demo
 
-test: tools proto-check fmt-check clippy help-check unit-and-integration
+test: tools proto-check fmt-check clippy help-check charts-check unit-and-integration
 
 tools:
 	@bash tests/scripts/tools.sh
@@ -27,6 +27,18 @@ clippy:
 	@echo "[test] cargo clippy"
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
+charts-check: tools
+	@echo "[test] helm lint --strict (both charts: default values and every ci/*-values.yaml)"
+	@helm="$$(bash tests/scripts/tools.sh --print-dir)/helm"; \
+	for chart in deploy/charts/*/; do \
+	  "$$helm" lint --strict "$$chart" >/dev/null || { "$$helm" lint --strict "$$chart"; exit 1; }; \
+	  for values in "$$chart"ci/*-values.yaml; do \
+	    [ -e "$$values" ] || continue; \
+	    "$$helm" lint --strict "$$chart" -f "$$values" >/dev/null \
+	      || { "$$helm" lint --strict "$$chart" -f "$$values"; exit 1; }; \
+	  done; \
+	done
+
 help-check:
 	@echo "[test] both binaries answer --help"
 	$(CARGO) run --quiet --bin harvester-cloud-provider -- --help >/dev/null
@@ -35,3 +47,14 @@ help-check:
 unit-and-integration:
 	@echo "[test] cargo test (unit, property and test-bed integration tests)"
 	$(CARGO) test --workspace
+
+# Not part of `make test`: end-to-end figures on the test bed, peak memory of the release binaries
+# and criterion's IPAM estimates, written to docs/benchmarks.md (about 10 minutes on 2 cores; root
+# for the volume row).
+bench: tools
+	@echo "[bench] cargo build --release --bins (the binaries under test and the bench program)"
+	$(CARGO) build --release --bins
+	@echo "[bench] criterion: harvester_common::ipam on a /16"
+	$(CARGO) bench -p harvester-common --bench ipam -- --quick
+	@echo "[bench] test bed -> docs/benchmarks.md"
+	$(CARGO) run --release -p testbed --bin bench -- --out docs/benchmarks.md

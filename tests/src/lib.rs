@@ -16,6 +16,7 @@ pub mod certs;
 pub mod cluster;
 pub mod netns;
 pub mod process;
+pub mod rbac;
 pub mod sim;
 pub mod tools;
 pub mod wait;

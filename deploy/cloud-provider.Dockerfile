@@ -1,0 +1,21 @@
+# syntax=docker/dockerfile:1
+# harvester-cloud-provider image: the binary on a minimal runtime (glibc, libgcc, CA roots).
+# Build from the repository root:
+#   docker build -f deploy/cloud-provider.Dockerfile -t harvester-rs/harvester-cloud-provider:0.1.0 .
+
+# Debian 12 to match the runtime's glibc; the toolchain the repository is tested with.
+FROM docker.io/library/rust:1.95-bookworm AS build
+WORKDIR /src
+COPY . .
+# Only this binary and its crates (csi-proto compiles csi.proto with protox: no protoc needed).
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked -p harvester-cloud-provider \
+    && install -D -m 0755 target/release/harvester-cloud-provider /out/harvester-cloud-provider
+
+# distroless/cc: glibc and libgcc_s for the Rust binary, nothing else (no shell, no package
+# manager). Runs as root: it reads the root-owned cloud-config file from the node, and the
+# chart drops every capability but NET_ADMIN, NET_RAW and NET_BIND_SERVICE (DHCP mode).
+FROM gcr.io/distroless/cc-debian12
+COPY --from=build /out/harvester-cloud-provider /usr/bin/harvester-cloud-provider
+ENTRYPOINT ["/usr/bin/harvester-cloud-provider"]

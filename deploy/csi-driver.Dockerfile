@@ -1,0 +1,21 @@
+# syntax=docker/dockerfile:1
+# harvester-csi-driver image: the binary plus the filesystem tools the node plugin runs
+# (mkfs.ext4/resize2fs from e2fsprogs, mkfs.xfs/xfs_growfs from xfsprogs, blkid from util-linux,
+# mount/umount from mount). The same image serves --mode controller (which runs none of them).
+# Build from the repository root:
+#   docker build -f deploy/csi-driver.Dockerfile -t harvester-rs/harvester-csi-driver:0.1.0 .
+
+FROM docker.io/library/rust:1.95-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked -p harvester-csi-driver \
+    && install -D -m 0755 target/release/harvester-csi-driver /out/harvester-csi-driver
+
+FROM docker.io/library/debian:bookworm-slim
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends e2fsprogs xfsprogs util-linux mount \
+    && rm -rf /var/lib/apt/lists/*
+COPY --from=build /out/harvester-csi-driver /usr/bin/harvester-csi-driver
+ENTRYPOINT ["/usr/bin/harvester-csi-driver"]

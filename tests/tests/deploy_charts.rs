@@ -1,0 +1,560 @@
+//! The Helm charts in deploy/charts: helm lint and template for every value set, what the
+//! rendered objects hold (the upstream-compatible shape and our flags), and a real API server
+//! accepting every rendered object (server-side apply, dryRun=All).
+
+mod deploy_common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use deploy_common::*;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::Api;
+use serde_json::{Value, json};
+use testbed::{BedOptions, TestBed, wait};
+
+fn strs(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn mount<'a>(container: &'a Value, name: &str) -> &'a Value {
+    container["volumeMounts"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["name"] == name))
+        .unwrap_or_else(|| panic!("no volumeMount {name} in container {}", container["name"]))
+}
+
+fn volume<'a>(workload: &'a Value, name: &str) -> &'a Value {
+    workload["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == name))
+        .unwrap_or_else(|| panic!("no volume {name} in {}", workload["metadata"]["name"]))
+}
+
+/// The rules of a (Cluster)Role as (group, resource, verb) triples.
+fn grants(role: &Value) -> BTreeSet<(String, String, String)> {
+    let mut out = BTreeSet::new();
+    for rule in role["rules"].as_array().expect("rules") {
+        for g in strs(&rule["apiGroups"]) {
+            for r in strs(&rule["resources"]) {
+                for v in strs(&rule["verbs"]) {
+                    out.insert((g.clone(), r.clone(), v));
+                }
+            }
+        }
+    }
+    out
+}
+
+fn grant(group: &str, resource: &str, verb: &str) -> (String, String, String) {
+    (group.into(), resource.into(), verb.into())
+}
+
+#[test]
+fn both_charts_pass_helm_lint_strict_with_every_value_set() {
+    for chart in [CCM_CHART, CSI_CHART] {
+        for (set, values) in value_sets(chart) {
+            let dir = chart_dir(chart);
+            let mut args = vec![
+                "lint".to_string(),
+                "--strict".into(),
+                dir.to_string_lossy().into(),
+            ];
+            if let Some(v) = values {
+                args.extend(["--values".into(), v.to_string_lossy().into()]);
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            if let Err(e) = run_helm(&args) {
+                panic!("helm lint {chart} with {set}:\n{e}");
+            }
+        }
+    }
+}
+
+#[test]
+fn cloud_provider_chart_renders_the_upstream_shape_with_our_needs() {
+    let docs = template(CCM_CHART, None, &[]);
+    let deploy = find(&docs, "Deployment", "harvester-cloud-provider");
+    assert_eq!(deploy["metadata"]["namespace"], RELEASE_NAMESPACE);
+    assert_eq!(deploy["spec"]["replicas"], 1, "one replica by default");
+    let pod = &deploy["spec"]["template"]["spec"];
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["serviceAccountName"], "harvester-cloud-provider");
+    assert!(
+        pod["tolerations"]
+            .as_array()
+            .expect("tolerations")
+            .contains(&json!({
+            "key": "node.cloudprovider.kubernetes.io/uninitialized", "operator": "Equal",
+            "value": "true", "effect": "NoSchedule"})),
+        "the cloud provider must run on Nodes it has not initialised: {}",
+        pod["tolerations"]
+    );
+    let c = container(deploy, "harvester-cloud-provider");
+    assert_eq!(strs(&c["command"]), ["harvester-cloud-provider"]);
+    assert_eq!(
+        args(c),
+        [
+            "--cloud-config=/etc/kubernetes/cloud-config",
+            "--leader-elect-resource-namespace=kube-system",
+            "--leader-elect-resource-name=harvester-cloud-provider",
+            "--metrics-address=0.0.0.0:10268",
+        ],
+        "no cluster name given: the flag's default applies"
+    );
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(c["ports"][0]["containerPort"], 10268);
+    let caps = strs(&c["securityContext"]["capabilities"]["add"]);
+    for cap in ["NET_RAW", "NET_ADMIN", "NET_BIND_SERVICE"] {
+        assert!(
+            caps.contains(&cap.to_string()),
+            "DHCP mode needs {cap}: {caps:?}"
+        );
+    }
+    assert_eq!(strs(&c["securityContext"]["capabilities"]["drop"]), ["ALL"]);
+    assert_eq!(
+        mount(c, "cloud-config")["mountPath"],
+        "/etc/kubernetes/cloud-config"
+    );
+    assert_eq!(
+        volume(deploy, "cloud-config")["hostPath"],
+        json!({"path": "/var/lib/rancher/rke2/etc/config-files/cloud-provider-config", "type": "File"})
+    );
+
+    // kube-vip as upstream ships it, on by default.
+    let kv = find(&docs, "DaemonSet", "kube-vip");
+    let kvc = container(kv, "kube-vip");
+    assert_eq!(args(kvc), ["manager"]);
+    let env: Vec<(String, String)> = kvc["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().expect("name").into(),
+                e["value"].as_str().expect("value").into(),
+            )
+        })
+        .collect();
+    for (k, v) in [
+        ("svc_enable", "true"),
+        ("cp_enable", "false"),
+        ("vip_arp", "true"),
+    ] {
+        assert!(
+            env.contains(&(k.into(), v.into())),
+            "kube-vip env {k}={v}: {env:?}"
+        );
+    }
+    assert_eq!(kv["spec"]["template"]["spec"]["hostNetwork"], true);
+
+    // Guest RBAC: the Events API, not core events; nothing the code does not call.
+    let role = grants(find(&docs, "ClusterRole", "harvester-cloud-provider"));
+    assert!(role.contains(&grant("events.k8s.io", "events", "create")));
+    assert!(role.contains(&grant("events.k8s.io", "events", "patch")));
+    assert!(!role.iter().any(|(g, r, _)| g.is_empty() && r == "events"));
+    assert!(!role.iter().any(|(_, _, v)| v == "*" || v == "update"));
+    let nad = find(&docs, "Role", "harvester-cloud-provider-nad-mapping");
+    assert_eq!(nad["metadata"]["namespace"], "kube-system");
+    assert_eq!(
+        nad["rules"],
+        json!([{"apiGroups": [""], "resources": ["configmaps"],
+                "resourceNames": ["harvester-nad-mapping"], "verbs": ["get"]}])
+    );
+}
+
+#[test]
+fn cloud_provider_chart_takes_every_cloud_config_source_and_the_cluster_name() {
+    let sets = value_sets(CCM_CHART);
+    let file = |name: &str| {
+        sets.iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, f)| f.clone())
+            .unwrap_or_else(|| panic!("ci/{name}"))
+    };
+
+    // A Secret, a cluster name, extra flags, no kube-vip.
+    let docs = template(CCM_CHART, Some(&file("secret-values.yaml")), &[]);
+    let deploy = find(&docs, "Deployment", "harvester-cloud-provider");
+    let c = container(deploy, "harvester-cloud-provider");
+    assert_eq!(
+        args(c),
+        [
+            "--cloud-config=/etc/kubernetes/cloud-config",
+            "--leader-elect-resource-namespace=kube-system",
+            "--leader-elect-resource-name=harvester-cloud-provider",
+            "--metrics-address=0.0.0.0:10268",
+            "--cluster-name=rke2-prod",
+            "--management-network=default/vlan-100",
+            "--node-ip-cidr=10.52.0.0/16",
+            "--controllers=*,-service-lb-controller",
+        ]
+    );
+    assert_eq!(mount(c, "cloud-config")["subPath"], "cloud-config");
+    assert_eq!(
+        volume(deploy, "cloud-config")["secret"],
+        json!({"secretName": "harvester-cloud-config",
+               "items": [{"key": "kubeconfig", "path": "cloud-config"}]})
+    );
+    assert!(
+        !docs.iter().any(|d| d["metadata"]["name"] == "kube-vip"),
+        "kube-vip.enabled=false renders no kube-vip object: {:?}",
+        kinds(&docs)
+    );
+
+    // Rancher's globals: registry prefix and cluster name; the fallback host path.
+    let docs = template(CCM_CHART, Some(&file("rancher-values.yaml")), &[]);
+    let deploy = find(&docs, "Deployment", "harvester-cloud-provider");
+    let c = container(deploy, "harvester-cloud-provider");
+    assert_eq!(
+        c["image"],
+        "registry.example.com/harvester-rs/harvester-cloud-provider:0.1.0"
+    );
+    assert!(args(c).contains(&"--cluster-name=c-m-abcd1234".to_string()));
+    assert_eq!(
+        volume(deploy, "cloud-config")["hostPath"]["path"],
+        "/etc/kubernetes/cloud-config"
+    );
+    assert!(
+        container(find(&docs, "DaemonSet", "kube-vip"), "kube-vip")["image"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("registry.example.com/"))
+    );
+
+    // No source at all: helm refuses with a message naming the three values.
+    let err = try_template(
+        CCM_CHART,
+        None,
+        &["cloudConfigPath=", "cloudConfig.hostPath="],
+    )
+    .expect_err("no cloud-config source must not render");
+    assert!(
+        err.contains("cloudConfigPath, cloudConfig.secretName or cloudConfig.hostPath"),
+        "{err}"
+    );
+}
+
+#[test]
+fn cloud_provider_chart_args_are_flags_the_binary_accepts() {
+    for (set, values) in value_sets(CCM_CHART) {
+        let docs = template(CCM_CHART, values.as_deref(), &[]);
+        let c = container(
+            find(&docs, "Deployment", "harvester-cloud-provider"),
+            "harvester-cloud-provider",
+        );
+        let mut argv = strs(&c["command"]);
+        argv.extend(args(c));
+        if let Err(e) = harvester_cloud_provider::Config::from_args(&argv) {
+            panic!("value set {set}: the chart passes {argv:?}, which the binary refuses: {e}");
+        }
+    }
+}
+
+#[test]
+fn csi_chart_renders_controller_with_driver_node_plugin_csidriver_and_classes() {
+    let docs = template(CSI_CHART, None, &[]);
+
+    let ctrl = find(&docs, "Deployment", "harvester-csi-driver-controllers");
+    let names: Vec<String> = ctrl["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .expect("containers")
+        .iter()
+        .map(|c| c["name"].as_str().expect("name").to_string())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "csi-provisioner",
+            "csi-attacher",
+            "csi-resizer",
+            "csi-snapshotter",
+            "liveness-probe",
+            "harvester-csi-driver"
+        ]
+    );
+    assert_eq!(ctrl["spec"]["replicas"], 3, "upstream's default");
+    let driver = container(ctrl, "harvester-csi-driver");
+    assert!(args(driver).contains(&"--mode=controller".to_string()));
+    assert_eq!(
+        volume(ctrl, "socket-dir")["emptyDir"],
+        json!({}),
+        "the controller's socket is private to its pod"
+    );
+    for sidecar in [
+        "csi-provisioner",
+        "csi-attacher",
+        "csi-resizer",
+        "csi-snapshotter",
+    ] {
+        assert!(
+            args(container(ctrl, sidecar)).contains(&"--leader-election".to_string()),
+            "{sidecar} elects a leader (upstream's snapshotter does not)"
+        );
+    }
+
+    let node = find(&docs, "DaemonSet", "harvester-csi-driver");
+    let pod = &node["spec"]["template"]["spec"];
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    let names: Vec<&str> = pod["containers"]
+        .as_array()
+        .expect("containers")
+        .iter()
+        .map(|c| c["name"].as_str().expect("name"))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "node-driver-registrar",
+            "liveness-probe",
+            "harvester-csi-driver"
+        ]
+    );
+    let driver = container(node, "harvester-csi-driver");
+    assert_eq!(driver["securityContext"]["privileged"], true);
+    let a = args(driver);
+    assert!(a.contains(&"--mode=node".to_string()), "{a:?}");
+    assert!(a.contains(&"--nodeid=$(NODE_ID)".to_string()), "{a:?}");
+    assert!(
+        a.contains(&"--kubeconfig=/var/lib/harvester/cloud-provider-config".to_string()),
+        "{a:?}"
+    );
+    let kubelet = mount(driver, "kubelet-dir");
+    assert_eq!(kubelet["mountPath"], "/var/lib/kubelet");
+    assert_eq!(kubelet["mountPropagation"], "Bidirectional");
+    assert_eq!(mount(driver, "host-dev")["mountPath"], "/dev");
+    assert_eq!(volume(node, "host-dev")["hostPath"]["path"], "/dev");
+    assert_eq!(
+        volume(node, "cloud-config")["hostPath"],
+        json!({"path": "/var/lib/rancher/rke2/etc/config-files", "type": "Directory"})
+    );
+    assert!(
+        args(container(node, "node-driver-registrar")).contains(
+            &"--kubelet-registration-path=/var/lib/kubelet/harvester-plugins/driver.harvesterhci.io/csi.sock"
+                .to_string()
+        ),
+        "the upstream chart's registration path, so a switch in place keeps the kubelet's plugin"
+    );
+
+    let csidriver = find(&docs, "CSIDriver", "driver.harvesterhci.io");
+    assert_eq!(
+        csidriver["spec"],
+        json!({"attachRequired": true, "podInfoOnMount": true,
+               "fsGroupPolicy": "ReadWriteOnceWithFSType", "volumeLifecycleModes": ["Persistent"]})
+    );
+    let sc = find(&docs, "StorageClass", "harvester");
+    assert_eq!(sc["provisioner"], "driver.harvesterhci.io");
+    assert_eq!(
+        sc["metadata"]["annotations"]["storageclass.kubernetes.io/is-default-class"],
+        "true"
+    );
+    assert_eq!(sc["allowVolumeExpansion"], true);
+    let vsc = find(&docs, "VolumeSnapshotClass", "harvester-snapshot");
+    assert_eq!(vsc["driver"], "driver.harvesterhci.io");
+
+    // Node pods have no RBAC: only the controller's account is bound.
+    let bound: Vec<String> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRoleBinding" || d["kind"] == "RoleBinding")
+        .flat_map(|d| {
+            d["subjects"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(|s| s["name"].as_str().unwrap_or("").to_string())
+        })
+        .collect();
+    assert!(
+        bound.iter().all(|s| s == "harvester-csi-driver"),
+        "{bound:?}"
+    );
+}
+
+#[test]
+fn csi_chart_takes_secret_host_class_kubelet_dir_and_storage_class_parameters() {
+    let sets = value_sets(CSI_CHART);
+    let file = |name: &str| {
+        sets.iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, f)| f.clone())
+            .unwrap_or_else(|| panic!("ci/{name}"))
+    };
+    let docs = template(CSI_CHART, Some(&file("secret-values.yaml")), &[]);
+    let node = find(&docs, "DaemonSet", "harvester-csi-driver");
+    let a = args(container(node, "harvester-csi-driver"));
+    assert!(a.contains(&"--host-storage-class=longhorn-ssd".to_string()));
+    assert!(a.contains(&"--max-volumes-per-node=16".to_string()));
+    assert_eq!(
+        volume(node, "cloud-config")["secret"],
+        json!({"secretName": "harvester-cloud-config",
+               "items": [{"key": "kubeconfig", "path": "cloud-provider-config"}]})
+    );
+    assert_eq!(
+        mount(container(node, "harvester-csi-driver"), "kubelet-dir")["mountPath"],
+        "/var/lib/rancher/k3s/agent/kubelet"
+    );
+    let ctrl = find(&docs, "Deployment", "harvester-csi-driver-controllers");
+    assert!(
+        args(container(ctrl, "harvester-csi-driver"))
+            .contains(&"--host-storage-class=longhorn-ssd".to_string())
+    );
+    assert!(!docs.iter().any(|d| d["kind"] == "VolumeSnapshotClass"));
+
+    let docs = template(CSI_CHART, Some(&file("rancher-values.yaml")), &[]);
+    let sc = find(&docs, "StorageClass", "harvester-xfs");
+    assert_eq!(
+        sc["parameters"],
+        json!({"hostStorageClass": "longhorn-ssd", "csi.storage.k8s.io/fstype": "xfs"})
+    );
+    assert_eq!(
+        sc["metadata"]["annotations"]["storageclass.kubernetes.io/is-default-class"],
+        "false"
+    );
+    // A path naming the file itself mounts its directory.
+    let node = find(&docs, "DaemonSet", "harvester-csi-driver");
+    assert_eq!(
+        volume(node, "cloud-config")["hostPath"]["path"],
+        "/var/lib/rancher/rke2/etc/config-files"
+    );
+    assert_eq!(
+        node["spec"]["template"]["spec"]["imagePullSecrets"],
+        json!([{"name": "regcred"}, {"name": "other"}])
+    );
+}
+
+/// The long flags `struct Cli` of csi/src/main.rs defines (the binary's CLI is private to it).
+fn csi_flags() -> BTreeSet<String> {
+    let path = repo().join("csi/src/main.rs");
+    let src = std::fs::read_to_string(&path).expect("csi/src/main.rs");
+    let body = src
+        .split("struct Cli {")
+        .nth(1)
+        .and_then(|s| s.split("\n}").next())
+        .expect("struct Cli in csi/src/main.rs");
+    body.lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with("//") && !l.starts_with('#'))
+        .filter_map(|l| l.split_once(':').map(|(f, _)| f.trim()))
+        .filter(|f| !f.is_empty() && f.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        .map(|f| f.replace('_', "-"))
+        .collect()
+}
+
+#[test]
+fn csi_chart_passes_only_flags_the_driver_defines() {
+    let defined = csi_flags();
+    for f in [
+        "endpoint",
+        "nodeid",
+        "kubeconfig",
+        "mode",
+        "host-storage-class",
+    ] {
+        assert!(
+            defined.contains(f),
+            "reading csi/src/main.rs found {defined:?}"
+        );
+    }
+    for (set, values) in value_sets(CSI_CHART) {
+        let docs = template(CSI_CHART, values.as_deref(), &[]);
+        for workload in [
+            find(&docs, "DaemonSet", "harvester-csi-driver"),
+            find(&docs, "Deployment", "harvester-csi-driver-controllers"),
+        ] {
+            for arg in args(container(workload, "harvester-csi-driver")) {
+                let flag = arg
+                    .trim_start_matches("--")
+                    .split('=')
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+                assert!(
+                    defined.contains(&flag),
+                    "value set {set}: the chart passes {arg}, which csi/src/main.rs does not define ({defined:?})"
+                );
+            }
+        }
+    }
+}
+
+async fn bed() -> TestBed {
+    TestBed::start(BedOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("the test bed must start for this test: {e}"))
+}
+
+/// The guest cluster of RKE2 has the snapshot CRDs (rke2-snapshot-controller-crd); install the
+/// bed's copy so the VolumeSnapshotClass can be validated.
+async fn install_snapshot_crds(client: &kube::Client) {
+    let path = repo().join("tests/crds/snapshot.yaml");
+    let text = std::fs::read_to_string(&path).expect("tests/crds/snapshot.yaml");
+    let mut names = Vec::new();
+    for doc in parse(&text) {
+        names.push(doc["metadata"]["name"].as_str().expect("name").to_string());
+        apply(client, &doc, "default", false)
+            .await
+            .unwrap_or_else(|e| panic!("installing snapshot CRDs: {e}"));
+    }
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for name in names {
+        wait::until(
+            &format!("CRD {name} established"),
+            Duration::from_secs(30),
+            || {
+                let crds = crds.clone();
+                let name = name.clone();
+                async move {
+                    let crd = crds.get(&name).await.map_err(|e| e.to_string())?;
+                    let ok = crd
+                        .status
+                        .and_then(|s| s.conditions)
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True");
+                    Ok(if ok { Ok(()) } else { Err(name) })
+                }
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+#[tokio::test]
+async fn every_rendered_object_is_accepted_by_the_api_servers() {
+    let bed = bed().await;
+    install_snapshot_crds(&bed.guest.client).await;
+    let mut refused = Vec::new();
+    let mut accepted = 0;
+    for chart in [CCM_CHART, CSI_CHART] {
+        for (set, values) in value_sets(chart) {
+            let docs = template(chart, values.as_deref(), &[]);
+            assert!(!docs.is_empty(), "{chart} {set} renders nothing");
+            for doc in &docs {
+                match apply(&bed.guest.client, doc, RELEASE_NAMESPACE, true).await {
+                    Ok(_) => accepted += 1,
+                    Err(e) => refused.push(format!("{chart} ({set}): {e}")),
+                }
+            }
+        }
+    }
+    for doc in harvester_rbac(&bed.vm_namespace, "rke2-prod") {
+        match apply(&bed.harvester.client, &doc, &bed.vm_namespace, true).await {
+            Ok(_) => accepted += 1,
+            Err(e) => refused.push(format!("deploy/harvester-rbac: {e}")),
+        }
+    }
+    assert!(
+        refused.is_empty(),
+        "the API servers refused:\n{}",
+        refused.join("\n")
+    );
+    eprintln!("{accepted} objects accepted (server-side apply, dryRun=All)");
+}

@@ -1,0 +1,617 @@
+//! Least privilege, proven: the programs run in-process against the test bed (RBAC on) with
+//! ServiceAccount tokens bound only to the charts' guest RBAC and to deploy/harvester-rbac, and
+//! their flows pass without one Forbidden answer from either API server (counted from the API
+//! servers' own authorization metrics, so a refusal the program swallowed still counts).
+//! The converse, a missing verb failing with a clear Forbidden: deploy_rbac_forbidden.rs.
+
+mod deploy_common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use csi_proto::csi::v1::controller_client::ControllerClient;
+use csi_proto::csi::v1::node_client::NodeClient;
+use csi_proto::csi::v1::volume_capability::access_mode::Mode;
+use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
+use csi_proto::csi::v1::*;
+use deploy_common::*;
+use harvester_cloud_provider::Config;
+use harvester_cloud_provider::patch::SHUTDOWN_TAINT;
+use harvester_cloud_provider::service::annotations::{
+    ANN_NETWORK, ANN_PRIMARY_SERVICE, KUBE_VIP_INTERFACE,
+};
+use harvester_cloud_provider::service::{NAD_MAPPING_KEY, NAD_MAPPING_NAME, NAD_MAPPING_NAMESPACE};
+use harvester_common::harvester::{IPPool, LoadBalancer};
+use harvester_common::telemetry::{LeaderConfig, run_as_leader};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Service};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::json;
+use testbed::sim::GuestVm;
+use testbed::{BedOptions, TestBed, wait};
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+async fn bed() -> TestBed {
+    TestBed::start(BedOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("the test bed must start for this test: {e}"))
+}
+
+async fn until<T, S: std::fmt::Debug, F, Fut>(what: &str, probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Result<T, S>, String>>,
+{
+    wait::until(what, LIMIT, probe)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn cp_taints(node: &Node) -> Vec<String> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .map(|t| {
+            t.iter()
+                .map(|t| t.key.clone())
+                .filter(|k| k.starts_with("node.cloudprovider.kubernetes.io/"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn node_until(bed: &TestBed, what: &str, check: impl Fn(Option<&Node>) -> bool) {
+    let api: Api<Node> = Api::all(bed.guest.client.clone());
+    let check = &check;
+    until(what, || {
+        let api = api.clone();
+        async move {
+            let node = api.get_opt("worker-1").await.map_err(|e| e.to_string())?;
+            Ok(if check(node.as_ref()) {
+                Ok(())
+            } else {
+                Err(node.map(|n| n.spec.map(|s| (s.provider_id, s.taints))))
+            })
+        }
+    })
+    .await
+}
+
+fn ingress(svc: &Service) -> Option<String> {
+    svc.status
+        .as_ref()?
+        .load_balancer
+        .as_ref()?
+        .ingress
+        .as_ref()?
+        .first()?
+        .ip
+        .clone()
+}
+
+#[tokio::test]
+async fn cloud_provider_runs_node_and_load_balancer_flows_with_only_the_documented_rbac() {
+    let bed = bed().await;
+    bed.sim
+        .create_host("harvester-1", Some("region-a"), Some("zone-1"))
+        .await
+        .expect("host");
+    bed.sim
+        .create_vm(
+            &GuestVm::new("worker-1")
+                .on_host("harvester-1")
+                .ip("10.52.0.11"),
+        )
+        .await
+        .expect("vm");
+    Api::<IPPool>::all(bed.harvester.client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
+                "metadata": {"name": "pool-1"},
+                "spec": {"ranges": [{"subnet": "192.168.50.0/24", "rangeStart": "192.168.50.10",
+                                     "rangeEnd": "192.168.50.19"}],
+                         "selector": {"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]}}
+            }))
+            .expect("pool literal"),
+        )
+        .await
+        .expect("pool");
+
+    let chart = ccm_chart();
+    let harvester_docs = harvester_rbac_of(&bed.vm_namespace, HARVESTER_CCM_ROLES);
+    let accounts = accounts(&bed, &chart, Some(CCM_SA), &harvester_docs).await;
+    let before = refusals(&bed).await;
+    let argv = ccm_args(&chart, &accounts);
+    eprintln!("running {argv:?}");
+    let ccm = harvester_cloud_provider::spawn(Config::from_args(&argv).expect("chart flags"));
+
+    // Node: initialised (nodes/status and nodes patch, VM/VMI watches, Events).
+    bed.sim.create_guest_node("worker-1").await.expect("node");
+    node_until(&bed, "Node initialised", |n| {
+        n.is_some_and(|n| {
+            cp_taints(n).is_empty()
+                && n.spec
+                    .as_ref()
+                    .and_then(|s| s.provider_id.as_deref())
+                    .is_some_and(|p| p.starts_with("harvester://"))
+        })
+    })
+    .await;
+
+    // LoadBalancer: finalizer, CR created, address allocated, Service annotated (with the
+    // interface of its network, from the NAD mapping ConfigMap) and given its ingress, the CR's
+    // status.address mirrored; a second Service shares the address (it reads its primary);
+    // then both deleted, with the CR.
+    let configmaps: Api<ConfigMap> =
+        Api::namespaced(bed.guest.client.clone(), NAD_MAPPING_NAMESPACE);
+    configmaps
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": NAD_MAPPING_NAME},
+                "data": {NAD_MAPPING_KEY: r#"{"default/vlan10": "enp2s0"}"#}
+            }))
+            .expect("ConfigMap literal"),
+        )
+        .await
+        .expect("NAD mapping");
+    let services: Api<Service> = Api::namespaced(bed.guest.client.clone(), "default");
+    for (name, port, annotations) in [
+        ("web", 80, json!({ANN_NETWORK: "default/vlan10"})),
+        ("web-2", 8080, json!({ANN_PRIMARY_SERVICE: "default/web"})),
+    ] {
+        services
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": name, "annotations": annotations},
+                    "spec": {"type": "LoadBalancer", "selector": {"app": "web"},
+                             "ports": [{"name": "http", "port": port, "protocol": "TCP"}]}
+                }))
+                .expect("service literal"),
+            )
+            .await
+            .expect("service");
+    }
+    let address = |name: &'static str| {
+        let services = services.clone();
+        async move {
+            until(&format!("Service {name} gets an address"), || {
+                let services = services.clone();
+                async move {
+                    let svc = services.get(name).await.map_err(|e| e.to_string())?;
+                    Ok(match ingress(&svc) {
+                        Some(ip) => Ok((ip, svc)),
+                        None => Err(svc.metadata.annotations),
+                    })
+                }
+            })
+            .await
+        }
+    };
+    let (ip, web) = address("web").await;
+    assert_eq!(
+        web.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(KUBE_VIP_INTERFACE))
+            .map(String::as_str),
+        Some("enp2s0"),
+        "the interface of the Service's network, from {NAD_MAPPING_NAMESPACE}/{NAD_MAPPING_NAME}"
+    );
+    let (shared, _) = address("web-2").await;
+    assert_eq!(shared, ip, "web-2 shares the address of its primary");
+    let crs: Api<LoadBalancer> = Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);
+    let selector = format!("cloudprovider.harvesterhci.io/cluster={CLUSTER}");
+    until("the CR mirrors the address in status.address", || {
+        let crs = crs.clone();
+        let selector = selector.clone();
+        let ip = ip.clone();
+        async move {
+            let list = crs
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .map_err(|e| e.to_string())?;
+            let addresses: Vec<Option<String>> = list
+                .items
+                .iter()
+                .map(|c| c.status.as_ref().and_then(|s| s.address.clone()))
+                .collect();
+            Ok(if addresses == [Some(ip)] {
+                Ok(())
+            } else {
+                Err(addresses)
+            })
+        }
+    })
+    .await;
+    for name in ["web-2", "web"] {
+        services
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete service");
+    }
+    until("Services and their CR gone", || {
+        let services = services.clone();
+        let crs = crs.clone();
+        let selector = selector.clone();
+        async move {
+            let svc = services
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .into_iter()
+                .filter(|s| s.metadata.name.as_deref() != Some("kubernetes"))
+                .map(|s| (s.metadata.name, s.metadata.finalizers))
+                .collect::<Vec<_>>();
+            let left = crs
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .len();
+            Ok(if svc.is_empty() && left == 0 {
+                Ok(())
+            } else {
+                Err((svc, left))
+            })
+        }
+    })
+    .await;
+
+    // Lifecycle: a stopped VM taints its Node; a deleted VM deletes it.
+    bed.sim.stop_vm("worker-1").await.expect("stop");
+    node_until(&bed, "shutdown taint", |n| {
+        n.is_some_and(|n| cp_taints(n).iter().any(|k| k == SHUTDOWN_TAINT))
+    })
+    .await;
+    bed.sim.delete_vm("worker-1").await.expect("delete vm");
+    node_until(&bed, "Node deleted with its VM", |n| n.is_none()).await;
+
+    assert!(!ccm.is_finished(), "the cloud provider ended early");
+    ccm.stop().await.expect("the cloud provider stops cleanly");
+    let after = refusals(&bed).await;
+    assert_eq!(
+        after, before,
+        "(guest, Harvester) Forbidden answers before and after the run: the documented RBAC is not enough"
+    );
+}
+
+#[tokio::test]
+async fn cloud_provider_leader_election_fits_the_chart_role() {
+    let bed = bed().await;
+    let chart = ccm_chart();
+    let harvester_docs = harvester_rbac_of(&bed.vm_namespace, HARVESTER_CCM_ROLES);
+    let accounts = accounts(&bed, &chart, Some(CCM_SA), &harvester_docs).await;
+    let guest = accounts.guest.clone().expect("guest client");
+    let before = refusals(&bed).await;
+
+    let (stop, stopped) = oneshot::channel::<()>();
+    let (led, leading) = oneshot::channel::<()>();
+    // The Lease the chart's command line names.
+    let c = container(
+        find(&chart, "Deployment", "harvester-cloud-provider"),
+        "harvester-cloud-provider",
+    );
+    let flag = |name: &str| {
+        args(c)
+            .iter()
+            .find_map(|a| a.strip_prefix(&format!("--{name}=")).map(String::from))
+            .unwrap_or_else(|| panic!("the chart passes --{name}"))
+    };
+    let (namespace, lease_name) = (
+        flag("leader-elect-resource-namespace"),
+        flag("leader-elect-resource-name"),
+    );
+    let config = LeaderConfig {
+        lease_duration: Duration::from_secs(3),
+        renew_deadline: Duration::from_secs(2),
+        retry_period: Duration::from_millis(200),
+        ..LeaderConfig::new(&namespace, &lease_name, "replica-a")
+    };
+    let task = tokio::spawn(run_as_leader(
+        guest,
+        config,
+        async {
+            let _ = stopped.await;
+        },
+        move |mut stop| async move {
+            let _ = led.send(());
+            let _ = stop.wait_for(|s| *s).await;
+        },
+    ));
+    tokio::time::timeout(LIMIT, leading)
+        .await
+        .expect("replica-a leads within 30 s with the chart's Role (get, create)")
+        .expect("leader work started");
+    let leases: Api<Lease> = Api::namespaced(bed.guest.client.clone(), &namespace);
+    let renewed = |l: &Lease| l.spec.as_ref().and_then(|s| s.renew_time.clone());
+    let first = leases.get(&lease_name).await.expect("the Lease exists");
+    assert_eq!(
+        first
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref()),
+        Some("replica-a")
+    );
+    until("the leader renews its Lease (update)", || {
+        let leases = leases.clone();
+        let was = renewed(&first);
+        let lease_name = lease_name.clone();
+        async move {
+            let now = leases.get(&lease_name).await.map_err(|e| e.to_string())?;
+            Ok(if renewed(&now) != was {
+                Ok(())
+            } else {
+                Err(was)
+            })
+        }
+    })
+    .await;
+    let _ = stop.send(());
+    tokio::time::timeout(LIMIT, task)
+        .await
+        .expect("leader election stops")
+        .expect("task")
+        .expect("leader election ends without error");
+    assert_eq!(refusals(&bed).await, before, "no Forbidden answer");
+}
+
+fn mount_cap() -> VolumeCapability {
+    VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: "ext4".into(),
+            ..Default::default()
+        })),
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+    }
+}
+
+/// The CSI driver in-process on a socket in the bed's directory, with `cloud_config`, in `mode`
+/// (as the chart's pods run it: `controller` in the Deployment, `node` in the DaemonSet).
+struct Driver {
+    channel: Channel,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), harvester_csi_driver::ServeError>>,
+}
+
+impl Driver {
+    async fn start(
+        bed: &TestBed,
+        cloud_config: &std::path::Path,
+        mode: harvester_csi_driver::Mode,
+        node_id: Option<&str>,
+    ) -> Driver {
+        let socket = bed.dir.path().join(format!("csi-{mode:?}.sock"));
+        let mut config =
+            harvester_csi_driver::Config::new(format!("unix://{}", socket.display()), cloud_config);
+        config.mode = mode;
+        config.node_id = node_id.map(String::from);
+        config.disk_by_id_dir = bed.sim.by_id_dir("worker-1");
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(harvester_csi_driver::serve(config, async {
+            let _ = rx.await;
+        }));
+        until("the driver's socket", || {
+            let socket = socket.clone();
+            let finished = task.is_finished();
+            async move {
+                if finished {
+                    return Err("the driver ended while starting".to_string());
+                }
+                Ok(if socket.exists() { Ok(()) } else { Err(()) })
+            }
+        })
+        .await;
+        let channel = harvester_csi_driver::connect(&socket)
+            .await
+            .expect("connecting to the driver");
+        Driver {
+            channel,
+            stop: Some(tx),
+            task,
+        }
+    }
+
+    async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        match tokio::time::timeout(Duration::from_secs(20), &mut self.task).await {
+            Ok(Ok(Ok(()))) => {}
+            other => panic!("the driver did not stop cleanly: {other:?}"),
+        }
+    }
+}
+
+/// Harvester's default StorageClass (PVCs without a class get it; it lets them grow).
+async fn harvester_storage_class(bed: &TestBed) {
+    let sc: StorageClass = serde_json::from_value(json!({
+        "metadata": {"name": "harvester-longhorn",
+                     "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+        "provisioner": "driver.longhorn.io",
+        "allowVolumeExpansion": true,
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "Immediate"
+    }))
+    .expect("StorageClass literal");
+    Api::<StorageClass>::all(bed.harvester.client.clone())
+        .create(&PostParams::default(), &sc)
+        .await
+        .expect("Harvester StorageClass");
+}
+
+#[tokio::test]
+async fn csi_controller_runs_the_volume_flow_with_only_the_documented_harvester_role() {
+    let bed = bed().await;
+    harvester_storage_class(&bed).await;
+    bed.sim
+        .create_host("harvester-1", Some("region-a"), Some("zone-1"))
+        .await
+        .expect("host");
+    bed.sim
+        .create_vm(
+            &GuestVm::new("worker-1")
+                .on_host("harvester-1")
+                .ip("10.52.0.11"),
+        )
+        .await
+        .expect("vm");
+    let harvester_docs = harvester_rbac_of(&bed.vm_namespace, HARVESTER_CSI_ROLES);
+    let accounts = accounts(&bed, &[], None, &harvester_docs).await;
+    let before = refusals(&bed).await;
+    let driver = Driver::start(
+        &bed,
+        &accounts.cloud_config,
+        harvester_csi_driver::Mode::Controller,
+        None,
+    )
+    .await;
+    let mut c = ControllerClient::new(driver.channel.clone());
+
+    // CreateVolume, naming a Harvester class (the optional StorageClass read).
+    let params = HashMap::from([("hostStorageClass".to_string(), "harvester-longhorn".into())]);
+    let vol = c
+        .create_volume(CreateVolumeRequest {
+            name: "pvc-rbac-proof".into(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: 64 << 20,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![mount_cap()],
+            parameters: params,
+            ..Default::default()
+        })
+        .await
+        .expect("CreateVolume")
+        .into_inner()
+        .volume
+        .expect("volume");
+    let id = vol.volume_id.clone();
+
+    // ControllerPublish: hot-plug through virt-api (the aggregator checks addvolume), wait Ready.
+    let published = c
+        .controller_publish_volume(ControllerPublishVolumeRequest {
+            volume_id: id.clone(),
+            node_id: "worker-1".into(),
+            volume_capability: Some(mount_cap()),
+            ..Default::default()
+        })
+        .await
+        .expect("ControllerPublishVolume")
+        .into_inner();
+    assert!(
+        published.publish_context.values().any(|v| !v.is_empty()),
+        "the publish context names the disk: {published:?}"
+    );
+
+    // Expand, snapshot, restore.
+    c.controller_expand_volume(ControllerExpandVolumeRequest {
+        volume_id: id.clone(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: 128 << 20,
+            limit_bytes: 0,
+        }),
+        volume_capability: Some(mount_cap()),
+        ..Default::default()
+    })
+    .await
+    .expect("ControllerExpandVolume");
+    let snap = c
+        .create_snapshot(CreateSnapshotRequest {
+            name: "snap-rbac-proof".into(),
+            source_volume_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("CreateSnapshot")
+        .into_inner()
+        .snapshot
+        .expect("snapshot");
+    let listed = c
+        .list_snapshots(ListSnapshotsRequest {
+            snapshot_id: snap.snapshot_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("ListSnapshots")
+        .into_inner();
+    assert_eq!(listed.entries.len(), 1, "{listed:?}");
+    let restored = c
+        .create_volume(CreateVolumeRequest {
+            name: "pvc-rbac-restored".into(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: 128 << 20,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![mount_cap()],
+            volume_content_source: Some(VolumeContentSource {
+                r#type: Some(volume_content_source::Type::Snapshot(
+                    volume_content_source::SnapshotSource {
+                        snapshot_id: snap.snapshot_id.clone(),
+                    },
+                )),
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("CreateVolume from a snapshot")
+        .into_inner()
+        .volume
+        .expect("restored volume");
+
+    // And back down: unpublish (removevolume, wait until gone), delete everything.
+    c.controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+        volume_id: id.clone(),
+        node_id: "worker-1".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("ControllerUnpublishVolume");
+    c.delete_snapshot(DeleteSnapshotRequest {
+        snapshot_id: snap.snapshot_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .expect("DeleteSnapshot");
+    for v in [id, restored.volume_id] {
+        c.delete_volume(DeleteVolumeRequest {
+            volume_id: v,
+            ..Default::default()
+        })
+        .await
+        .expect("DeleteVolume");
+    }
+    driver.stop().await;
+
+    // The node plugin's reads at start: the VMI named like the node, else every VMI (a match by
+    // MAC address); here neither matches, so the node ID stays the name it was given.
+    let node = Driver::start(
+        &bed,
+        &accounts.cloud_config,
+        harvester_csi_driver::Mode::Node,
+        Some("guest-hostname"),
+    )
+    .await;
+    let info = NodeClient::new(node.channel.clone())
+        .node_get_info(NodeGetInfoRequest {})
+        .await
+        .expect("NodeGetInfo")
+        .into_inner();
+    assert_eq!(info.node_id, "guest-hostname");
+    node.stop().await;
+    assert_eq!(
+        refusals(&bed).await,
+        before,
+        "(guest, Harvester) Forbidden answers before and after the run: the documented role is not enough"
+    );
+}

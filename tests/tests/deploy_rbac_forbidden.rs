@@ -1,0 +1,274 @@
+//! The other half of the least-privilege proof (deploy_rbac.rs): take one needed verb away from
+//! the documented RBAC and the flow fails, visibly, with a Forbidden that names the resource
+//! and the verb, where an operator looks (an Event on the object, or the CSI error).
+
+mod deploy_common;
+
+use std::time::Duration;
+
+use csi_proto::csi::v1::controller_client::ControllerClient;
+use csi_proto::csi::v1::volume_capability::access_mode::Mode;
+use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
+use csi_proto::csi::v1::*;
+use deploy_common::*;
+use harvester_cloud_provider::Config;
+use harvester_cloud_provider::patch::UNINITIALIZED_TAINT;
+use harvester_common::harvester::IPPool;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::json;
+use testbed::sim::GuestVm;
+use testbed::{BedOptions, TestBed, wait};
+use tokio::sync::oneshot;
+
+const LIMIT: Duration = Duration::from_secs(30);
+
+async fn bed_with_vm() -> TestBed {
+    let bed = TestBed::start(BedOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("the test bed must start for this test: {e}"));
+    bed.sim
+        .create_host("harvester-1", Some("region-a"), Some("zone-1"))
+        .await
+        .expect("host");
+    bed.sim
+        .create_vm(
+            &GuestVm::new("worker-1")
+                .on_host("harvester-1")
+                .ip("10.52.0.11"),
+        )
+        .await
+        .expect("vm");
+    bed
+}
+
+/// Waits for a Warning Event with `reason` about `name` (in `namespace`) whose note mentions
+/// `text`, and returns the note.
+async fn warning(bed: &TestBed, namespace: &str, name: &str, reason: &str, text: &str) -> String {
+    let events: Api<Event> = Api::namespaced(bed.guest.client.clone(), namespace);
+    wait::until(
+        &format!("Warning {reason} on {name} mentioning {text:?}"),
+        LIMIT,
+        || {
+            let events = events.clone();
+            async move {
+                let list = events
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let seen: Vec<(Option<String>, Option<String>)> = list
+                    .items
+                    .iter()
+                    .map(|e| (e.reason.clone(), e.note.clone()))
+                    .collect();
+                Ok(list
+                    .items
+                    .into_iter()
+                    .find(|e| {
+                        e.type_.as_deref() == Some("Warning")
+                            && e.reason.as_deref() == Some(reason)
+                            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                            && e.note.as_deref().is_some_and(|n| n.contains(text))
+                    })
+                    .and_then(|e| e.note)
+                    .ok_or(seen))
+            }
+        },
+    )
+    .await
+    .map(|note| {
+        eprintln!("Warning {reason} on {name}: {note}");
+        note
+    })
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[tokio::test]
+async fn without_patch_on_nodes_the_node_stays_tainted_with_a_forbidden_event() {
+    let bed = bed_with_vm().await;
+    let mut chart = ccm_chart();
+    revoke(
+        &mut chart,
+        "ClusterRole",
+        "harvester-cloud-provider",
+        "",
+        "nodes",
+        "patch",
+    );
+    let harvester_docs = harvester_rbac_of(&bed.vm_namespace, HARVESTER_CCM_ROLES);
+    let accounts = accounts(&bed, &chart, Some(CCM_SA), &harvester_docs).await;
+    let ccm = harvester_cloud_provider::spawn(
+        Config::from_args(ccm_args(&chart, &accounts)).expect("chart flags"),
+    );
+    bed.sim.create_guest_node("worker-1").await.expect("node");
+
+    let note = warning(&bed, "default", "worker-1", "NodeUpdateFailed", "forbidden").await;
+    for part in [
+        "forbidden",
+        "system:serviceaccount:kube-system:harvester-cloud-provider",
+        "cannot patch resource \"nodes\"",
+    ] {
+        assert!(note.contains(part), "the Event says {part:?}: {note}");
+    }
+    let node = Api::<Node>::all(bed.guest.client.clone())
+        .get("worker-1")
+        .await
+        .expect("node");
+    assert!(
+        node.spec
+            .and_then(|s| s.taints)
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t.key == UNINITIALIZED_TAINT),
+        "the Node must stay uninitialised"
+    );
+    ccm.stop().await.expect("the cloud provider stops cleanly");
+}
+
+#[tokio::test]
+async fn without_patch_on_loadbalancers_the_service_gets_a_forbidden_event() {
+    let bed = bed_with_vm().await;
+    Api::<IPPool>::all(bed.harvester.client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
+                "metadata": {"name": "pool-1"},
+                "spec": {"ranges": [{"subnet": "192.168.50.0/24"}],
+                         "selector": {"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]}}
+            }))
+            .expect("pool literal"),
+        )
+        .await
+        .expect("pool");
+    let chart = ccm_chart();
+    // Upstream's Harvester role (harvesterhci.io:cloudprovider) has no patch on loadbalancers
+    // either: this is what the cloud provider does with it (docs/install.md).
+    let mut harvester_docs = harvester_rbac_of(&bed.vm_namespace, HARVESTER_CCM_ROLES);
+    revoke(
+        &mut harvester_docs,
+        "ClusterRole",
+        HARVESTER_CCM_ROLES,
+        "loadbalancer.harvesterhci.io",
+        "loadbalancers",
+        "patch",
+    );
+    let accounts = accounts(&bed, &chart, Some(CCM_SA), &harvester_docs).await;
+    let ccm = harvester_cloud_provider::spawn(
+        Config::from_args(ccm_args(&chart, &accounts)).expect("chart flags"),
+    );
+    Api::<Service>::namespaced(bed.guest.client.clone(), "default")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "web"},
+                "spec": {"type": "LoadBalancer", "selector": {"app": "web"},
+                         "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+            }))
+            .expect("service literal"),
+        )
+        .await
+        .expect("service");
+
+    let note = warning(
+        &bed,
+        "default",
+        "web",
+        "SyncLoadBalancerFailed",
+        "forbidden",
+    )
+    .await;
+    let user = format!("system:serviceaccount:{}:{CLUSTER}", bed.vm_namespace);
+    for part in [
+        "forbidden",
+        user.as_str(),
+        "cannot patch resource \"loadbalancers\"",
+    ] {
+        assert!(note.contains(part), "the Event says {part:?}: {note}");
+    }
+    ccm.stop().await.expect("the cloud provider stops cleanly");
+}
+
+#[tokio::test]
+async fn without_update_on_addvolume_publish_fails_naming_the_subresource() {
+    let bed = bed_with_vm().await;
+    let mut harvester_docs = harvester_rbac_of(&bed.vm_namespace, HARVESTER_CSI_ROLES);
+    revoke(
+        &mut harvester_docs,
+        "ClusterRole",
+        HARVESTER_CSI_ROLES,
+        "subresources.kubevirt.io",
+        "virtualmachines/addvolume",
+        "update",
+    );
+    let accounts = accounts(&bed, &[], None, &harvester_docs).await;
+    let socket = bed.dir.path().join("csi-controller.sock");
+    let mut config = harvester_csi_driver::Config::new(
+        format!("unix://{}", socket.display()),
+        &accounts.cloud_config,
+    );
+    config.mode = harvester_csi_driver::Mode::Controller;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(harvester_csi_driver::serve(config, async {
+        let _ = stopped.await;
+    }));
+    wait::until("the driver's socket", LIMIT, || {
+        let exists = socket.exists();
+        async move { Ok(if exists { Ok(()) } else { Err(()) }) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut c = ControllerClient::new(
+        harvester_csi_driver::connect(&socket)
+            .await
+            .expect("connecting"),
+    );
+    let cap = VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: "ext4".into(),
+            ..Default::default()
+        })),
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+    };
+    let vol = c
+        .create_volume(CreateVolumeRequest {
+            name: "pvc-forbidden".into(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: 64 << 20,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![cap.clone()],
+            ..Default::default()
+        })
+        .await
+        .expect("CreateVolume is still allowed")
+        .into_inner()
+        .volume
+        .expect("volume");
+    let err = c
+        .controller_publish_volume(ControllerPublishVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            node_id: "worker-1".into(),
+            volume_capability: Some(cap),
+            ..Default::default()
+        })
+        .await
+        .expect_err("publishing without addvolume must fail");
+    let msg = err.message();
+    eprintln!("ControllerPublishVolume: {:?}: {msg}", err.code());
+    for part in [
+        "forbidden",
+        "cannot update resource \"virtualmachines/addvolume\"",
+    ] {
+        assert!(
+            msg.contains(part),
+            "the error says {part:?}: {:?} {msg}",
+            err.code()
+        );
+    }
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
+}
