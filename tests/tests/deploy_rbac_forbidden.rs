@@ -127,7 +127,7 @@ async fn without_patch_on_nodes_the_node_stays_tainted_with_a_forbidden_event() 
 }
 
 #[tokio::test]
-async fn without_patch_on_loadbalancers_the_service_gets_a_forbidden_event() {
+async fn without_update_on_loadbalancers_the_service_gets_a_forbidden_event() {
     let bed = bed_with_vm().await;
     Api::<IPPool>::all(bed.harvester.client.clone())
         .create(
@@ -143,8 +143,7 @@ async fn without_patch_on_loadbalancers_the_service_gets_a_forbidden_event() {
         .await
         .expect("pool");
     let chart = ccm_chart();
-    // Upstream's Harvester role (harvesterhci.io:cloudprovider) has no patch on loadbalancers
-    // either: this is what the cloud provider does with it (docs/install.md).
+    // The provider writes LoadBalancers with `update` (as upstream Harvester's role grants).
     let mut harvester_docs = harvester_rbac_of(&bed.vm_namespace, HARVESTER_CCM_ROLES);
     revoke(
         &mut harvester_docs,
@@ -152,7 +151,7 @@ async fn without_patch_on_loadbalancers_the_service_gets_a_forbidden_event() {
         HARVESTER_CCM_ROLES,
         "loadbalancer.harvesterhci.io",
         "loadbalancers",
-        "patch",
+        "update",
     );
     let accounts = accounts(&bed, &chart, Some(CCM_SA), &harvester_docs).await;
     let ccm = harvester_cloud_provider::spawn(
@@ -183,7 +182,7 @@ async fn without_patch_on_loadbalancers_the_service_gets_a_forbidden_event() {
     for part in [
         "forbidden",
         user.as_str(),
-        "cannot patch resource \"loadbalancers\"",
+        "cannot update resource \"loadbalancers\"",
     ] {
         assert!(note.contains(part), "the Event says {part:?}: {note}");
     }

@@ -153,6 +153,25 @@ pub fn cr_drift(existing: &LoadBalancer, desired: &LoadBalancer) -> CrDrift {
     drift
 }
 
+/// Applies [`CrDrift::metadata`] (labels/annotations to set or remove) to a CR.
+pub fn apply_metadata(
+    cr: &mut LoadBalancer,
+    metadata: &BTreeMap<String, BTreeMap<String, Option<String>>>,
+) {
+    for (part, changes) in metadata {
+        let target = match part.as_str() {
+            "labels" => cr.metadata.labels.get_or_insert_with(Default::default),
+            _ => cr.metadata.annotations.get_or_insert_with(Default::default),
+        };
+        for (k, v) in changes {
+            match v {
+                Some(v) => target.insert(k.clone(), v.clone()),
+                None => target.remove(k),
+            };
+        }
+    }
+}
+
 /// Changes to a guest Service that has an address.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServiceChange {
@@ -373,6 +392,25 @@ mod tests {
             Some((Some("pool".into()), Some("dhcp".into())))
         );
         assert!(drift.metadata.is_empty(), "{drift:?}");
+    }
+
+    #[test]
+    fn drift_applied_leaves_no_drift() {
+        let s = web();
+        let spec = ServiceLbSpec::from_service(&s).unwrap();
+        let mut existing = desired_lb(&s, &spec, &settings(), "ns");
+        existing
+            .labels_mut()
+            .insert(LABEL_CLUSTER.into(), "old-name".into());
+        let none = LbSettings {
+            management_network: None,
+            ..settings()
+        };
+        let desired = desired_lb(&s, &spec, &none, "ns");
+        let drift = cr_drift(&existing, &desired);
+        assert!(!drift.metadata.is_empty());
+        apply_metadata(&mut existing, &drift.metadata);
+        assert_eq!(cr_drift(&existing, &desired), CrDrift::default());
     }
 
     #[test]

@@ -342,6 +342,52 @@ async fn apply_change(
     Ok(())
 }
 
+/// Writes a changed CR with `update` (a compare-and-swap on its resourceVersion): Harvester's own
+/// cloud-provider role (`harvesterhci.io:cloudprovider`) grants `update`, not `patch`, on
+/// LoadBalancers, and the CRD has no status subresource, so status goes the same way.
+async fn update_cr(
+    ctx: &ServiceCtx,
+    mut cr: LoadBalancer,
+    change: impl Fn(&mut LoadBalancer),
+) -> Result<LoadBalancer, Error> {
+    let params = PostParams {
+        field_manager: Some(MANAGER.into()),
+        ..Default::default()
+    };
+    // The cached copy may be older than Harvester's last write: on a conflict, read and retry.
+    for _ in 0..3 {
+        change(&mut cr);
+        cr.metadata.managed_fields = None;
+        match ctx.lbs().replace(&cr.name_any(), &params, &cr).await {
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                cr = ctx
+                    .lbs()
+                    .get(&cr.name_any())
+                    .await
+                    .map_err(Error::Harvester)?;
+            }
+            other => return other.map_err(Error::Harvester),
+        }
+    }
+    change(&mut cr);
+    ctx.lbs()
+        .replace(&cr.name_any(), &params, &cr)
+        .await
+        .map_err(Error::Harvester)
+}
+
+/// `status.address` of the CR = the address the Service shows (upstream's mirror).
+async fn mirror_address(ctx: &ServiceCtx, cr: LoadBalancer, addr: &str) -> Result<(), Error> {
+    if cr.status.as_ref().and_then(|s| s.address.as_deref()) == Some(addr) {
+        return Ok(());
+    }
+    update_cr(ctx, cr, |cr| {
+        cr.status.get_or_insert_with(Default::default).address = Some(addr.to_string());
+    })
+    .await
+    .map(|_| ())
+}
+
 /// Deletes the cached CRs of `key` other than `keep` (those of an earlier UID of the Service).
 async fn delete_stale_crs(ctx: &ServiceCtx, key: &ServiceKey, keep: &str) -> Result<(), Error> {
     let stale: Vec<String> = ctx
@@ -511,14 +557,10 @@ async fn reconcile_primary(
             if drift.metadata.is_empty() {
                 existing
             } else {
-                ctx.lbs()
-                    .patch(
-                        &name,
-                        &patch_params(),
-                        &Patch::Merge(json!({"metadata": drift.metadata})),
-                    )
-                    .await
-                    .map_err(Error::Harvester)?
+                update_cr(ctx, existing, |cr| {
+                    plan::apply_metadata(cr, &drift.metadata)
+                })
+                .await?
             }
         }
     };
@@ -594,17 +636,8 @@ async fn reconcile_primary(
     } else {
         Some(ip.clone())
     };
-    if let Some(addr) = shown
-        && lb.status.as_ref().and_then(|s| s.address.as_deref()) != Some(addr.as_str())
-    {
-        ctx.lbs()
-            .patch(
-                &name,
-                &patch_params(),
-                &Patch::Merge(json!({"status": {"address": addr}})),
-            )
-            .await
-            .map_err(Error::Harvester)?;
+    if let Some(addr) = shown {
+        mirror_address(ctx, lb, &addr).await?;
     }
     Ok(Action::requeue(ctx.resync))
 }
@@ -679,16 +712,7 @@ async fn reconcile_dhcp(
         )
         .await;
     }
-    if lb.status.as_ref().and_then(|s| s.address.as_deref()) != Some(ip.as_str()) {
-        ctx.lbs()
-            .patch(
-                &lb.name_any(),
-                &patch_params(),
-                &Patch::Merge(json!({"status": {"address": ip}})),
-            )
-            .await
-            .map_err(Error::Harvester)?;
-    }
+    mirror_address(ctx, lb.clone(), &ip).await?;
     Ok(Action::requeue(ctx.resync))
 }
 
