@@ -49,8 +49,8 @@ unit-and-integration:
 	$(CARGO) test --workspace
 
 # Not part of `make test`: end-to-end figures on the test bed, peak memory of the release binaries
-# and criterion's IPAM estimates, written to docs/benchmarks.md (about 10 minutes on 2 cores; root
-# for the volume row).
+# and criterion's IPAM estimates, written to docs/benchmarks.md. About 4 minutes on 2 cores once the
+# release build exists (the first release build takes about 10 more); root for the volume row.
 bench: tools
 	@echo "[bench] cargo build --release --bins (the binaries under test and the bench program)"
 	$(CARGO) build --release --bins

@@ -186,6 +186,17 @@ struct Report {
     failures: usize,
 }
 
+impl Report {
+    /// A failed section becomes a row saying so (the others still run).
+    fn record(&mut self, result: anyhow::Result<()>, section: &'static str, what: &str, n: usize) {
+        if let Err(e) = result {
+            progress(format!("  FAILED: {e:#}"));
+            self.failures += 1;
+            self.rows.push(Row::failed(section, what, n, &e));
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Kubernetes API request counts from the provider's own metrics
 
@@ -577,38 +588,13 @@ async fn lb_convergence(n: usize, report: &mut Report) -> anyhow::Result<()> {
     let d_conv: u64 = delta(&at_convergence, &before).values().sum();
     let d = delta(&after, &before);
     let total: u64 = d.values().sum();
-    let mut figures = format!(
-        "**{:.1} API requests/Service** ({:.1} when the last address was seen); {:.1} Services/s; {} distinct addresses for {n} Services; the {n} creates took {}",
-        total as f64 / n as f64,
-        d_conv as f64 / n as f64,
-        n as f64 / all_in.as_secs_f64(),
-        distinct.len(),
-        secs(created_in),
-    );
-    if let Some((mean, count)) = address_metric {
-        let _ = write!(
-            figures,
-            "; the provider's own `service_address_seconds`: mean {} over {count} (from `creationTimestamp`, whole seconds)",
-            secs(Duration::from_secs_f64(mean))
-        );
-    }
-    report.rows.push(Row {
-        section: "1",
-        what: "LoadBalancer Services created at once → ingress address".into(),
-        n: n.to_string(),
-        total: secs(all_in),
-        p50: secs(stats.p50),
-        p99: secs(stats.p99),
-        figures,
-    });
-
     // Where the time goes: the provider before the CR exists, the stand-in allocating (one
     // LoadBalancer at a time), the provider from the allocation to the Service's address.
     let sent_seen: HashMap<String, (Instant, String)> = sent
         .iter()
         .map(|(k, t)| (k.clone(), (*t, String::new())))
         .collect();
-    let phases = [
+    let phases: [(&str, Vec<Duration>); 4] = [
         (
             "provider: Service created → its LoadBalancer CR exists",
             between(&sent_seen, &cr_seen),
@@ -626,11 +612,48 @@ async fn lb_convergence(n: usize, report: &mut Report) -> anyhow::Result<()> {
             latencies(&sent, &seen),
         ),
     ];
+    let mut figures = format!(
+        "**{:.1} API requests/Service** ({:.1} when the last address was seen); {:.1} Services/s; {} distinct addresses for {n} Services; the {n} creates took {}",
+        total as f64 / n as f64,
+        d_conv as f64 / n as f64,
+        n as f64 / all_in.as_secs_f64(),
+        distinct.len(),
+        secs(created_in),
+    );
+    if let Some((mean, count)) = address_metric {
+        let _ = write!(
+            figures,
+            "; the provider's own `service_address_seconds`: mean {} over {count} (from `creationTimestamp`, whole seconds)",
+            secs(Duration::from_secs_f64(mean))
+        );
+    }
+    let p50 = |i: usize| {
+        Stats::of(phases[i].1.clone())
+            .map(|s| secs(s.p50))
+            .unwrap_or_default()
+    };
+    let _ = write!(
+        figures,
+        "; per Service (p50) the provider took {} to create the CR and {} from allocation to address, the stand-in {} to allocate (one LoadBalancer at a time)",
+        p50(0),
+        p50(2),
+        p50(1)
+    );
+    report.rows.push(Row {
+        section: "1",
+        what: "LoadBalancer Services created at once → ingress address".into(),
+        n: n.to_string(),
+        total: secs(all_in),
+        p50: secs(stats.p50),
+        p99: secs(stats.p99),
+        figures,
+    });
+
     let mut table = format!(
         "### Where a Service's time goes, N = {n}\n\nEach phase from the watches of the bench (Services in the guest, LoadBalancer CRs in Harvester).\n\n| phase | p50 | p99 | max |\n|---|---|---|---|\n"
     );
-    for (what, sample) in phases {
-        if let Some(s) = Stats::of(sample) {
+    for (what, sample) in &phases {
+        if let Some(s) = Stats::of(sample.clone()) {
             let _ = writeln!(
                 table,
                 "| {what} | {} | {} | {} |",
@@ -1256,20 +1279,12 @@ fn ipam(dir: &Path, report: &mut Report) -> anyhow::Result<()> {
         dir.display()
     ));
     let layouts = [
-        (
-            "in_order",
-            "filled in order, `lastAllocated` on the last one",
-        ),
-        (
-            "scattered",
-            "free addresses spread evenly, walk from the start",
-        ),
-        (
-            "wrapped",
-            "filled in order, the round robin wrapped to the start (worst case)",
-        ),
+        ("in_order", "in order"),
+        ("scattered", "scattered"),
+        ("wrapped", "wrapped (worst case)"),
     ];
     for (layout, how) in layouts {
+        let mut empty = None;
         for percent in [0, 90, 99] {
             let file = dir
                 .join(format!("ipam_slash16_{layout}"))
@@ -1288,30 +1303,34 @@ fn ipam(dir: &Path, report: &mut Report) -> anyhow::Result<()> {
             let v: serde_json::Value = serde_json::from_str(&text)?;
             let ns = |k: &str| v[k]["point_estimate"].as_f64().unwrap_or(f64::NAN);
             let (mean, median) = (ns("mean"), ns("median"));
-            let lo = v["mean"]["confidence_interval"]["lower_bound"]
-                .as_f64()
-                .unwrap_or(f64::NAN);
-            let hi = v["mean"]["confidence_interval"]["upper_bound"]
-                .as_f64()
-                .unwrap_or(f64::NAN);
+            let bound = |k: &str| {
+                v["mean"]["confidence_interval"][k]
+                    .as_f64()
+                    .unwrap_or(f64::NAN)
+            };
             let stale = if age > Duration::from_secs(3600) {
                 format!(" (**stale: {} h old**)", age.as_secs() / 3600)
             } else {
                 String::new()
             };
+            let ratio = match empty {
+                Some(e) if percent > 0 => format!("; **{:.0}×** the empty pool's time", mean / e),
+                _ => String::new(),
+            };
+            empty = empty.or(Some(mean));
             report.rows.push(Row {
                 section: "5",
-                what: format!("`ipam::allocate` on a /16, {percent} % full — {how}"),
-                n: "criterion --quick".into(),
+                what: format!("`ipam::allocate`, /16 {percent} % full, {how}"),
+                n: "criterion `--quick`".into(),
                 total: "—".into(),
                 p50: format!("{} (median)", nanos(median)),
                 p99: "—".into(),
                 figures: format!(
-                    "**{} allocations/s**; mean {} (95 % CI {} – {}){stale}",
+                    "**{} allocations/s**; mean {} (95 % CI {} – {}){ratio}{stale}",
                     per_second(mean),
                     nanos(mean),
-                    nanos(lo),
-                    nanos(hi)
+                    nanos(bound("lower_bound")),
+                    nanos(bound("upper_bound"))
                 ),
             });
         }
@@ -1411,7 +1430,11 @@ fn render(info: &RunInfo, report: &Report) -> String {
         s.push_str("**Smoke run (`--smoke`): small N, the figures mean nothing.**\n\n");
     }
     let _ = writeln!(s, "| | |\n|---|---|");
-    let _ = writeln!(s, "| commit | `{}` |", info.commit);
+    let _ = writeln!(
+        s,
+        "| commit | `{}` (`git rev-parse --short HEAD`; the working tree is measured as it is, uncommitted changes included) |",
+        info.commit
+    );
     let _ = writeln!(
         s,
         "| run | {} UTC, {} in total |",
@@ -1468,7 +1491,8 @@ done in\" = last address seen − first create sent. API requests are the provid
 `harvester_kube_api_requests_total` (guest and Harvester clients, Events included) from just before \
 the first create until the counter has been still for 2 s after the last address, divided by N. The \
 Harvester side (allocation, IPPool status) is the stand-in's LB controller, which handles one \
-LoadBalancer at a time as Harvester's does; its time is part of the latency.
+LoadBalancer at a time; its time is part of the latency, and the phase tables below separate it \
+from the provider's (CR creation and address seen by watches of the bench).
 2. **Node initialisation.** A fresh bed, one Harvester host and N running VMs (with VMIs and one \
 IP each) created first; then the provider in-process; then N guest Nodes tainted \
 `node.cloudprovider.kubernetes.io/uninitialized` created 16 at a time. A Node counts when it has a \
@@ -1488,10 +1512,14 @@ VMs, their tainted Nodes and the LoadBalancer Services are created, and VmHWM (p
 from `/proc/<pid>/status`) is read once every Service has its address and every Node is \
 initialised, plus 5 s. `harvester-csi-driver --mode node` for one of the VMs: VmHWM 5 s after its \
 socket appears, no RPC served.
-5. **IPAM.** `cargo bench -p harvester-common --bench ipam -- --quick` (criterion). One iteration \
-= one `ipam::allocate` for an applicant that holds nothing, on a /16 (65 533 allocatable \
-addresses) at 0, 90 and 99 % full, then the entry is removed again so every iteration sees the same \
-pool. The estimates are read from criterion's `estimates.json`.
+5. **IPAM.** `cargo bench -p harvester-common --bench ipam -- --quick` (criterion, \
+`common/benches/ipam.rs`). One iteration = one `ipam::allocate` for an applicant that holds \
+nothing, on a /16 (65 533 allocatable addresses) at 0, 90 and 99 % full, then the entry is removed \
+again so every iteration sees the same pool. Layouts: *in order* = filled from the start, \
+`lastAllocated` on the last one (a pool that never wrapped: the round robin starts at a free \
+address); *scattered* = the free addresses spread evenly, walk from the start; *wrapped* = filled \
+from the start with `lastAllocated` back at the start (the walk passes every allocated address). \
+The estimates are read from criterion's `estimates.json`.
 ";
 
 // ---------------------------------------------------------------------------------------------
@@ -1517,38 +1545,22 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
     }
     runtime.block_on(async {
         for &n in sizes.lb.iter().filter(|_| args.runs(1)) {
-            if let Err(e) = lb_convergence(n, &mut report).await {
-                progress(format!("  FAILED: {e:#}"));
-                report.failures += 1;
-                report.rows.push(Row::failed(
-                    "1",
-                    "LoadBalancer Services created at once → ingress address",
-                    n,
-                    &e,
-                ));
-            }
+            let r = lb_convergence(n, &mut report).await;
+            report.record(
+                r,
+                "1",
+                "LoadBalancer Services created at once → ingress address",
+                n,
+            );
         }
-        if !args.runs(2) {
-        } else if let Err(e) = node_initialisation(sizes.nodes, &mut report).await {
-            progress(format!("  FAILED: {e:#}"));
-            report.failures += 1;
-            report.rows.push(Row::failed(
-                "2",
-                "tainted Nodes → initialised",
-                sizes.nodes,
-                &e,
-            ));
+        if args.runs(2) {
+            let r = node_initialisation(sizes.nodes, &mut report).await;
+            report.record(r, "2", "tainted Nodes → initialised", sizes.nodes);
         }
-        if !args.runs(3) {
-        } else if root {
-            if let Err(e) = volumes(sizes.volumes, &mut report).await {
-                progress(format!("  FAILED: {e:#}"));
-                report.failures += 1;
-                report
-                    .rows
-                    .push(Row::failed("3", "volume round trip", sizes.volumes, &e));
-            }
-        } else {
+        if args.runs(3) && root {
+            let r = volumes(sizes.volumes, &mut report).await;
+            report.record(r, "3", "volume round trip", sizes.volumes);
+        } else if args.runs(3) {
             progress("3. Volumes: skipped, not root (loop devices, mkfs, mount)");
             report.rows.push(Row {
                 section: "3",
@@ -1560,36 +1572,15 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
                 figures: "not run as root: loop devices, mkfs and mount need root".into(),
             });
         }
-        if !args.runs(4) {
-        } else if let Err(e) = memory(sizes.memory_services, sizes.memory_nodes, &mut report).await
-        {
-            progress(format!("  FAILED: {e:#}"));
-            report.failures += 1;
-            report.rows.push(Row::failed(
-                "4",
-                "peak RSS of the binaries",
-                sizes.memory_services,
-                &e,
-            ));
+        if args.runs(4) {
+            let r = memory(sizes.memory_services, sizes.memory_nodes, &mut report).await;
+            report.record(r, "4", "peak RSS of the binaries", sizes.memory_services);
         }
     });
     drop(runtime);
-
-    match criterion_dir(&args).and_then(|dir| {
-        if args.runs(5) {
-            ipam(&dir, &mut report)
-        } else {
-            Ok(())
-        }
-    }) {
-        Ok(()) => {}
-        Err(e) => {
-            progress(format!("  FAILED: {e:#}"));
-            report.failures += 1;
-            report
-                .rows
-                .push(Row::failed("5", "ipam::allocate (criterion)", 0, &e));
-        }
+    if args.runs(5) {
+        let r = criterion_dir(&args).and_then(|dir| ipam(&dir, &mut report));
+        report.record(r, "5", "ipam::allocate (criterion)", 0);
     }
 
     let info = RunInfo {
