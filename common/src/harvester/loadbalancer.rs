@@ -47,8 +47,10 @@ pub struct LoadBalancerSpec {
     pub rest: Rest,
 }
 
+/// Decoded leniently (`from = Value`): a field that is not what we expect is dropped with a warning
+/// instead of failing the whole object, so one bad CR cannot stop a watch from listing the others.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", from = "serde_json::Value")]
 pub struct LoadBalancerStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocated_address: Option<AllocatedAddress>,
@@ -88,6 +90,50 @@ pub struct Condition {
     pub last_update_time: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_transition_time: Option<String>,
+}
+
+impl From<serde_json::Value> for LoadBalancerStatus {
+    fn from(v: serde_json::Value) -> Self {
+        let serde_json::Value::Object(mut map) = v else {
+            tracing::warn!(
+                "ignoring a LoadBalancer status that is not an object: {}",
+                short(&v)
+            );
+            return LoadBalancerStatus::default();
+        };
+        let mut take = |key: &str| map.remove(key).filter(|v| !v.is_null());
+        let allocated_address =
+            take("allocatedAddress").and_then(|v| lenient("allocatedAddress", v));
+        let address = take("address").and_then(|v| lenient("address", v));
+        let conditions = take("conditions")
+            .and_then(|v| lenient::<Vec<Condition>>("conditions", v))
+            .unwrap_or_default();
+        LoadBalancerStatus {
+            allocated_address,
+            address,
+            conditions,
+            rest: map,
+        }
+    }
+}
+
+/// `v` as a `T`, or `None` with a warning naming the field.
+fn lenient<T: serde::de::DeserializeOwned>(field: &str, v: serde_json::Value) -> Option<T> {
+    match serde_json::from_value(v.clone()) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::warn!("ignoring LoadBalancer status.{field} ({e}): {}", short(&v));
+            None
+        }
+    }
+}
+
+fn short(v: &serde_json::Value) -> String {
+    let text = v.to_string();
+    match text.char_indices().nth(200) {
+        Some((i, _)) => format!("{}...", &text[..i]),
+        None => text,
+    }
 }
 
 impl LoadBalancer {
@@ -187,4 +233,47 @@ pub struct IPPoolStatus {
     pub conditions: Vec<Condition>,
     #[serde(flatten)]
     pub rest: Rest,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn lb(status: serde_json::Value) -> LoadBalancer {
+        serde_json::from_value(json!({
+            "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
+            "metadata": {"name": "x", "namespace": "ns"},
+            "spec": {"workloadType": "cluster", "ipam": "pool"},
+            "status": status,
+        }))
+        .expect("a LoadBalancer decodes whatever its status holds")
+    }
+
+    #[test]
+    fn a_well_formed_status_round_trips() {
+        let status = json!({"allocatedAddress": {"ipPool": "p", "ip": "10.0.0.1", "mask": "255.255.255.0"},
+                            "address": "10.0.0.1", "backendServers": ["a"],
+                            "conditions": [{"type": "Ready", "status": "True"}]});
+        let l = lb(status.clone());
+        assert_eq!(l.allocated_ip(), Some("10.0.0.1"));
+        assert_eq!(serde_json::to_value(l.status.unwrap()).unwrap(), status);
+    }
+
+    #[test]
+    fn bad_fields_are_dropped_not_fatal() {
+        let l = lb(
+            json!({"allocatedAddress": "10.0.0.1", "address": 7, "conditions": "Ready",
+                          "backendServers": ["kept"]}),
+        );
+        let st = l.status.unwrap();
+        assert_eq!(st.allocated_address, None);
+        assert_eq!(st.address, None);
+        assert!(st.conditions.is_empty());
+        assert_eq!(st.rest.get("backendServers"), Some(&json!(["kept"])));
+        assert_eq!(
+            lb(json!("garbage")).status,
+            Some(LoadBalancerStatus::default())
+        );
+    }
 }

@@ -28,6 +28,10 @@ pub enum LbSimError {
     Conflict { pool: String },
 }
 
+/// A LoadBalancer with this annotation is left alone by the stand-in (fault tests plant
+/// undecodable CRs that Harvester's own controller could not process either).
+pub const UNMANAGED: &str = "testbed.harvesterhci.io/unmanaged";
+
 struct Ctx {
     client: kube::Client,
 }
@@ -63,6 +67,9 @@ fn applicant(lb: &LoadBalancer) -> String {
 }
 
 async fn reconcile(lb: Arc<LoadBalancer>, ctx: Arc<Ctx>) -> Result<Action, LbSimError> {
+    if lb.annotations().contains_key(UNMANAGED) {
+        return Ok(Action::await_change());
+    }
     let ns = lb.namespace().unwrap_or_default();
     let api: Api<LoadBalancer> = Api::namespaced(ctx.client.clone(), &ns);
     let has_finalizer = lb.finalizers().iter().any(|f| f == LB_CONTROLLER_FINALIZER);
