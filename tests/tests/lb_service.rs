@@ -153,6 +153,28 @@ async fn cr_names(bed: &TestBed) -> Vec<String> {
         .collect()
 }
 
+/// Waits until no CR is left: a deleted CR goes once Harvester (the stand-in) has released its
+/// address and removed its own finalizer, which can be a moment after the Service is gone.
+async fn wait_no_crs(bed: &TestBed, what: &str) {
+    let lbs = crs(bed);
+    wait::until(what, LIMIT, || {
+        let lbs = lbs.clone();
+        async move {
+            let names: Vec<String> = lbs
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .iter()
+                .map(|c| c.name_any())
+                .collect();
+            Ok(if names.is_empty() { Ok(()) } else { Err(names) })
+        }
+    })
+    .await
+    .unwrap();
+}
+
 /// Waits for an event with `reason` on Service `name` whose note contains `text`.
 async fn wait_event(bed: &TestBed, name: &str, reason: &str, text: &str) -> String {
     let api: Api<Event> = Api::namespaced(bed.guest.client.clone(), "default");
@@ -284,7 +306,7 @@ async fn lb_service_gets_a_pool_address_and_gives_it_back_on_delete() {
         .await
         .expect("delete");
     wait_gone(&bed, "web").await;
-    assert!(cr_names(&bed).await.is_empty(), "no CR left");
+    wait_no_crs(&bed, "no CR left").await;
     let pools = Api::<IPPool>::all(bed.harvester.client.clone());
     wait::until("address back in the pool", LIMIT, || {
         let pools = pools.clone();
@@ -415,7 +437,7 @@ async fn lb_secondaries_share_the_primary_address_and_conflicting_ports_are_refu
     api.delete("dns", &DeleteParams::default()).await.unwrap();
     wait_gone(&bed, "gw").await;
     wait_gone(&bed, "dns").await;
-    assert!(cr_names(&bed).await.is_empty());
+    wait_no_crs(&bed, "no CR left").await;
     ccm.stop().await;
 }
 
@@ -434,10 +456,7 @@ async fn lb_service_deleted_while_pending_leaves_no_cr() {
     assert_eq!(cr_names(&bed).await.len(), 1, "a CR exists while pending");
     api.delete("early", &DeleteParams::default()).await.unwrap();
     wait_gone(&bed, "early").await;
-    assert!(
-        cr_names(&bed).await.is_empty(),
-        "the pending CR was deleted"
-    );
+    wait_no_crs(&bed, "the pending CR was deleted").await;
     ccm.stop().await;
 }
 
