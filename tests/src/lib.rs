@@ -14,6 +14,7 @@ pub mod apply;
 pub mod bed;
 pub mod certs;
 pub mod cluster;
+pub mod mounts;
 pub mod netns;
 pub mod process;
 pub mod rbac;

@@ -165,7 +165,7 @@ async fn data_survives_unstage_and_restage_root() {
     unpublish_and_unstage(&d, &v).await;
     assert!(!v.target.exists(), "NodeUnpublishVolume removes the target");
     assert!(
-        common::mounts_under(&dir).is_empty(),
+        testbed::mounts::mounts_under(&dir).is_empty(),
         "nothing mounted after unstage"
     );
 

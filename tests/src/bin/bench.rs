@@ -810,24 +810,6 @@ fn mount_cap() -> VolumeCapability {
     }
 }
 
-/// Unmounts whatever is left under the directory (a failed run must not leave mounts).
-struct Sweep(PathBuf);
-
-impl Drop for Sweep {
-    fn drop(&mut self) {
-        let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let mut left: Vec<&str> = text
-            .lines()
-            .filter_map(|l| l.split_whitespace().nth(4))
-            .filter(|p| Path::new(p).starts_with(&self.0))
-            .collect();
-        left.reverse();
-        for p in left {
-            let _ = Command::new("umount").arg("-l").arg(p).status();
-        }
-    }
-}
-
 async fn install_default_storage_class(bed: &TestBed) -> anyhow::Result<()> {
     let sc: k8s_openapi::api::storage::v1::StorageClass = serde_json::from_value(json!({
         "metadata": {"name": "harvester-longhorn",
@@ -981,7 +963,7 @@ async fn volumes(n: usize, report: &mut Report) -> anyhow::Result<()> {
         .await?;
     let dir = bed.dir.path().join("bench-csi");
     std::fs::create_dir_all(&dir)?;
-    let _sweep = Sweep(dir.clone());
+    let _sweep = testbed::mounts::MountSweeper(dir.clone());
     let socket = dir.join("csi.sock");
     let mut config = harvester_csi_driver::Config::new(
         format!("unix://{}", socket.display()),

@@ -4,7 +4,6 @@
 //! (bind mount), write and read back a file, and all the way back down. Needs root.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -32,27 +31,6 @@ fn cap() -> VolumeCapability {
     }
 }
 
-/// Unmounts anything left under the demo's directory if a step fails half-way.
-struct Sweep(PathBuf);
-
-impl Drop for Sweep {
-    fn drop(&mut self) {
-        let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let mut left: Vec<&str> = text
-            .lines()
-            .filter_map(|l| l.split_whitespace().nth(4))
-            .filter(|p| Path::new(p).starts_with(&self.0))
-            .collect();
-        left.reverse();
-        for p in left {
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(p)
-                .status();
-        }
-    }
-}
-
 fn step(n: u32, what: &str, t0: Instant) {
     println!(
         "--- CSI step {n} ({:.1}s): {what}",
@@ -67,7 +45,7 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let dir = bed.dir.path().join("csi-demo");
     std::fs::create_dir_all(&dir)?;
-    let _sweep = Sweep(dir.clone());
+    let _sweep = testbed::mounts::MountSweeper(dir.clone());
     let socket = dir.join("csi.sock");
     let mut config = Config::new(format!("unix://{}", socket.display()), &bed.cloud_config);
     config.node_id = Some(NODE.into());
