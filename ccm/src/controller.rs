@@ -69,14 +69,22 @@ impl NodeCtx {
         (Arc::new(NodeCtx::new(ctx.clone(), inventory)), run)
     }
 
-    /// Ends a reconcile: a Warning Event on the Node for a failure, backoff bookkeeping.
-    pub async fn report(
+    /// Runs one reconcile of `node` by `controller`: counted and timed in the metrics, a Warning
+    /// Event on the Node for a failure, backoff bookkeeping.
+    pub async fn reconcile(
         &self,
         controller: &'static str,
         action: &str,
         node: &Node,
-        result: Result<Action, Error>,
+        sync: impl Future<Output = Result<Action, Error>>,
     ) -> Result<Action, Error> {
+        let metrics = &self.ctx.telemetry.metrics;
+        let timer = metrics.reconcile_started(controller);
+        let result = sync.await;
+        drop(timer);
+        if let Err(e) = &result {
+            metrics.reconcile_failed(controller, e.reason());
+        }
         match &result {
             Ok(_) => {
                 if let Ok(mut f) = self.failures.lock() {

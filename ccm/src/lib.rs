@@ -168,34 +168,13 @@ pub async fn run_with(
     Ok(())
 }
 
-/// Keeps the `harvester` readiness check and the token-expiry warning true: Harvester reachable
-/// with the cloud-config's credentials (a 401 makes the provider unready, naming the file).
+/// Keeps the `harvester` readiness check true (see [`Harvester::watch_credentials`]).
 async fn watch_credentials(ctx: &Context, shutdown: Shutdown) {
     let warn_before =
         std::time::Duration::from_secs(u64::from(ctx.config.token_expiry_warning_days) * 86_400);
-    let mut last_warning = None::<std::time::Instant>;
-    let work = async {
-        loop {
-            let state = match ctx.harvester.client.apiserver_version().await {
-                Ok(_) => ctx.harvester.credentials_state(),
-                Err(e) => ctx.harvester.credentials_state().and(Err(format!(
-                    "Harvester API unreachable with cloud-config {}: {e}",
-                    ctx.harvester.path.display()
-                ))),
-            };
-            ctx.telemetry.readiness.set(READY_HARVESTER, state);
-            if let Some(w) = ctx.harvester.expiry_warning(warn_before)
-                && last_warning.is_none_or(|t| t.elapsed() > std::time::Duration::from_secs(3600))
-            {
-                // Readiness stays true: the credentials still work; the operator must rotate them.
-                tracing::warn!("{w}");
-                last_warning = Some(std::time::Instant::now());
-            }
-            tokio::time::sleep(std::time::Duration::from_secs(30)).await;
-        }
-    };
+    let readiness = &ctx.telemetry.readiness;
     tokio::select! {
-        () = work => {},
+        () = ctx.harvester.watch_credentials(readiness, READY_HARVESTER, warn_before) => {},
         () = shutdown => {},
     }
 }

@@ -115,8 +115,8 @@ pub async fn run(nctx: Arc<NodeCtx>, shutdown: Shutdown) {
 }
 
 async fn reconcile(node: Arc<Node>, nctx: Arc<NodeCtx>) -> Result<Action, Error> {
-    let result = sync(&node, &nctx).await;
-    nctx.report(NAME, ACTION, &node, result).await
+    nctx.reconcile(NAME, ACTION, &node, sync(&node, &nctx))
+        .await
 }
 
 async fn sync(node: &Node, nctx: &NodeCtx) -> Result<Action, Error> {

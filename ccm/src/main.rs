@@ -1,7 +1,6 @@
 //! `harvester-cloud-provider`: the cloud controller manager of Kubernetes guest clusters on
 //! Harvester HCI. Flags are parsed and checked here; the controllers are in the library.
 
-use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
@@ -31,7 +30,9 @@ fn start(flags: Flags) -> anyhow::Result<()> {
     let ops = flags.ops.clone();
     let config = Config::from_flags(flags)?;
     let leader = leader_config(&ops)?;
-    let metrics_address = parse_address(&ops.metrics_address)?;
+    let metrics_address =
+        telemetry::server::parse_address("--metrics-address", &ops.metrics_address)
+            .map_err(anyhow::Error::msg)?;
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {
         let shutdown = telemetry::shutdown_signal().boxed().shared();
@@ -68,16 +69,6 @@ fn start(flags: Flags) -> anyhow::Result<()> {
         .await?;
         Ok(())
     })
-}
-
-fn parse_address(raw: &str) -> anyhow::Result<Option<SocketAddr>> {
-    let raw = raw.trim();
-    if raw.is_empty() {
-        return Ok(None);
-    }
-    raw.parse::<SocketAddr>()
-        .map(Some)
-        .map_err(|e| anyhow::anyhow!("invalid value {raw:?} for --metrics-address: {e}"))
 }
 
 fn leader_config(ops: &OpsFlags) -> anyhow::Result<Option<LeaderConfig>> {

@@ -18,7 +18,7 @@ use http::{Request, Response};
 use kube::client::Body;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
-use crate::telemetry::Metrics;
+use crate::telemetry::{Metrics, Readiness};
 
 /// Default path of the cloud-config inside the upstream charts' pods.
 pub const DEFAULT_PATH: &str = "/etc/kubernetes/cloud-config";
@@ -228,7 +228,41 @@ impl Harvester {
     fn report_expiry(&self) {
         report_expiry(&self.shared);
     }
+
+    /// Keeps the readiness check `check` true while Harvester answers with the cloud-config's
+    /// credentials (a 401 or an unreachable server makes it false, naming the file), asking every
+    /// 30 s; warns at warn level, at most hourly, from `warn_before` before the token expires
+    /// (readiness stays true then: the credentials still work, the operator must rotate them).
+    /// Runs until dropped.
+    pub async fn watch_credentials(
+        &self,
+        readiness: &Readiness,
+        check: &str,
+        warn_before: Duration,
+    ) {
+        let mut last_warning = None::<std::time::Instant>;
+        loop {
+            let state = match self.client.apiserver_version().await {
+                Ok(_) => self.credentials_state(),
+                Err(e) => self.credentials_state().and(Err(format!(
+                    "Harvester API unreachable with cloud-config {}: {e}",
+                    self.path.display()
+                ))),
+            };
+            readiness.set(check, state);
+            if let Some(w) = self.expiry_warning(warn_before)
+                && last_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(3600))
+            {
+                tracing::warn!("{w}");
+                last_warning = Some(std::time::Instant::now());
+            }
+            tokio::time::sleep(CREDENTIALS_CHECK_PERIOD).await;
+        }
+    }
 }
+
+/// How often [`Harvester::watch_credentials`] asks Harvester.
+const CREDENTIALS_CHECK_PERIOD: Duration = Duration::from_secs(30);
 
 fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     l.read().unwrap_or_else(|p| p.into_inner())

@@ -1,6 +1,4 @@
-//! Identity service: name and version, capabilities, and a Probe that asks the Harvester API.
-
-use std::time::Duration;
+//! Identity service: name and version, capabilities, and Probe.
 
 use csi_proto::csi::v1::identity_server::Identity;
 use csi_proto::csi::v1::plugin_capability::{self, service, volume_expansion};
@@ -8,22 +6,17 @@ use csi_proto::csi::v1::{
     GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
     GetPluginInfoResponse, PluginCapability, ProbeRequest, ProbeResponse,
 };
-use harvester_common::cloud_config::Harvester;
 use tonic::{Request, Response, Status};
 
 use crate::{DRIVER_NAME, Mode, VERSION};
 
-/// How long Probe waits for the Harvester API server.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
-
 pub struct IdentityService {
     mode: Mode,
-    harvester: Harvester,
 }
 
 impl IdentityService {
-    pub fn new(mode: Mode, harvester: Harvester) -> Self {
-        IdentityService { mode, harvester }
+    pub fn new(mode: Mode) -> Self {
+        IdentityService { mode }
     }
 }
 
@@ -71,30 +64,11 @@ impl Identity for IdentityService {
         }))
     }
 
-    /// Ready when the Harvester API server answers; otherwise `ready: false` and the reason
-    /// in the log (the response has no field for it).
+    /// Ready whenever the plugin serves. Harvester's reachability is reported on `/readyz`, not
+    /// here: the livenessprobe sidecar restarts the plugin on a failed Probe, and a restart cannot
+    /// bring Harvester back (it would only put the plugin into a crash loop during an outage).
     async fn probe(&self, _: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
-        let ready =
-            match tokio::time::timeout(PROBE_TIMEOUT, self.harvester.client.apiserver_version())
-                .await
-            {
-                Ok(Ok(_)) => true,
-                Ok(Err(e)) => {
-                    tracing::warn!(
-                        "probe: Harvester API {}: {e}",
-                        self.harvester.path.display()
-                    );
-                    false
-                }
-                Err(_) => {
-                    tracing::warn!(
-                        "probe: Harvester API ({}) did not answer within {PROBE_TIMEOUT:?}",
-                        self.harvester.path.display()
-                    );
-                    false
-                }
-            };
-        Ok(Response::new(ProbeResponse { ready: Some(ready) }))
+        Ok(Response::new(ProbeResponse { ready: Some(true) }))
     }
 }
 

@@ -15,8 +15,10 @@ mod inflight;
 pub mod naming;
 pub mod node;
 pub mod request;
+pub mod rpc;
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -24,9 +26,10 @@ use std::time::Duration;
 use csi_proto::csi::v1::controller_server::ControllerServer;
 use csi_proto::csi::v1::identity_server::IdentityServer;
 use csi_proto::csi::v1::node_server::NodeServer;
+use futures::FutureExt;
 use harvester_common::cloud_config::{CloudConfigError, Harvester};
+use harvester_common::telemetry::{Metrics, Readiness};
 use tokio_stream::wrappers::UnixListenerStream;
-use tonic::{Response, Status};
 
 /// The CSI driver name, as upstream.
 pub const DRIVER_NAME: &str = "driver.harvesterhci.io";
@@ -99,7 +102,18 @@ pub struct Config {
     /// Reported in NodeGetInfo; `None` derives it from the VMI (256 minus its static disks).
     pub max_volumes_per_node: Option<u32>,
     pub timeouts: Timeouts,
+    /// Where `/healthz`, `/readyz` and `/metrics` are served; `None`: not served.
+    pub metrics_address: Option<SocketAddr>,
+    /// Warn this long before the cloud-config's token expires.
+    pub token_expiry_warning: Duration,
+    /// After the shutdown signal, how long RPCs in flight may take before the server stops
+    /// anyway (below the kubelet's default 30 s grace period).
+    pub shutdown_grace: Duration,
 }
+
+/// Readiness checks: Harvester answers with the cloud-config's credentials; the CSI socket serves.
+pub const READY_HARVESTER: &str = "harvester";
+pub const READY_CSI: &str = "csi";
 
 impl Config {
     /// Defaults for everything but the endpoint and the cloud-config.
@@ -114,6 +128,9 @@ impl Config {
             sysfs_dir: PathBuf::from("/sys"),
             max_volumes_per_node: None,
             timeouts: Timeouts::default(),
+            metrics_address: None,
+            token_expiry_warning: Duration::from_secs(7 * 86_400),
+            shutdown_grace: Duration::from_secs(25),
         }
     }
 }
@@ -137,6 +154,12 @@ pub enum ServeError {
     NoNodeId(Mode),
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("--metrics-address {addr}: {source}")]
+    Metrics {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// The socket path of a CSI endpoint. Only unix sockets are served.
@@ -197,9 +220,44 @@ pub async fn serve(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    let readiness = Readiness::with_checks(&[READY_HARVESTER, READY_CSI]);
+    serve_with(config, Metrics::new(), readiness, shutdown).await
+}
+
+/// [`serve`], reporting into `metrics` and `readiness` (served over HTTP when
+/// `config.metrics_address` is set). On `shutdown` the socket stops accepting calls and RPCs in
+/// flight get `config.shutdown_grace` to finish.
+pub async fn serve_with(
+    config: Config,
+    metrics: Metrics,
+    readiness: Readiness,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
     let path = socket_path(&config.endpoint)?;
-    let harvester = Harvester::load(&config.cloud_config).await?;
-    let identity = identity::IdentityService::new(config.mode, harvester.clone());
+    let shutdown = shutdown.boxed().shared();
+    if let Some(addr) = config.metrics_address {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Metrics { addr, source })?;
+        tracing::info!("health and metrics on http://{addr}");
+        tokio::spawn(harvester_common::telemetry::server::serve_on(
+            listener,
+            metrics.clone(),
+            readiness.clone(),
+            shutdown.clone(),
+        ));
+    }
+    let harvester = Harvester::load_with_metrics(&config.cloud_config, Some(&metrics)).await?;
+    let credentials = tokio::spawn({
+        let (harvester, readiness) = (harvester.clone(), readiness.clone());
+        let warn_before = config.token_expiry_warning;
+        async move {
+            harvester
+                .watch_credentials(&readiness, READY_HARVESTER, warn_before)
+                .await
+        }
+    });
+    let identity = identity::IdentityService::new(config.mode);
     let controller = config
         .mode
         .controller()
@@ -223,15 +281,25 @@ pub async fn serve(
         "harvester-csi-driver {VERSION} serving CSI {}",
         csi_proto::CSI_SPEC_VERSION
     );
-    let result = tonic::transport::Server::builder()
+    readiness.set(READY_CSI, Ok(()));
+    let server = tonic::transport::Server::builder()
+        .layer(rpc::RpcMetricsLayer::new(metrics))
         .add_service(IdentityServer::new(identity))
         .add_optional_service(controller.map(ControllerServer::new))
         .add_optional_service(node.map(NodeServer::new))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
-        .await;
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown.clone());
+    let grace = config.shutdown_grace;
+    let result = tokio::select! {
+        r = server => r.map_err(ServeError::from),
+        () = async { shutdown.await; tokio::time::sleep(grace).await } => {
+            tracing::warn!("RPCs still running {grace:?} after the shutdown signal; stopping anyway");
+            Ok(())
+        }
+    };
+    credentials.abort();
     let _ = std::fs::remove_file(&path);
     tracing::info!("harvester-csi-driver stopped");
-    result.map_err(ServeError::from)
+    result
 }
 
 /// A gRPC channel to a driver's unix socket (for tests, the demo and tools).
@@ -247,27 +315,6 @@ pub async fn connect(socket: &Path) -> Result<tonic::transport::Channel, tonic::
             }
         }))
         .await
-}
-
-/// Logs the outcome of an RPC and turns its error into a `Status` (the one mapping point).
-pub(crate) fn respond<T, E>(
-    method: &'static str,
-    volume: &str,
-    result: Result<T, E>,
-) -> Result<Response<T>, Status>
-where
-    E: Into<Status> + std::fmt::Display,
-{
-    match result {
-        Ok(v) => {
-            tracing::debug!(method, volume, "ok");
-            Ok(Response::new(v))
-        }
-        Err(e) => {
-            tracing::warn!(method, volume, "{e}");
-            Err(e.into())
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! `harvester-csi-driver`: CSI driver passing Harvester volumes through to guest clusters.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
@@ -40,23 +41,16 @@ struct Cli {
     /// Log format: text or json.
     #[arg(long, default_value = "text")]
     log_format: harvester_common::telemetry::LogFormat,
-}
-
-/// The shutdown signal: SIGTERM (kubelet stopping the pod) or SIGINT.
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => tracing::info!("SIGTERM: stopping"),
-                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
-            }
-        }
-        Err(e) => {
-            tracing::warn!("cannot watch SIGTERM ({e}); stopping on SIGINT only");
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
+    /// Address of the /healthz, /readyz and /metrics endpoints (`host:port` or `:port`); empty:
+    /// not served.
+    #[arg(long, default_value = "")]
+    metrics_address: String,
+    /// Warn this many days before the cloud-config's token expires.
+    #[arg(long, default_value_t = 7)]
+    token_expiry_warning_days: u16,
+    /// Seconds RPCs in flight may take to finish after SIGTERM.
+    #[arg(long, default_value_t = 25)]
+    shutdown_grace_seconds: u16,
 }
 
 #[tokio::main]
@@ -70,7 +64,15 @@ async fn main() -> anyhow::Result<()> {
     config.host_storage_class = cli.host_storage_class;
     config.disk_by_id_dir = cli.disk_by_id_dir;
     config.max_volumes_per_node = cli.max_volumes_per_node;
-    harvester_csi_driver::serve(config, shutdown_signal())
+    config.metrics_address = harvester_common::telemetry::server::parse_address(
+        "--metrics-address",
+        &cli.metrics_address,
+    )
+    .map_err(anyhow::Error::msg)?;
+    config.token_expiry_warning =
+        Duration::from_secs(u64::from(cli.token_expiry_warning_days) * 86_400);
+    config.shutdown_grace = Duration::from_secs(u64::from(cli.shutdown_grace_seconds));
+    harvester_csi_driver::serve(config, harvester_common::telemetry::shutdown_signal())
         .await
         .context("harvester-csi-driver")
 }

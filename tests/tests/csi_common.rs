@@ -150,4 +150,5 @@ impl Drop for Driver {
     }
 }
 
+#[allow(unused_imports)]
 pub use testbed::mounts::MountSweeper;

@@ -1,7 +1,7 @@
 //! The `harvester-cloud-provider` binary as an operator runs it, against the test bed: health,
 //! readiness and metrics endpoints, JSON logs, leader election with a Lease, graceful SIGTERM.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -9,6 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
+use testbed::scrape::{self, http_get};
 use testbed::sim::GuestVm;
 use testbed::{BedOptions, TestBed, wait};
 
@@ -23,24 +24,6 @@ fn binary() -> PathBuf {
         bin.display()
     );
     bin
-}
-
-fn http_get(port: u16, path: &str) -> Result<(u16, String), String> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .map_err(|e| e.to_string())?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .map_err(|e| e.to_string())?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).map_err(|e| e.to_string())?;
-    let code = out
-        .get(9..12)
-        .and_then(|c| c.parse().ok())
-        .ok_or(out.clone())?;
-    Ok((code, out))
 }
 
 #[tokio::test]
@@ -108,12 +91,33 @@ async fn the_binary_serves_probes_and_metrics_leads_with_a_lease_and_stops_on_si
     })
     .await
     .unwrap();
-    let (_, metrics) = http_get(port, "/metrics").unwrap();
-    assert!(
-        metrics.contains("harvester_kube_api_requests_total{"),
-        "API requests counted:\n{metrics}"
-    );
-    assert!(metrics.contains(r#"resource="nodes""#), "{metrics}");
+    // Scraped and parsed as Prometheus would: API requests by verb/resource/code, and the node
+    // controllers' reconciles with their durations.
+    let samples = scrape::metrics(port).unwrap();
+    let api = |verb, resource| {
+        scrape::sum(
+            &samples,
+            "harvester_kube_api_requests_total",
+            &[("verb", verb), ("resource", resource)],
+        )
+    };
+    assert!(api("patch", "nodes") >= 1.0, "{samples:#?}");
+    assert!(api("get", "virtualmachines") + api("list", "virtualmachines") >= 1.0);
+    for controller in [
+        "cloud-node-controller",
+        "cloud-node-lifecycle-controller",
+        "topology",
+    ] {
+        let labels = [("controller", controller)];
+        let reconciles = scrape::sum(&samples, "harvester_reconciles_total", &labels);
+        let timed = scrape::sum(
+            &samples,
+            "harvester_reconcile_duration_seconds_count",
+            &labels,
+        );
+        assert!(reconciles >= 1.0, "{controller} reconciles counted");
+        assert!(timed >= 1.0, "{controller} reconciles timed");
+    }
 
     // SIGTERM: a clean exit that releases the lease.
     let status = Command::new("kill")
@@ -164,18 +168,21 @@ fn provider(bed: &TestBed, name: &str, port: u16) -> std::process::Child {
 
 /// Write requests (create, update, patch, delete) a provider made, but for its Lease.
 fn writes(port: u16) -> u64 {
-    let Ok((_, text)) = http_get(port, "/metrics") else {
+    let Ok(samples) = scrape::metrics(port) else {
         return u64::MAX;
     };
-    text.lines()
-        .filter(|l| l.starts_with("harvester_kube_api_requests_total{"))
-        .filter(|l| !l.contains(r#"resource="leases""#) && !l.contains(r#"resource="events""#))
-        .filter(|l| {
-            ["create", "update", "patch", "delete"]
-                .iter()
-                .any(|v| l.contains(&format!(r#"verb="{v}""#)))
+    let label = |s: &scrape::Sample, k: &str| s.labels.get(k).cloned().unwrap_or_default();
+    samples
+        .iter()
+        .filter(|s| s.name == "harvester_kube_api_requests_total")
+        .filter(|s| !matches!(label(s, "resource").as_str(), "leases" | "events"))
+        .filter(|s| {
+            matches!(
+                label(s, "verb").as_str(),
+                "create" | "update" | "patch" | "delete"
+            )
         })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .map(|s| s.value as u64)
         .sum()
 }
 

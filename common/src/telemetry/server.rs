@@ -82,6 +82,22 @@ fn route(path: &str, metrics: &Metrics, readiness: &Readiness) -> Response<Full<
     }
 }
 
+/// The value of a listen-address flag such as `--metrics-address`: `host:port`, `:port` (all
+/// IPv4 interfaces, as Go programs read it) or empty (endpoint off).
+pub fn parse_address(flag: &str, raw: &str) -> Result<Option<SocketAddr>, String> {
+    let raw = raw.trim();
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    let full = match raw.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => raw.to_string(),
+    };
+    full.parse::<SocketAddr>().map(Some).map_err(|e| {
+        format!("invalid value {raw:?} for {flag}: {e} (want host:port, :port or empty)")
+    })
+}
+
 /// Binds `addr` and serves until `shutdown` resolves. Returns the bound address through `bound`
 /// (useful with port 0).
 pub async fn serve(
@@ -146,6 +162,20 @@ mod tests {
         );
         r.set("harvester", Ok(()));
         assert!(r.status().is_ok());
+    }
+
+    #[test]
+    fn listen_addresses_parse_or_name_the_flag() {
+        let p = |raw| parse_address("--metrics-address", raw);
+        assert_eq!(p(""), Ok(None));
+        assert_eq!(p(" "), Ok(None));
+        assert_eq!(p(":9810"), Ok(Some("0.0.0.0:9810".parse().unwrap())));
+        assert_eq!(p("127.0.0.1:1"), Ok(Some("127.0.0.1:1".parse().unwrap())));
+        assert_eq!(p("[::1]:80"), Ok(Some("[::1]:80".parse().unwrap())));
+        for bad in ["9810", "localhost:80", ":http", "1.2.3.4:99999"] {
+            let e = p(bad).unwrap_err();
+            assert!(e.contains("--metrics-address") && e.contains(bad), "{e}");
+        }
     }
 
     #[tokio::test]

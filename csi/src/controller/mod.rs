@@ -26,7 +26,8 @@ pub use volumes::{HostVolumeMode, Params};
 
 use crate::error::ControllerError;
 use crate::inflight::InFlight;
-use crate::{Config, Timeouts, respond};
+use crate::rpc::rpc;
+use crate::{Config, Timeouts};
 
 pub struct ControllerService {
     harvester: Harvester,
@@ -122,7 +123,7 @@ impl Controller for ControllerService {
     ) -> Result<Response<CreateVolumeResponse>, Status> {
         let req = request.into_inner();
         let name = req.name.clone();
-        respond("CreateVolume", &name, self.create(req).await)
+        rpc("CreateVolume", &name, self.create(req)).await
     }
 
     async fn delete_volume(
@@ -131,7 +132,7 @@ impl Controller for ControllerService {
     ) -> Result<Response<DeleteVolumeResponse>, Status> {
         let req = request.into_inner();
         let id = req.volume_id.clone();
-        respond("DeleteVolume", &id, self.delete(req).await)
+        rpc("DeleteVolume", &id, self.delete(req)).await
     }
 
     async fn controller_publish_volume(
@@ -140,7 +141,7 @@ impl Controller for ControllerService {
     ) -> Result<Response<ControllerPublishVolumeResponse>, Status> {
         let req = request.into_inner();
         let id = req.volume_id.clone();
-        respond("ControllerPublishVolume", &id, self.publish(req).await)
+        rpc("ControllerPublishVolume", &id, self.publish(req)).await
     }
 
     async fn controller_unpublish_volume(
@@ -149,7 +150,7 @@ impl Controller for ControllerService {
     ) -> Result<Response<ControllerUnpublishVolumeResponse>, Status> {
         let req = request.into_inner();
         let id = req.volume_id.clone();
-        respond("ControllerUnpublishVolume", &id, self.unpublish(req).await)
+        rpc("ControllerUnpublishVolume", &id, self.unpublish(req)).await
     }
 
     async fn validate_volume_capabilities(
@@ -158,7 +159,7 @@ impl Controller for ControllerService {
     ) -> Result<Response<ValidateVolumeCapabilitiesResponse>, Status> {
         let req = request.into_inner();
         let id = req.volume_id.clone();
-        respond("ValidateVolumeCapabilities", &id, self.validate(req).await)
+        rpc("ValidateVolumeCapabilities", &id, self.validate(req)).await
     }
 
     async fn controller_get_capabilities(
@@ -183,7 +184,7 @@ impl Controller for ControllerService {
     ) -> Result<Response<CreateSnapshotResponse>, Status> {
         let req = request.into_inner();
         let id = req.source_volume_id.clone();
-        respond("CreateSnapshot", &id, self.create_snapshot(req).await)
+        rpc("CreateSnapshot", &id, self.create_snapshot(req)).await
     }
 
     async fn delete_snapshot(
@@ -192,7 +193,7 @@ impl Controller for ControllerService {
     ) -> Result<Response<DeleteSnapshotResponse>, Status> {
         let req = request.into_inner();
         let id = req.snapshot_id.clone();
-        respond("DeleteSnapshot", &id, self.delete_snapshot(req).await)
+        rpc("DeleteSnapshot", &id, self.delete_snapshot(req)).await
     }
 
     async fn list_snapshots(
@@ -201,7 +202,7 @@ impl Controller for ControllerService {
     ) -> Result<Response<ListSnapshotsResponse>, Status> {
         let req = request.into_inner();
         let id = req.source_volume_id.clone();
-        respond("ListSnapshots", &id, self.list_snapshots(req).await)
+        rpc("ListSnapshots", &id, self.list_snapshots(req)).await
     }
 
     async fn controller_expand_volume(
@@ -210,6 +211,6 @@ impl Controller for ControllerService {
     ) -> Result<Response<ControllerExpandVolumeResponse>, Status> {
         let req = request.into_inner();
         let id = req.volume_id.clone();
-        respond("ControllerExpandVolume", &id, self.expand(req).await)
+        rpc("ControllerExpandVolume", &id, self.expand(req)).await
     }
 }

@@ -28,7 +28,8 @@ use self::mount::{MountInfo, canonical, mount_at, mounts, run, run_any};
 use crate::error::{ArgError, NodeError};
 use crate::inflight::InFlight;
 use crate::request::{self, Access, required};
-use crate::{Config, naming, respond};
+use crate::rpc::rpc;
+use crate::{Config, naming};
 
 /// KubeVirt's limit of volumes per VMI (root and cloud-init disks included).
 pub const KUBEVIRT_MAX_VOLUMES: i64 = 256;
@@ -545,7 +546,7 @@ impl Node for NodeService {
     ) -> Result<Response<NodeStageVolumeResponse>, Status> {
         let req = request.into_inner();
         let id = req.volume_id.clone();
-        respond("NodeStageVolume", &id, self.stage(req).await)
+        rpc("NodeStageVolume", &id, self.stage(req)).await
     }
 
     async fn node_unstage_volume(
@@ -554,7 +555,7 @@ impl Node for NodeService {
     ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
         let req = request.into_inner();
         let id = req.volume_id.clone();
-        respond("NodeUnstageVolume", &id, self.unstage(req).await)
+        rpc("NodeUnstageVolume", &id, self.unstage(req)).await
     }
 
     async fn node_publish_volume(
@@ -563,7 +564,7 @@ impl Node for NodeService {
     ) -> Result<Response<NodePublishVolumeResponse>, Status> {
         let req = request.into_inner();
         let id = req.volume_id.clone();
-        respond("NodePublishVolume", &id, self.publish(req).await)
+        rpc("NodePublishVolume", &id, self.publish(req)).await
     }
 
     async fn node_unpublish_volume(
@@ -572,7 +573,7 @@ impl Node for NodeService {
     ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
         let req = request.into_inner();
         let id = req.volume_id.clone();
-        respond("NodeUnpublishVolume", &id, self.unpublish(req).await)
+        rpc("NodeUnpublishVolume", &id, self.unpublish(req)).await
     }
 
     async fn node_get_volume_stats(
@@ -581,7 +582,7 @@ impl Node for NodeService {
     ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
         let req = request.into_inner();
         let id = req.volume_id.clone();
-        respond("NodeGetVolumeStats", &id, self.stats(req).await)
+        rpc("NodeGetVolumeStats", &id, self.stats(req)).await
     }
 
     async fn node_expand_volume(
@@ -590,7 +591,7 @@ impl Node for NodeService {
     ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
         let req = request.into_inner();
         let id = req.volume_id.clone();
-        respond("NodeExpandVolume", &id, self.expand(req).await)
+        rpc("NodeExpandVolume", &id, self.expand(req)).await
     }
 
     async fn node_get_capabilities(

@@ -1,0 +1,166 @@
+//! Scraping the programs' HTTP endpoints as Prometheus and the kubelet would: a plain HTTP/1.1
+//! GET, and a parser for the OpenMetrics text of `/metrics`.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::time::Duration;
+
+/// `GET path` on 127.0.0.1:`port`: the status code and the body.
+pub fn http_get(port: u16, path: &str) -> Result<(u16, String), String> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).map_err(|e| e.to_string())?;
+    let code = out
+        .get(9..12)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("not an HTTP response: {out:?}"))?;
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+/// One sample of a metric family.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+/// The samples of an OpenMetrics text exposition; fails on a line that is neither a comment nor
+/// a sample, or when the closing `# EOF` is missing.
+pub fn parse(text: &str) -> Result<Vec<Sample>, String> {
+    let mut samples = Vec::new();
+    let mut eof = false;
+    for line in text.lines() {
+        if line == "# EOF" {
+            eof = true;
+            continue;
+        }
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        if eof {
+            return Err(format!("a sample after # EOF: {line:?}"));
+        }
+        samples.push(parse_sample(line).ok_or_else(|| format!("not a sample: {line:?}"))?);
+    }
+    if !eof {
+        return Err("no # EOF line at the end".into());
+    }
+    Ok(samples)
+}
+
+fn parse_sample(line: &str) -> Option<Sample> {
+    let (name, rest) = match line.find('{') {
+        Some(i) => {
+            let end = line.rfind('}')?;
+            let labels = parse_labels(&line[i + 1..end])?;
+            (line[..i].to_string(), (labels, &line[end + 1..]))
+        }
+        None => {
+            let (name, rest) = line.split_once(' ')?;
+            (name.to_string(), (BTreeMap::new(), rest))
+        }
+    };
+    let (labels, rest) = rest;
+    // A value, optionally followed by a timestamp.
+    let value = rest.split_whitespace().next()?;
+    let value = match value {
+        "+Inf" => f64::INFINITY,
+        "-Inf" => f64::NEG_INFINITY,
+        v => v.parse().ok()?,
+    };
+    let valid_name = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b':');
+    valid_name.then_some(Sample {
+        name,
+        labels,
+        value,
+    })
+}
+
+/// `a="x",b="y"` (values with `\"`, `\\` and `\n` escapes).
+fn parse_labels(text: &str) -> Option<BTreeMap<String, String>> {
+    let mut labels = BTreeMap::new();
+    let mut rest = text;
+    while !rest.is_empty() {
+        let (key, after) = rest.split_once("=\"")?;
+        let mut value = String::new();
+        let mut chars = after.char_indices();
+        let end = loop {
+            let (i, c) = chars.next()?;
+            match c {
+                '\\' => match chars.next()?.1 {
+                    'n' => value.push('\n'),
+                    other => value.push(other),
+                },
+                '"' => break i,
+                c => value.push(c),
+            }
+        };
+        labels.insert(key.trim().to_string(), value);
+        rest = after[end + 1..].trim_start_matches(',');
+    }
+    Some(labels)
+}
+
+/// The sum of the samples named `name` whose labels include every pair of `labels`.
+pub fn sum(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples
+        .iter()
+        .filter(|s| s.name == name)
+        .filter(|s| {
+            labels
+                .iter()
+                .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+        })
+        .map(|s| s.value)
+        .sum()
+}
+
+/// `GET /metrics` on `port`, parsed.
+pub fn metrics(port: u16) -> Result<Vec<Sample>, String> {
+    match http_get(port, "/metrics")? {
+        (200, body) => parse(&body),
+        (code, body) => Err(format!("/metrics answered {code}: {body}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_counters_histograms_and_escaped_labels() {
+        let text = "# HELP x_total X.\n# TYPE x counter\nx_total{verb=\"get\",code=\"200\"} 3\n\
+                    x_total{verb=\"list\",code=\"200\"} 2\nh_bucket{le=\"+Inf\"} 4\n\
+                    g 1.5\nq{msg=\"a \\\"b\\\", c\"} 1\n# EOF\n";
+        let s = parse(text).unwrap();
+        assert_eq!(s.len(), 5);
+        assert_eq!(sum(&s, "x_total", &[]), 5.0);
+        assert_eq!(sum(&s, "x_total", &[("verb", "get")]), 3.0);
+        assert_eq!(sum(&s, "g", &[]), 1.5);
+        assert_eq!(s[4].labels["msg"], "a \"b\", c");
+        assert_eq!(sum(&s, "missing", &[]), 0.0);
+    }
+
+    #[test]
+    fn rejects_garbage_and_a_missing_eof() {
+        assert!(parse("x 1\n").is_err());
+        assert!(parse("x{a=\"1\" 1\n# EOF\n").is_err());
+        assert!(parse("not a sample\n# EOF\n").is_err());
+        assert!(parse("x 1\n# EOF\ny 2\n").is_err());
+    }
+}

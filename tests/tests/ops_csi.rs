@@ -1,0 +1,244 @@
+//! The `harvester-csi-driver` binary as an operator runs it, against the test bed: `/healthz`,
+//! `/readyz` and `/metrics` (CSI RPCs by method and gRPC code with durations, Harvester API
+//! requests), JSON logs with a span per RPC, and SIGTERM that lets an RPC in flight finish.
+
+#[path = "csi_common.rs"]
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{NODE, install_default_storage_class};
+use csi_proto::csi::v1::controller_client::ControllerClient;
+use csi_proto::csi::v1::identity_client::IdentityClient;
+use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume, access_mode};
+use csi_proto::csi::v1::{
+    CapacityRange, ControllerPublishVolumeRequest, CreateVolumeRequest, ProbeRequest,
+    VolumeCapability,
+};
+use testbed::scrape::{self, http_get};
+use testbed::sim::GuestVm;
+use testbed::{BedOptions, TestBed, wait};
+
+/// How long the stand-in takes from `addvolume` to the volume's Ready: the window in which the
+/// test stops the driver.
+const HOTPLUG_DELAY: Duration = Duration::from_secs(3);
+
+fn binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let bin = dir.join("harvester-csi-driver");
+    assert!(
+        bin.is_file(),
+        "{} is not built: run `cargo build --bin harvester-csi-driver`",
+        bin.display()
+    );
+    bin
+}
+
+fn mount_cap() -> VolumeCapability {
+    VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: "ext4".into(),
+            ..Default::default()
+        })),
+        access_mode: Some(AccessMode {
+            mode: access_mode::Mode::SingleNodeWriter as i32,
+        }),
+    }
+}
+
+#[tokio::test]
+async fn the_binary_serves_probes_counts_rpcs_and_finishes_an_rpc_in_flight_on_sigterm() {
+    let bed = TestBed::start(BedOptions {
+        hotplug_delay: HOTPLUG_DELAY,
+        ..BedOptions::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the test bed must start for this test: {e}"));
+    install_default_storage_class(&bed).await;
+    bed.sim
+        .create_host("harvester-1", Some("region-a"), Some("zone-1"))
+        .await
+        .unwrap();
+    bed.sim
+        .create_vm(&GuestVm::new(NODE).on_host("harvester-1").ip("10.52.0.11"))
+        .await
+        .unwrap();
+
+    let socket = bed.dir.path().join("ops-csi.sock");
+    let port = testbed::process::free_port().unwrap();
+    let mut child = Command::new(binary())
+        .args(["--endpoint", &format!("unix://{}", socket.display())])
+        .args(["--nodeid", NODE, "--mode", "all", "--debug"])
+        .args(["--kubeconfig", &bed.cloud_config.to_string_lossy()])
+        .args([
+            "--disk-by-id-dir",
+            &bed.sim.by_id_dir(NODE).to_string_lossy(),
+        ])
+        .args(["--metrics-address", &format!("127.0.0.1:{port}")])
+        .args(["--log-format", "json", "--shutdown-grace-seconds", "20"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the driver binary");
+    let stderr = child.stderr.take().unwrap();
+    let logs = std::thread::spawn(move || {
+        BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<_>>()
+    });
+
+    // Ready once Harvester answered and the socket serves.
+    wait::until("/readyz 200", Duration::from_secs(30), || async {
+        Ok(match http_get(port, "/readyz") {
+            Ok((200, _)) => Ok(()),
+            other => Err(other),
+        })
+    })
+    .await
+    .unwrap();
+    assert_eq!(http_get(port, "/healthz").unwrap().0, 200);
+    assert!(socket.exists());
+
+    let channel = harvester_csi_driver::connect(&socket).await.unwrap();
+    let mut identity = IdentityClient::new(channel.clone());
+    let mut controller = ControllerClient::new(channel);
+    let probe = identity.probe(ProbeRequest {}).await.unwrap().into_inner();
+    assert_eq!(probe.ready, Some(true));
+    let bad = controller
+        .create_volume(CreateVolumeRequest {
+            volume_capabilities: vec![mount_cap()],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+    let volume = controller
+        .create_volume(CreateVolumeRequest {
+            name: "pvc-ops".into(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: 64 << 20,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![mount_cap()],
+            ..Default::default()
+        })
+        .await
+        .expect("CreateVolume")
+        .into_inner()
+        .volume
+        .expect("a volume");
+
+    // Scraped and parsed: every RPC by method and code, with its duration.
+    let samples = scrape::metrics(port).unwrap();
+    let rpcs = |method, code| {
+        scrape::sum(
+            &samples,
+            "harvester_csi_rpcs_total",
+            &[("method", method), ("code", code)],
+        )
+    };
+    assert_eq!(rpcs("Probe", "OK"), 1.0, "{samples:#?}");
+    assert_eq!(rpcs("CreateVolume", "InvalidArgument"), 1.0);
+    assert_eq!(rpcs("CreateVolume", "OK"), 1.0);
+    assert_eq!(
+        scrape::sum(
+            &samples,
+            "harvester_csi_rpc_duration_seconds_count",
+            &[("method", "CreateVolume")]
+        ),
+        2.0
+    );
+    assert!(
+        scrape::sum(
+            &samples,
+            "harvester_kube_api_requests_total",
+            &[("verb", "create"), ("resource", "persistentvolumeclaims")]
+        ) >= 1.0,
+        "Harvester API requests counted: {samples:#?}"
+    );
+
+    // SIGTERM while ControllerPublishVolume waits for the hot-plug: the RPC finishes, then the
+    // driver exits cleanly and removes its socket.
+    let publish = tokio::spawn({
+        let mut controller = controller.clone();
+        let request = ControllerPublishVolumeRequest {
+            volume_id: volume.volume_id.clone(),
+            node_id: NODE.into(),
+            volume_capability: Some(mount_cap()),
+            ..Default::default()
+        };
+        async move {
+            let result = controller.controller_publish_volume(request).await;
+            (result, Instant::now())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !publish.is_finished(),
+        "publish must still wait for the hot-plug"
+    );
+    let signalled = Instant::now();
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let (result, finished) = publish.await.unwrap();
+    let published = result.expect("the publish in flight at SIGTERM completes");
+    assert!(
+        finished > signalled,
+        "the publish completed after SIGTERM, so it was in flight"
+    );
+    assert!(
+        published
+            .into_inner()
+            .publish_context
+            .values()
+            .any(|v| !v.is_empty()),
+        "publish context carries the disk serial"
+    );
+    let exit = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(exit.success(), "exit status {exit}");
+    assert!(
+        signalled.elapsed() < Duration::from_secs(20),
+        "stopped within the grace period"
+    );
+    assert!(!socket.exists(), "socket removed on exit");
+
+    let lines = logs.join().unwrap();
+    let token = std::fs::read_to_string(&bed.cloud_config).unwrap();
+    let mut create_span_seen = false;
+    for l in &lines {
+        let v: serde_json::Value =
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON log line ({e}): {l}"));
+        assert!(v.get("level").is_some(), "{l}");
+        assert!(
+            !l.contains("BEGIN") && !l.contains("client-key-data"),
+            "no key material in logs: {l}"
+        );
+        for secret_line in token.lines().filter(|t| t.contains("-data:")) {
+            let secret = secret_line.split(':').nth(1).unwrap_or("").trim();
+            assert!(
+                secret.len() < 16 || !l.contains(secret),
+                "cloud-config secret in logs: {l}"
+            );
+        }
+        let spans = v.get("spans").map(|s| s.to_string()).unwrap_or_default();
+        if spans.contains(r#""method":"CreateVolume""#) && spans.contains("pvc-ops") {
+            create_span_seen = true;
+        }
+    }
+    assert!(
+        create_span_seen,
+        "a log line inside CreateVolume's span naming the volume:\n{}",
+        lines.join("\n")
+    );
+}
