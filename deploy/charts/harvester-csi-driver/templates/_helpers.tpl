@@ -81,4 +81,25 @@ imagePullSecrets:
 {{- with .Values.hostStorageClass }}
 - --host-storage-class={{ . }}
 {{- end }}
+{{- with .Values.metricsPort }}
+- --metrics-address=:{{ . }}
+{{- end }}
+{{- end -}}
+
+{{/* The driver's /metrics port and its /readyz probe (when metricsPort is set). */}}
+{{- define "harvester-csi-driver.metricsPort" -}}
+{{- with .Values.metricsPort }}
+- name: metrics
+  containerPort: {{ . }}
+{{- end }}
+{{- end -}}
+{{- define "harvester-csi-driver.readinessProbe" -}}
+{{- if .Values.metricsPort }}
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: metrics
+  periodSeconds: 10
+  timeoutSeconds: 5
+{{- end }}
 {{- end -}}
