@@ -55,9 +55,7 @@ impl NodeCtx {
         shutdown: Shutdown,
     ) -> (Arc<NodeCtx>, impl Future<Output = ()> + Send + 'static) {
         let (inventory, watches) = Inventory::start(ctx);
-        let enabled = [CLOUD_NODE_CONTROLLER, CLOUD_NODE_LIFECYCLE_CONTROLLER]
-            .iter()
-            .any(|c| ctx.config.controllers.enabled(c));
+        let enabled = node_side_enabled(ctx);
         let run = async move {
             if enabled {
                 tokio::select! {
@@ -160,6 +158,13 @@ impl NodeCtx {
             _ = shutdown.clone() => false,
         }
     }
+}
+
+/// Whether a node-side controller runs (they share the Node, VM and VMI watches).
+pub fn node_side_enabled(ctx: &Context) -> bool {
+    [CLOUD_NODE_CONTROLLER, CLOUD_NODE_LIFECYCLE_CONTROLLER]
+        .iter()
+        .any(|c| ctx.config.controllers.enabled(c))
 }
 
 pub fn backoff_delay(failures: u32) -> Duration {

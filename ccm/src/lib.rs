@@ -61,9 +61,14 @@ pub struct Telemetry {
     pub readiness: Readiness,
 }
 
-/// Readiness checks of the cloud provider.
+/// Readiness checks of the cloud provider: both clients built; Harvester answers with the
+/// cloud-config's credentials (kept by the binary's `Harvester::watch_credentials`, leader or
+/// not); the controllers' caches listed (registered on the leader when they start).
 pub const READY_CLIENTS: &str = "clients";
 pub const READY_HARVESTER: &str = "harvester";
+/// Registered by the controllers when they start (on the leader): their watch caches listed.
+pub const READY_NODE_CACHES: &str = "node-caches";
+pub const READY_SERVICE_CACHES: &str = "service-caches";
 
 impl Telemetry {
     pub fn new() -> Telemetry {
@@ -155,6 +160,7 @@ pub async fn run_with(
     let shutdown: Shutdown = shutdown.boxed().shared();
 
     let (nodes, watches) = controller::NodeCtx::start(&ctx, shutdown.clone());
+    let node_caches = report_node_caches(&ctx, &nodes, shutdown.clone());
     // One future per controller; each returns at once when `--controllers` disables it.
     tokio::join!(
         watches,
@@ -162,20 +168,28 @@ pub async fn run_with(
         lifecycle::run(nodes.clone(), shutdown.clone()),
         topology::run(nodes.clone(), shutdown.clone()),
         run_service_controller(&ctx, shutdown.clone()),
-        watch_credentials(&ctx, shutdown.clone()),
+        node_caches,
     );
     tracing::info!("stopped");
     Ok(())
 }
 
-/// Keeps the `harvester` readiness check true (see [`Harvester::watch_credentials`]).
-async fn watch_credentials(ctx: &Context, shutdown: Shutdown) {
-    let warn_before =
-        std::time::Duration::from_secs(u64::from(ctx.config.token_expiry_warning_days) * 86_400);
+/// The `node-caches` readiness check: false until the Node, VM and VMI caches have listed
+/// (absent when no node-side controller runs).
+async fn report_node_caches(ctx: &Context, nodes: &controller::NodeCtx, shutdown: Shutdown) {
+    if !controller::node_side_enabled(ctx) {
+        return;
+    }
     let readiness = &ctx.telemetry.readiness;
-    tokio::select! {
-        () = ctx.harvester.watch_credentials(readiness, READY_HARVESTER, warn_before) => {},
-        () = shutdown => {},
+    readiness.set(
+        READY_NODE_CACHES,
+        Err(
+            "waiting for the Node, VirtualMachine and VirtualMachineInstance watches to list"
+                .into(),
+        ),
+    );
+    if nodes.wait_ready(&shutdown).await {
+        readiness.set(READY_NODE_CACHES, Ok(()));
     }
 }
 
@@ -204,7 +218,7 @@ async fn run_service_controller(ctx: &Context, shutdown: Shutdown) {
         ctx.namespace().to_string(),
         settings,
         ctx.config.node.resync,
-        Some(ctx.telemetry.metrics.clone()),
+        Some(ctx.telemetry.clone()),
         shutdown,
     )
     .await;

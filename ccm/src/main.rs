@@ -2,13 +2,15 @@
 //! Harvester HCI. Flags are parsed and checked here; the controllers are in the library.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
 use futures::FutureExt;
 use harvester_cloud_provider::config::{Config, Flags, OpsFlags, parse_go_duration};
 use harvester_cloud_provider::error::one_line;
-use harvester_cloud_provider::{Telemetry, guest_client};
+use harvester_cloud_provider::{READY_CLIENTS, READY_HARVESTER, Telemetry, guest_client};
+use harvester_common::cloud_config::Harvester;
 use harvester_common::telemetry::{self, LeaderConfig};
 
 fn main() -> ExitCode {
@@ -49,15 +51,27 @@ fn start(flags: Flags) -> anyhow::Result<()> {
                 shutdown.clone(),
             ));
         }
-        // Fail on a bad cloud-config at once, even on a replica that is not (yet) the leader.
-        harvester_common::cloud_config::Harvester::load(&config.cloud_config)
+        // Fail on a bad cloud-config or kubeconfig at once, even on a replica that is not (yet)
+        // the leader; a standby is ready (it can take over) and warns of an expiring token too.
+        let harvester = Harvester::load_with_metrics(&config.cloud_config, Some(&telemetry.metrics))
             .await
             .map_err(harvester_cloud_provider::Error::from)?;
+        let guest = guest_client(config.kubeconfig.as_deref(), Some(&telemetry.metrics)).await?;
+        telemetry.readiness.set(READY_CLIENTS, Ok(()));
+        let warn_before = Duration::from_secs(u64::from(config.token_expiry_warning_days) * 86_400);
+        tokio::spawn({
+            let (readiness, shutdown) = (telemetry.readiness.clone(), shutdown.clone());
+            async move {
+                tokio::select! {
+                    () = harvester.watch_credentials(&readiness, READY_HARVESTER, warn_before) => {},
+                    () = shutdown => {},
+                }
+            }
+        });
         let Some(leader) = leader else {
             harvester_cloud_provider::run_with(config, telemetry, shutdown).await?;
             return Ok(());
         };
-        let guest = guest_client(config.kubeconfig.as_deref(), Some(&telemetry.metrics)).await?;
         telemetry::run_as_leader(guest, leader, shutdown, |mut stop| async move {
             let stopped = async move {
                 let _ = stop.wait_for(|s| *s).await;

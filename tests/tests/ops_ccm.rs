@@ -247,11 +247,12 @@ async fn two_providers_have_one_writer_and_kill_9_hands_over_within_the_lease() 
             .map_while(Result::ok)
             .collect::<Vec<_>>()
     });
+    // The standby is ready (it can take over) although its controllers do not run.
     wait::until(
-        "ccm-b serves its probes",
+        "ccm-b /readyz 200 while standing by",
         Duration::from_secs(30),
         || async {
-            Ok(match http_get(pb, "/healthz") {
+            Ok(match http_get(pb, "/readyz") {
                 Ok((200, _)) => Ok(()),
                 other => Err(other),
             })

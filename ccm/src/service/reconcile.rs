@@ -125,9 +125,17 @@ pub async fn run(
     namespace: String,
     settings: LbSettings,
     resync: Duration,
-    metrics: Option<Metrics>,
+    telemetry: Option<crate::Telemetry>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
+    let metrics = telemetry.as_ref().map(|t| t.metrics.clone());
+    let readiness = telemetry.map(|t| t.readiness);
+    if let Some(r) = &readiness {
+        r.set(
+            crate::READY_SERVICE_CACHES,
+            Err("waiting for the Service and LoadBalancer watches to list".into()),
+        );
+    }
     let services: Api<Service> = Api::all(guest.clone());
     // A DHCP lease lost or re-acquired outside a reconcile wakes its Service through this channel.
     let (wake, woken) = tokio::sync::mpsc::unbounded_channel();
@@ -161,6 +169,19 @@ pub async fn run(
     let related = store.clone();
     let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
     let gc = garbage_collector(ctx.clone(), shutdown.clone());
+    let synced = {
+        let (services, crs, shutdown) = (store.clone(), ctx.crs.clone(), shutdown.clone());
+        async move {
+            tokio::select! {
+                _ = futures::future::join(services.wait_until_ready(), crs.wait_until_ready()) => {
+                    if let Some(r) = readiness {
+                        r.set(crate::READY_SERVICE_CACHES, Ok(()));
+                    }
+                }
+                _ = shutdown => {}
+            }
+        }
+    };
     let ctrl = controller
         // A CR's status changed: reconcile its Service (no polling while an address is pending).
         .watches_stream(cr_events, |lb| service_of_cr(&lb))
@@ -173,7 +194,7 @@ pub async fn run(
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|_| async {});
-    futures::join!(ctrl, gc);
+    futures::join!(ctrl, gc, synced);
 }
 
 fn ticks(every: Duration) -> impl futures::Stream<Item = ()> + Send {
