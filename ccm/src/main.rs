@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
 use harvester_cloud_provider::config::{Config, Flags, OpsFlags, parse_go_duration};
 use harvester_cloud_provider::error::one_line;
 use harvester_cloud_provider::{READY_CLIENTS, READY_HARVESTER, Telemetry, guest_client};
@@ -36,53 +37,72 @@ fn start(flags: Flags) -> anyhow::Result<()> {
         telemetry::server::parse_address("--metrics-address", &ops.metrics_address)
             .map_err(anyhow::Error::msg)?;
     let runtime = tokio::runtime::Runtime::new()?;
+    let shutdown = telemetry::shutdown_signal().boxed().shared();
+    let stop_waiting = shutdown.clone();
     runtime.block_on(async move {
-        let shutdown = telemetry::shutdown_signal().boxed().shared();
-        let telemetry = Telemetry::new();
-        if let Some(addr) = metrics_address {
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("--metrics-address {addr}"))?;
-            tracing::info!("health and metrics on http://{addr}");
-            tokio::spawn(telemetry::server::serve_on(
-                listener,
-                telemetry.metrics.clone(),
-                telemetry.readiness.clone(),
-                shutdown.clone(),
-            ));
+        tokio::select! {
+            result = serve(config, leader, metrics_address, shutdown) => result,
+            () = async { stop_waiting.await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
+                tracing::warn!("reconciles still running {SHUTDOWN_GRACE:?} after the shutdown signal; exiting anyway");
+                Ok(())
+            }
         }
-        // Fail on a bad cloud-config or kubeconfig at once, even on a replica that is not (yet)
-        // the leader; a standby is ready (it can take over) and warns of an expiring token too.
-        let harvester = Harvester::load_with_metrics(&config.cloud_config, Some(&telemetry.metrics))
-            .await
-            .map_err(harvester_cloud_provider::Error::from)?;
-        let guest = guest_client(config.kubeconfig.as_deref(), Some(&telemetry.metrics)).await?;
-        telemetry.readiness.set(READY_CLIENTS, Ok(()));
-        let warn_before = Duration::from_secs(u64::from(config.token_expiry_warning_days) * 86_400);
-        tokio::spawn({
-            let (readiness, shutdown) = (telemetry.readiness.clone(), shutdown.clone());
-            async move {
-                tokio::select! {
-                    () = harvester.watch_credentials(&readiness, READY_HARVESTER, warn_before) => {},
-                    () = shutdown => {},
-                }
-            }
-        });
-        let Some(leader) = leader else {
-            harvester_cloud_provider::run_with(config, telemetry, shutdown).await?;
-            return Ok(());
-        };
-        telemetry::run_as_leader(guest, leader, shutdown, |mut stop| async move {
-            let stopped = async move {
-                let _ = stop.wait_for(|s| *s).await;
-            };
-            if let Err(e) = harvester_cloud_provider::run_with(config, telemetry, stopped).await {
-                tracing::error!("{}", one_line(&e));
-            }
-        })
-        .await?;
-        Ok(())
     })
+}
+
+/// How long in-flight reconciles may take after SIGTERM (below the kubelet's 30 s grace period).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(25);
+
+async fn serve(
+    config: Config,
+    leader: Option<LeaderConfig>,
+    metrics_address: Option<std::net::SocketAddr>,
+    shutdown: Shared<BoxFuture<'static, ()>>,
+) -> anyhow::Result<()> {
+    let telemetry = Telemetry::new();
+    if let Some(addr) = metrics_address {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("--metrics-address {addr}"))?;
+        tracing::info!("health and metrics on http://{addr}");
+        tokio::spawn(telemetry::server::serve_on(
+            listener,
+            telemetry.metrics.clone(),
+            telemetry.readiness.clone(),
+            shutdown.clone(),
+        ));
+    }
+    // Fail on a bad cloud-config or kubeconfig at once, even on a replica that is not (yet)
+    // the leader; a standby is ready (it can take over) and warns of an expiring token too.
+    let harvester = Harvester::load_with_metrics(&config.cloud_config, Some(&telemetry.metrics))
+        .await
+        .map_err(harvester_cloud_provider::Error::from)?;
+    let guest = guest_client(config.kubeconfig.as_deref(), Some(&telemetry.metrics)).await?;
+    telemetry.readiness.set(READY_CLIENTS, Ok(()));
+    let warn_before = Duration::from_secs(u64::from(config.token_expiry_warning_days) * 86_400);
+    tokio::spawn({
+        let (readiness, shutdown) = (telemetry.readiness.clone(), shutdown.clone());
+        async move {
+            tokio::select! {
+                () = harvester.watch_credentials(&readiness, READY_HARVESTER, warn_before) => {},
+                () = shutdown => {},
+            }
+        }
+    });
+    let Some(leader) = leader else {
+        harvester_cloud_provider::run_with(config, telemetry, shutdown).await?;
+        return Ok(());
+    };
+    telemetry::run_as_leader(guest, leader, shutdown, |mut stop| async move {
+        let stopped = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        if let Err(e) = harvester_cloud_provider::run_with(config, telemetry, stopped).await {
+            tracing::error!("{}", one_line(&e));
+        }
+    })
+    .await?;
+    Ok(())
 }
 
 fn leader_config(ops: &OpsFlags) -> anyhow::Result<Option<LeaderConfig>> {
