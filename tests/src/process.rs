@@ -112,3 +112,30 @@ fn die_with_parent(cmd: &mut Command) {
         });
     }
 }
+
+/// A binary of this workspace that cargo built next to the running test executable
+/// (`cargo test --workspace` builds every binary); panics naming the build command otherwise.
+pub fn workspace_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let bin = dir.join(name);
+    assert!(
+        bin.is_file(),
+        "{} is not built: run `cargo build --bin {name}`",
+        bin.display()
+    );
+    bin
+}
+
+/// Collects the lines a child writes to `stream` until it closes (the child exits).
+pub fn collect_lines(
+    stream: impl std::io::Read + Send + 'static,
+) -> std::thread::JoinHandle<Vec<String>> {
+    use std::io::BufRead;
+    std::thread::spawn(move || {
+        std::io::BufReader::new(stream)
+            .lines()
+            .map_while(Result::ok)
+            .collect()
+    })
+}

@@ -130,6 +130,17 @@ pub fn sum(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
+/// Waits until `GET path` on `port` answers 200.
+pub async fn wait_for_200(port: u16, path: &str, within: Duration) -> Result<(), String> {
+    crate::wait::until(&format!("{path} 200"), within, || async {
+        Ok(match http_get(port, path) {
+            Ok((200, _)) => Ok(()),
+            other => Err(other),
+        })
+    })
+    .await
+}
+
 /// `GET /metrics` on `port`, parsed.
 pub fn metrics(port: u16) -> Result<Vec<Sample>, String> {
     match http_get(port, "/metrics")? {

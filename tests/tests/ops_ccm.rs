@@ -1,8 +1,6 @@
 //! The `harvester-cloud-provider` binary as an operator runs it, against the test bed: health,
 //! readiness and metrics endpoints, JSON logs, leader election with a Lease, graceful SIGTERM.
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -12,19 +10,6 @@ use kube::api::Api;
 use testbed::scrape::{self, http_get};
 use testbed::sim::GuestVm;
 use testbed::{BedOptions, TestBed, wait};
-
-/// The binary cargo built next to this test (`cargo test --workspace` builds every binary).
-fn binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    let bin = dir.join("harvester-cloud-provider");
-    assert!(
-        bin.is_file(),
-        "{} is not built: run `cargo build --bin harvester-cloud-provider`",
-        bin.display()
-    );
-    bin
-}
 
 #[tokio::test]
 async fn the_binary_serves_probes_and_metrics_leads_with_a_lease_and_stops_on_sigterm() {
@@ -40,33 +25,23 @@ async fn the_binary_serves_probes_and_metrics_leads_with_a_lease_and_stops_on_si
         .await
         .unwrap();
     let port = testbed::process::free_port().unwrap();
-    let mut child = Command::new(binary())
-        .args(["--cloud-config", &bed.cloud_config.to_string_lossy()])
-        .args(["--kubeconfig", &bed.guest.kubeconfig.to_string_lossy()])
-        .args(["--cluster-name", "ops", "--log-format", "json"])
-        .args(["--metrics-address", &format!("127.0.0.1:{port}")])
-        .args(["--leader-elect-resource-namespace", "kube-system"])
-        .env("POD_NAME", "ccm-0")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the binary");
-    let stderr = child.stderr.take().unwrap();
-    let logs = std::thread::spawn(move || {
-        BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-            .collect::<Vec<_>>()
-    });
-
-    wait::until("/readyz 200", Duration::from_secs(30), || async {
-        Ok(match http_get(port, "/readyz") {
-            Ok((200, _)) => Ok(()),
-            other => Err(other),
-        })
-    })
-    .await
-    .unwrap();
+    let mut child = Command::new(testbed::process::workspace_binary(
+        "harvester-cloud-provider",
+    ))
+    .args(["--cloud-config", &bed.cloud_config.to_string_lossy()])
+    .args(["--kubeconfig", &bed.guest.kubeconfig.to_string_lossy()])
+    .args(["--cluster-name", "ops", "--log-format", "json"])
+    .args(["--metrics-address", &format!("127.0.0.1:{port}")])
+    .args(["--leader-elect-resource-namespace", "kube-system"])
+    .env("POD_NAME", "ccm-0")
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("start the binary");
+    let logs = testbed::process::collect_lines(child.stderr.take().unwrap());
+    scrape::wait_for_200(port, "/readyz", Duration::from_secs(30))
+        .await
+        .unwrap();
     assert_eq!(http_get(port, "/healthz").unwrap().0, 200);
 
     // It leads and works: the Node gets initialised.
@@ -151,19 +126,21 @@ async fn the_binary_serves_probes_and_metrics_leads_with_a_lease_and_stops_on_si
 
 /// A provider binary with a short lease, for the hand-over test.
 fn provider(bed: &TestBed, name: &str, port: u16) -> std::process::Child {
-    Command::new(binary())
-        .args(["--cloud-config", &bed.cloud_config.to_string_lossy()])
-        .args(["--kubeconfig", &bed.guest.kubeconfig.to_string_lossy()])
-        .args(["--cluster-name", "ops", "--v", "4"])
-        .args(["--metrics-address", &format!("127.0.0.1:{port}")])
-        .args(["--leader-elect-lease-duration", "4s"])
-        .args(["--leader-elect-renew-deadline", "3s"])
-        .args(["--leader-elect-retry-period", "500ms"])
-        .env("POD_NAME", name)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the binary")
+    Command::new(testbed::process::workspace_binary(
+        "harvester-cloud-provider",
+    ))
+    .args(["--cloud-config", &bed.cloud_config.to_string_lossy()])
+    .args(["--kubeconfig", &bed.guest.kubeconfig.to_string_lossy()])
+    .args(["--cluster-name", "ops", "--v", "4"])
+    .args(["--metrics-address", &format!("127.0.0.1:{port}")])
+    .args(["--leader-elect-lease-duration", "4s"])
+    .args(["--leader-elect-renew-deadline", "3s"])
+    .args(["--leader-elect-retry-period", "500ms"])
+    .env("POD_NAME", name)
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("start the binary")
 }
 
 /// Write requests (create, update, patch, delete) a provider made, but for its Lease.
@@ -240,26 +217,11 @@ async fn two_providers_have_one_writer_and_kill_9_hands_over_within_the_lease() 
     .await
     .unwrap();
     let mut b = provider(&bed, "ccm-b", pb);
-    let b_stderr = b.stderr.take().unwrap();
-    let b_logs = std::thread::spawn(move || {
-        BufReader::new(b_stderr)
-            .lines()
-            .map_while(Result::ok)
-            .collect::<Vec<_>>()
-    });
+    let b_logs = testbed::process::collect_lines(b.stderr.take().unwrap());
     // The standby is ready (it can take over) although its controllers do not run.
-    wait::until(
-        "ccm-b /readyz 200 while standing by",
-        Duration::from_secs(30),
-        || async {
-            Ok(match http_get(pb, "/readyz") {
-                Ok((200, _)) => Ok(()),
-                other => Err(other),
-            })
-        },
-    )
-    .await
-    .unwrap();
+    scrape::wait_for_200(pb, "/readyz", Duration::from_secs(30))
+        .await
+        .unwrap();
     bed.sim
         .create_vm(&GuestVm::new("w1").on_host("h1").ip("10.0.0.8"))
         .await

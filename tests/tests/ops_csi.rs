@@ -5,8 +5,6 @@
 #[path = "csi_common.rs"]
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -20,23 +18,11 @@ use csi_proto::csi::v1::{
 };
 use testbed::scrape::{self, http_get};
 use testbed::sim::GuestVm;
-use testbed::{BedOptions, TestBed, wait};
+use testbed::{BedOptions, TestBed};
 
 /// How long the stand-in takes from `addvolume` to the volume's Ready: the window in which the
 /// test stops the driver.
 const HOTPLUG_DELAY: Duration = Duration::from_secs(3);
-
-fn binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    let bin = dir.join("harvester-csi-driver");
-    assert!(
-        bin.is_file(),
-        "{} is not built: run `cargo build --bin harvester-csi-driver`",
-        bin.display()
-    );
-    bin
-}
 
 fn mount_cap() -> VolumeCapability {
     VolumeCapability {
@@ -70,7 +56,7 @@ async fn the_binary_serves_probes_counts_rpcs_and_finishes_an_rpc_in_flight_on_s
 
     let socket = bed.dir.path().join("ops-csi.sock");
     let port = testbed::process::free_port().unwrap();
-    let mut child = Command::new(binary())
+    let mut child = Command::new(testbed::process::workspace_binary("harvester-csi-driver"))
         .args(["--endpoint", &format!("unix://{}", socket.display())])
         .args(["--nodeid", NODE, "--mode", "all", "--debug"])
         .args(["--kubeconfig", &bed.cloud_config.to_string_lossy()])
@@ -84,23 +70,12 @@ async fn the_binary_serves_probes_counts_rpcs_and_finishes_an_rpc_in_flight_on_s
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the driver binary");
-    let stderr = child.stderr.take().unwrap();
-    let logs = std::thread::spawn(move || {
-        BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-            .collect::<Vec<_>>()
-    });
+    let logs = testbed::process::collect_lines(child.stderr.take().unwrap());
 
     // Ready once Harvester answered and the socket serves.
-    wait::until("/readyz 200", Duration::from_secs(30), || async {
-        Ok(match http_get(port, "/readyz") {
-            Ok((200, _)) => Ok(()),
-            other => Err(other),
-        })
-    })
-    .await
-    .unwrap();
+    scrape::wait_for_200(port, "/readyz", Duration::from_secs(30))
+        .await
+        .unwrap();
     assert_eq!(http_get(port, "/healthz").unwrap().0, 200);
     assert!(socket.exists());
 
