@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use harvester_common::api_error::Describe;
+
 use crate::addresses::AddressError;
 use crate::config::ConfigError;
 
@@ -40,13 +42,13 @@ pub enum Error {
         #[source]
         source: AddressError,
     },
-    #[error("Harvester API: {what}: {source}")]
+    #[error("Harvester API: {what}: {}", Describe(source))]
     Harvester {
         what: String,
         #[source]
         source: kube::Error,
     },
-    #[error("guest API: {what}: {source}")]
+    #[error("guest API: {what}: {}", Describe(source))]
     Guest {
         what: String,
         #[source]
@@ -93,37 +95,12 @@ impl Error {
     }
 }
 
-/// One line for an error and its causes, skipping a cause whose text the line already holds.
-pub fn one_line(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut line = err.to_string();
-    let mut cause = err.source();
-    while let Some(c) = cause {
-        let text = c.to_string();
-        if !line.contains(&text) {
-            line.push_str(": ");
-            line.push_str(&text);
-        }
-        cause = c.source();
-    }
-    line.replace('\n', " ")
-}
+/// One line for an error and its causes (kube API errors without their struct dump).
+pub use harvester_common::api_error::one_line;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("outer: {0}")]
-    struct Outer(#[source] Inner);
-    #[derive(Debug, thiserror::Error)]
-    #[error("inner\nproblem")]
-    struct Inner(#[source] std::io::Error);
-
-    #[test]
-    fn one_line_does_not_repeat_causes() {
-        let e = Outer(Inner(std::io::Error::other("disk on fire")));
-        assert_eq!(one_line(&e), "outer: inner problem: disk on fire");
-    }
 
     #[test]
     fn conflicts_are_not_warnings() {

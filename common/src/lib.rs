@@ -8,6 +8,7 @@
 //! - [`quantity`]: Kubernetes quantities as bytes.
 //! - [`telemetry`]: logs, metrics, health endpoints, API request counts, shutdown signal.
 
+pub mod api_error;
 pub mod cloud_config;
 pub mod dhcp;
 pub mod harvester;

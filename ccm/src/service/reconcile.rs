@@ -18,6 +18,8 @@ use serde_json::json;
 
 use harvester_common::telemetry::Metrics;
 
+use harvester_common::api_error::Describe;
+
 use super::annotations::{BadAnnotation, Ipam, ServiceKey, ServiceLbSpec};
 use super::dhcp::{DhcpMode, KUBE_VIP_HWADDR, KUBE_VIP_REQUESTED_IP, Leases};
 use super::plan::{
@@ -27,9 +29,9 @@ use super::{FINALIZER, MANAGER, NAD_MAPPING_KEY, NAD_MAPPING_NAME, NAD_MAPPING_N
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("guest API: {0}")]
+    #[error("guest API: {}", Describe(.0))]
     Guest(#[source] kube::Error),
-    #[error("Harvester API: {0}")]
+    #[error("Harvester API: {}", Describe(.0))]
     Harvester(#[source] kube::Error),
     #[error("ConfigMap {NAD_MAPPING_NAMESPACE}/{NAD_MAPPING_NAME}: {0}")]
     NadMapping(String),
