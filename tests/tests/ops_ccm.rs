@@ -14,15 +14,7 @@ use testbed::{BedOptions, TestBed, wait};
 
 /// The binary cargo built next to this test (`cargo test --workspace` builds every binary).
 fn binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    let bin = dir.join("harvester-cloud-provider");
-    assert!(
-        bin.is_file(),
-        "{} is not built: run `cargo build --bin harvester-cloud-provider`",
-        bin.display()
-    );
-    bin
+    testbed::process::built_binary("harvester-cloud-provider")
 }
 
 fn http_get(port: u16, path: &str) -> Result<(u16, String), String> {
