@@ -104,16 +104,24 @@ async fn phase(bed: &TestBed, id: &str) -> Option<String> {
         .and_then(|s| s.phase.clone())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn publish_retried_after_the_controller_is_killed_mid_hotplug_attaches_once() {
-    // Six seconds from addvolume to Ready: the window in which the controller dies.
-    let bed = bed_with_vm_and(BedOptions {
+/// A bed whose stand-in takes six seconds from `addvolume` to Ready: the window in which the
+/// controller dies.
+async fn slow_hotplug_bed() -> TestBed {
+    bed_with_vm_and(BedOptions {
         hotplug_delay: Duration::from_secs(6),
         ..BedOptions::default()
     })
-    .await;
-    let socket = bed.dir.path().join("csi-controller.sock");
-    let ctrl = DriverProc::controller(&bed, "csi-controller-1", &socket).await;
+    .await
+}
+
+/// Creates a volume with the controller binary on `socket`, publishes it to [`NODE`] and SIGKILLs
+/// the controller once `addvolume` is done (VM and VMI have the disk) and the disk is not Ready.
+/// Returns the volume ID and the publish request the CO would retry.
+async fn kill_controller_mid_hotplug(
+    bed: &TestBed,
+    socket: &std::path::Path,
+) -> (String, ControllerPublishVolumeRequest) {
+    let ctrl = DriverProc::controller(bed, "csi-controller-1", socket).await;
     let cap = mount_cap("ext4");
     let id = ctrl
         .controller_client()
@@ -131,12 +139,10 @@ async fn publish_retried_after_the_controller_is_killed_mid_hotplug_attaches_onc
         let req = req.clone();
         tokio::spawn(async move { client.controller_publish_volume(req).await })
     };
-    // addvolume done (VM and VMI have the disk), the disk not Ready yet: SIGKILL.
     let at_kill = wait::until(
         "the hot-plugged volume in the VM spec and a VMI volumeStatus short of Ready",
         Duration::from_secs(60),
         || {
-            let bed = &bed;
             let id = id.clone();
             async move {
                 let l = listed(bed, &id).await;
@@ -166,6 +172,37 @@ async fn publish_retried_after_the_controller_is_killed_mid_hotplug_attaches_onc
         "a publish cut short by SIGKILL cannot have answered OK: {killed:?}"
     );
     assert_eq!(bed.sim.hotplug.count("addvolume", NODE, &id), 1);
+    (id, req)
+}
+
+async fn delete_and_wait_gone(ctrl: &DriverProc, bed: &TestBed, id: &str) {
+    ctrl.controller_client()
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: id.to_string(),
+            ..Default::default()
+        })
+        .await
+        .expect("DeleteVolume");
+    let pvcs: Api<PersistentVolumeClaim> =
+        Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);
+    wait::until("the host PVC to be gone", Duration::from_secs(30), || {
+        let pvcs = pvcs.clone();
+        async move {
+            Ok(match pvcs.get_opt(id).await.map_err(|e| e.to_string())? {
+                None => Ok(()),
+                Some(p) => Err(p.metadata.finalizers),
+            })
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_retried_after_the_controller_is_killed_mid_hotplug_attaches_once() {
+    let bed = slow_hotplug_bed().await;
+    let socket = bed.dir.path().join("csi-controller.sock");
+    let (id, req) = kill_controller_mid_hotplug(&bed, &socket).await;
 
     // The CO retries the same request against a new driver process (same socket path).
     let ctrl = DriverProc::controller(&bed, "csi-controller-2", &socket).await;
@@ -241,27 +278,48 @@ async fn publish_retried_after_the_controller_is_killed_mid_hotplug_attaches_onc
         .await
         .expect("ControllerUnpublishVolume again is OK");
     assert_eq!(bed.sim.hotplug.count("removevolume", NODE, &id), 1);
+    delete_and_wait_gone(&ctrl, &bed, &id).await;
+    ctrl.kill();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unpublish_after_the_controller_is_killed_mid_hotplug_detaches_for_good() {
+    // The CO gave up on the publish (the pod went away) and unpublishes instead of retrying.
+    let bed = slow_hotplug_bed().await;
+    let socket = bed.dir.path().join("csi-controller.sock");
+    let (id, _) = kill_controller_mid_hotplug(&bed, &socket).await;
+    // addvolume was answered before the kill: the stand-in's Ready would come within 6 s.
+    let window_end = tokio::time::Instant::now() + Duration::from_secs(7);
+    let ctrl = DriverProc::controller(&bed, "csi-controller-2", &socket).await;
+    let unpublish = ControllerUnpublishVolumeRequest {
+        volume_id: id.clone(),
+        node_id: NODE.into(),
+        ..Default::default()
+    };
     ctrl.controller_client()
-        .delete_volume(DeleteVolumeRequest {
-            volume_id: id.clone(),
-            ..Default::default()
-        })
+        .controller_unpublish_volume(unpublish.clone())
         .await
-        .expect("DeleteVolume");
-    let pvcs: Api<PersistentVolumeClaim> =
-        Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);
-    wait::until("the host PVC to be gone", Duration::from_secs(30), || {
-        let pvcs = pvcs.clone();
-        let id = id.clone();
-        async move {
-            Ok(match pvcs.get_opt(&id).await.map_err(|e| e.to_string())? {
-                None => Ok(()),
-                Some(p) => Err(p.metadata.finalizers),
-            })
-        }
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
+        .expect("ControllerUnpublishVolume of a half-attached volume");
+    assert_eq!(listed(&bed, &id).await, Listed::NOWHERE);
+    assert_eq!(bed.sim.hotplug.count("removevolume", NODE, &id), 1);
+
+    // The rest of the hot-plug window passes: the disk must not come back, in Harvester or in
+    // the guest.
+    tokio::time::sleep_until(window_end).await;
+    assert_eq!(listed(&bed, &id).await, Listed::NOWHERE);
+    let link = bed.sim.by_id_dir(NODE).join(format!(
+        "{}{}",
+        testbed::sim::virt_api::BY_ID_PREFIX,
+        disk_serial(&id)
+    ));
+    assert!(!link.exists(), "the guest sees no disk: {}", link.display());
+    ctrl.controller_client()
+        .controller_unpublish_volume(unpublish)
+        .await
+        .expect("ControllerUnpublishVolume again is OK");
+    assert_eq!(bed.sim.hotplug.count("addvolume", NODE, &id), 1);
+    assert_eq!(bed.sim.hotplug.count("removevolume", NODE, &id), 1);
+    delete_and_wait_gone(&ctrl, &bed, &id).await;
     ctrl.kill();
 }
 

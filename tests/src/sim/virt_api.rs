@@ -437,9 +437,13 @@ async fn attach(
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     tokio::time::sleep(ctx.delay / 2).await;
+    let vmi = vmis.get_opt(vm_name).await.map_err(|e| e.to_string())?;
+    if vmi.as_ref().and_then(|v| v.volume_status(name)).is_none() {
+        // Removed (removevolume) while it was attaching: the guest never sees the disk.
+        return Ok(());
+    }
     let dir = ctx.by_id_dir(node);
     link_disk(&dir, serial, &backing.device).map_err(|e| e.to_string())?;
-    let vmi = vmis.get_opt(vm_name).await.map_err(|e| e.to_string())?;
     let target = next_target(vmi.as_ref(), name);
     set_phase(&vmis, vm_name, name, VOLUME_READY, Some(&target)).await
 }
