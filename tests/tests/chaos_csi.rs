@@ -523,3 +523,138 @@ async fn staged_volumes_survive_a_node_plugin_sigkill_without_reformat_or_stacke
     assert!(sweeper.sweep().is_empty(), "mounts left behind");
     ctrl.stop().await;
 }
+
+/// SIGKILLs the process whose pid is in the file, if any, when dropped (a container's kill
+/// takes the plugin's children with it; also cleans up after a failed test).
+struct KillPidIn(std::path::PathBuf);
+
+impl KillPidIn {
+    fn kill(&self) {
+        if let Ok(pid) = std::fs::read_to_string(&self.0) {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", pid.trim()])
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+    }
+}
+
+impl Drop for KillPidIn {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Whether a mountinfo line's per-mount options make it read-only.
+fn read_only_mount(line: &str) -> bool {
+    line.split_whitespace()
+        .nth(5)
+        .is_some_and(|o| o.split(',').any(|o| o == "ro"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_publish_killed_between_bind_and_remount_is_read_only_after_the_retry_root() {
+    assert_root();
+    let bed = bed_with_vm().await;
+    let ctrl = Driver::start(&bed, |c| c.mode = harvester_csi_driver::Mode::Controller).await;
+    let dir = bed.dir.path().join("chaos-ro");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let sweeper = MountSweeper(dir.clone());
+    let cap = mount_cap("ext4");
+    let vol = create_and_publish(&ctrl, "pvc-chaos-ro", 64 << 20, &cap, &dir).await;
+
+    // A `mount` first in the plugin's PATH that stalls the read-only remount (the second of the
+    // two mounts a read-only publish makes) and passes everything else to util-linux.
+    let real = std::process::Command::new("sh")
+        .args(["-c", "command -v mount"])
+        .output()
+        .expect("sh");
+    let real = String::from_utf8_lossy(&real.stdout).trim().to_string();
+    assert!(real.starts_with('/'), "util-linux mount: {real:?}");
+    let wrappers = bed.dir.path().join("slow-remount");
+    std::fs::create_dir_all(&wrappers).expect("wrapper dir");
+    let pid_file = wrappers.join("remount.pid");
+    let script = format!(
+        "#!/bin/sh\ncase \" $* \" in *remount,*) echo $$ > '{}'; exec sleep 60;; esac\nexec {real} \"$@\"\n",
+        pid_file.display()
+    );
+    let wrapper = wrappers.join("mount");
+    std::fs::write(&wrapper, script).expect("wrapper");
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod wrapper");
+    let stalled = KillPidIn(pid_file.clone());
+    let path = format!(
+        "{}:{}",
+        wrappers.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let socket = bed.dir.path().join("csi-node.sock");
+    let node = DriverProc::node_with_env(&bed, "csi-node-1", &socket, &[("PATH", path)]).await;
+    stage(&node, &vol, &cap).await.expect("NodeStageVolume");
+    let req = NodePublishVolumeRequest {
+        volume_id: vol.id.clone(),
+        publish_context: vol.ctx.clone(),
+        staging_target_path: vol.staging.display().to_string(),
+        target_path: vol.target.display().to_string(),
+        volume_capability: Some(cap.clone()),
+        readonly: true,
+        ..Default::default()
+    };
+    let mut client = node.node_client();
+    let first = {
+        let req = req.clone();
+        tokio::spawn(async move { client.node_publish_volume(req).await })
+    };
+    wait::until(
+        "the bind mount done and the read-only remount under way",
+        Duration::from_secs(30),
+        || {
+            let started = pid_file.exists();
+            async move { Ok(if started { Ok(()) } else { Err("not yet") }) }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let cut = mount_entries(&vol.target);
+    assert!(
+        cut.len() == 1 && !read_only_mount(&cut[0]),
+        "a writable bind at the target when the plugin dies: {cut:?}"
+    );
+    node.kill();
+    stalled.kill();
+    let killed = tokio::time::timeout(Duration::from_secs(20), first)
+        .await
+        .expect("the interrupted publish returns once its plugin is gone")
+        .expect("publish task");
+    assert!(killed.is_err(), "cut short, so not OK: {killed:?}");
+
+    // kubelet retries the same read-only publish on the restarted plugin.
+    let node = DriverProc::node(&bed, "csi-node-2", &socket).await;
+    for attempt in ["the retry", "once more"] {
+        node.node_client()
+            .node_publish_volume(req.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{attempt}: NodePublishVolume: {e:?}"));
+        let now = mount_entries(&vol.target);
+        assert_eq!(now.len(), 1, "{attempt}: one mount at the target: {now:?}");
+        assert!(
+            read_only_mount(&now[0]),
+            "{attempt}: a read-only publish must not leave the pod a writable mount: {now:?}"
+        );
+        let write = std::fs::write(vol.target.join("must-fail.txt"), b"x");
+        assert_eq!(
+            write.as_ref().map_err(|e| e.raw_os_error()),
+            Err(Some(libc::EROFS)),
+            "{attempt}: writing through the read-only target"
+        );
+    }
+
+    unpublish_and_unstage(&node, &vol).await;
+    detach_and_delete(&ctrl, &vol).await;
+    node.kill();
+    assert!(sweeper.sweep().is_empty(), "mounts left behind");
+    ctrl.stop().await;
+}

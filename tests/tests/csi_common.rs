@@ -184,26 +184,45 @@ pub struct DriverProc {
 impl DriverProc {
     /// The controller service (`--mode=controller`) on `socket`.
     pub async fn controller(bed: &TestBed, name: &str, socket: &Path) -> DriverProc {
-        DriverProc::start(bed, name, socket, &["--mode=controller".to_string()]).await
+        let args = ["--mode=controller".to_string()];
+        DriverProc::start(bed, name, socket, &args, &[]).await
     }
 
     /// The node plugin of [`NODE`] (`--mode=node`) on `socket`, finding disks in the stand-in's
     /// by-id directory of that guest.
     pub async fn node(bed: &TestBed, name: &str, socket: &Path) -> DriverProc {
+        DriverProc::node_with_env(bed, name, socket, &[]).await
+    }
+
+    /// [`DriverProc::node`] with extra environment variables (e.g. a `PATH` with tool wrappers).
+    pub async fn node_with_env(
+        bed: &TestBed,
+        name: &str,
+        socket: &Path,
+        env: &[(&str, String)],
+    ) -> DriverProc {
         let args = [
             "--mode=node".to_string(),
             format!("--nodeid={NODE}"),
             format!("--disk-by-id-dir={}", bed.sim.by_id_dir(NODE).display()),
         ];
-        DriverProc::start(bed, name, socket, &args).await
+        DriverProc::start(bed, name, socket, &args, env).await
     }
 
-    /// Starts the binary with `args` and waits (30 s) until it answers Probe on `socket`.
-    pub async fn start(bed: &TestBed, name: &str, socket: &Path, args: &[String]) -> DriverProc {
+    /// Starts the binary with `args` and `env` and waits (30 s) until it answers Probe on
+    /// `socket`.
+    pub async fn start(
+        bed: &TestBed,
+        name: &str,
+        socket: &Path,
+        args: &[String],
+        env: &[(&str, String)],
+    ) -> DriverProc {
         let mut cmd = Command::new(testbed::process::built_binary("harvester-csi-driver"));
         cmd.arg(format!("--endpoint=unix://{}", socket.display()))
             .arg(format!("--kubeconfig={}", bed.cloud_config.display()))
-            .args(args);
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)));
         let mut proc = Proc::spawn(name, cmd, bed.dir.path())
             .unwrap_or_else(|e| panic!("starting {name}: {e}"));
         let start = Instant::now();
