@@ -524,22 +524,30 @@ async fn staged_volumes_survive_a_node_plugin_sigkill_without_reformat_or_stacke
     ctrl.stop().await;
 }
 
-/// SIGKILLs the process whose pid is in the file, if any, when dropped (a container's kill
-/// takes the plugin's children with it; also cleans up after a failed test).
-struct KillPidIn(std::path::PathBuf);
+/// SIGKILLs the processes whose pids are listed in the file, if any, when dropped (a
+/// container's kill takes the plugin's children with it; also cleans up after a failed test).
+struct KillPidsIn(std::path::PathBuf);
 
-impl KillPidIn {
+impl KillPidsIn {
+    fn pids(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.0)
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    }
+
     fn kill(&self) {
-        if let Ok(pid) = std::fs::read_to_string(&self.0) {
+        for pid in self.pids() {
             let _ = std::process::Command::new("kill")
-                .args(["-KILL", pid.trim()])
+                .args(["-KILL", &pid])
                 .stderr(std::process::Stdio::null())
                 .status();
         }
     }
 }
 
-impl Drop for KillPidIn {
+impl Drop for KillPidsIn {
     fn drop(&mut self) {
         self.kill();
     }
@@ -552,6 +560,49 @@ fn read_only_mount(line: &str) -> bool {
         .is_some_and(|o| o.split(',').any(|o| o == "ro"))
 }
 
+/// A directory to put first in the node plugin's PATH: its `mount` stalls every read-only
+/// remount (the second of the two mounts a read-only publish makes), appending its pid to
+/// `<dir>/remount.pids`, and passes everything else to util-linux.
+fn stalled_remount_wrapper(dir: &std::path::Path) -> (String, KillPidsIn) {
+    let real = std::process::Command::new("sh")
+        .args(["-c", "command -v mount"])
+        .output()
+        .expect("sh");
+    let real = String::from_utf8_lossy(&real.stdout).trim().to_string();
+    assert!(real.starts_with('/'), "util-linux mount: {real:?}");
+    std::fs::create_dir_all(dir).expect("wrapper dir");
+    let pids = dir.join("remount.pids");
+    let script = format!(
+        "#!/bin/sh\ncase \" $* \" in *remount,*) echo $$ >> '{}'; exec sleep 60;; esac\nexec {real} \"$@\"\n",
+        pids.display()
+    );
+    let wrapper = dir.join("mount");
+    std::fs::write(&wrapper, script).expect("wrapper");
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod wrapper");
+    let path = format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    (path, KillPidsIn(pids))
+}
+
+fn read_only_publish(c: &Case) -> NodePublishVolumeRequest {
+    NodePublishVolumeRequest {
+        volume_id: c.vol.id.clone(),
+        publish_context: c.vol.ctx.clone(),
+        staging_target_path: c.vol.staging.display().to_string(),
+        target_path: c.vol.target.display().to_string(),
+        volume_capability: Some(c.cap.clone()),
+        readonly: true,
+        ..Default::default()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_publish_killed_between_bind_and_remount_is_read_only_after_the_retry_root() {
     assert_root();
@@ -560,100 +611,86 @@ async fn a_read_only_publish_killed_between_bind_and_remount_is_read_only_after_
     let dir = bed.dir.path().join("chaos-ro");
     std::fs::create_dir_all(&dir).expect("dir");
     let sweeper = MountSweeper(dir.clone());
-    let cap = mount_cap("ext4");
-    let vol = create_and_publish(&ctrl, "pvc-chaos-ro", 64 << 20, &cap, &dir).await;
+    let mut cases = Vec::new();
+    for (name, cap, block) in [
+        ("pvc-chaos-ro-ext4", mount_cap("ext4"), false),
+        ("pvc-chaos-ro-block", block_cap(), true),
+    ] {
+        let vol = create_and_publish(&ctrl, name, 32 << 20, &cap, &dir).await;
+        cases.push(Case { vol, cap, block });
+    }
 
-    // A `mount` first in the plugin's PATH that stalls the read-only remount (the second of the
-    // two mounts a read-only publish makes) and passes everything else to util-linux.
-    let real = std::process::Command::new("sh")
-        .args(["-c", "command -v mount"])
-        .output()
-        .expect("sh");
-    let real = String::from_utf8_lossy(&real.stdout).trim().to_string();
-    assert!(real.starts_with('/'), "util-linux mount: {real:?}");
-    let wrappers = bed.dir.path().join("slow-remount");
-    std::fs::create_dir_all(&wrappers).expect("wrapper dir");
-    let pid_file = wrappers.join("remount.pid");
-    let script = format!(
-        "#!/bin/sh\ncase \" $* \" in *remount,*) echo $$ > '{}'; exec sleep 60;; esac\nexec {real} \"$@\"\n",
-        pid_file.display()
-    );
-    let wrapper = wrappers.join("mount");
-    std::fs::write(&wrapper, script).expect("wrapper");
-    std::fs::set_permissions(
-        &wrapper,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .expect("chmod wrapper");
-    let stalled = KillPidIn(pid_file.clone());
-    let path = format!(
-        "{}:{}",
-        wrappers.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let (path, stalled) = stalled_remount_wrapper(&bed.dir.path().join("slow-remount"));
     let socket = bed.dir.path().join("csi-node.sock");
     let node = DriverProc::node_with_env(&bed, "csi-node-1", &socket, &[("PATH", path)]).await;
-    stage(&node, &vol, &cap).await.expect("NodeStageVolume");
-    let req = NodePublishVolumeRequest {
-        volume_id: vol.id.clone(),
-        publish_context: vol.ctx.clone(),
-        staging_target_path: vol.staging.display().to_string(),
-        target_path: vol.target.display().to_string(),
-        volume_capability: Some(cap.clone()),
-        readonly: true,
-        ..Default::default()
-    };
-    let mut client = node.node_client();
-    let first = {
-        let req = req.clone();
-        tokio::spawn(async move { client.node_publish_volume(req).await })
-    };
+    let mut first = Vec::new();
+    for c in &cases {
+        stage(&node, &c.vol, &c.cap).await.expect("NodeStageVolume");
+        let mut client = node.node_client();
+        let req = read_only_publish(c);
+        first.push(tokio::spawn(async move {
+            client.node_publish_volume(req).await
+        }));
+    }
     wait::until(
-        "the bind mount done and the read-only remount under way",
+        "both binds done and their read-only remounts under way",
         Duration::from_secs(30),
         || {
-            let started = pid_file.exists();
-            async move { Ok(if started { Ok(()) } else { Err("not yet") }) }
+            let pids = stalled.pids();
+            async move { Ok(if pids.len() == 2 { Ok(()) } else { Err(pids) }) }
         },
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
-    let cut = mount_entries(&vol.target);
-    assert!(
-        cut.len() == 1 && !read_only_mount(&cut[0]),
-        "a writable bind at the target when the plugin dies: {cut:?}"
-    );
-    node.kill();
-    stalled.kill();
-    let killed = tokio::time::timeout(Duration::from_secs(20), first)
-        .await
-        .expect("the interrupted publish returns once its plugin is gone")
-        .expect("publish task");
-    assert!(killed.is_err(), "cut short, so not OK: {killed:?}");
-
-    // kubelet retries the same read-only publish on the restarted plugin.
-    let node = DriverProc::node(&bed, "csi-node-2", &socket).await;
-    for attempt in ["the retry", "once more"] {
-        node.node_client()
-            .node_publish_volume(req.clone())
-            .await
-            .unwrap_or_else(|e| panic!("{attempt}: NodePublishVolume: {e:?}"));
-        let now = mount_entries(&vol.target);
-        assert_eq!(now.len(), 1, "{attempt}: one mount at the target: {now:?}");
+    for c in &cases {
+        let cut = mount_entries(&c.vol.target);
         assert!(
-            read_only_mount(&now[0]),
-            "{attempt}: a read-only publish must not leave the pod a writable mount: {now:?}"
-        );
-        let write = std::fs::write(vol.target.join("must-fail.txt"), b"x");
-        assert_eq!(
-            write.as_ref().map_err(|e| e.raw_os_error()),
-            Err(Some(libc::EROFS)),
-            "{attempt}: writing through the read-only target"
+            cut.len() == 1 && !read_only_mount(&cut[0]),
+            "{}: a writable bind at the target when the plugin dies: {cut:?}",
+            c.vol.id
         );
     }
+    node.kill();
+    stalled.kill();
+    for task in first {
+        let killed = tokio::time::timeout(Duration::from_secs(20), task)
+            .await
+            .expect("the interrupted publish returns once its plugin is gone")
+            .expect("publish task");
+        assert!(killed.is_err(), "cut short, so not OK: {killed:?}");
+    }
 
-    unpublish_and_unstage(&node, &vol).await;
-    detach_and_delete(&ctrl, &vol).await;
+    // kubelet retries the same read-only publishes on the restarted plugin.
+    let node = DriverProc::node(&bed, "csi-node-2", &socket).await;
+    for c in &cases {
+        for attempt in ["the retry", "once more"] {
+            node.node_client()
+                .node_publish_volume(read_only_publish(c))
+                .await
+                .unwrap_or_else(|e| panic!("{}: {attempt}: NodePublishVolume: {e:?}", c.vol.id));
+            let now = mount_entries(&c.vol.target);
+            assert_eq!(now.len(), 1, "{attempt}: one mount at the target: {now:?}");
+            assert!(
+                read_only_mount(&now[0]),
+                "{}: {attempt}: a read-only publish must not leave the pod a writable mount: {now:?}",
+                c.vol.id
+            );
+            if !c.block {
+                // (A read-only mount does not stop writes to a device node, so only here.)
+                let write = std::fs::write(c.vol.target.join("must-fail.txt"), b"x");
+                assert_eq!(
+                    write.as_ref().map_err(|e| e.raw_os_error()),
+                    Err(Some(libc::EROFS)),
+                    "{attempt}: writing through the read-only target"
+                );
+            }
+        }
+    }
+
+    for c in &cases {
+        unpublish_and_unstage(&node, &c.vol).await;
+        detach_and_delete(&ctrl, &c.vol).await;
+    }
     node.kill();
     assert!(sweeper.sweep().is_empty(), "mounts left behind");
     ctrl.stop().await;
