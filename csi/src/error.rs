@@ -33,10 +33,13 @@ impl From<ArgError> for Status {
 }
 
 /// The code for a failed Harvester API call: conflicts are retried by the caller (`ABORTED`),
-/// an unreachable or overloaded server is `UNAVAILABLE`, anything else `INTERNAL`.
+/// a request the cloud-config's identity may not make is `PERMISSION_DENIED` (RBAC, fixed by
+/// the operator, not by retrying), an unreachable or overloaded server is `UNAVAILABLE`,
+/// anything else `INTERNAL`.
 fn kube_code(e: &kube::Error) -> Code {
     match e {
         kube::Error::Api(s) if s.code == 409 => Code::Aborted,
+        kube::Error::Api(s) if s.code == 403 => Code::PermissionDenied,
         kube::Error::Api(s) if s.code == 429 || s.code >= 500 => Code::Unavailable,
         kube::Error::Api(_) => Code::Internal,
         kube::Error::HyperError(_) | kube::Error::Service(_) => Code::Unavailable,
@@ -241,5 +244,44 @@ mod tests {
             reason: "r".into(),
         }));
         assert_eq!(s.code(), Code::OutOfRange);
+    }
+
+    fn api_error(code: u16, reason: &str) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("from the API server", reason)
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    fn hotplug(source: kube::Error) -> ControllerError {
+        ControllerError::from(harvester_common::harvester::HotplugError::Request {
+            verb: "addvolume",
+            namespace: "guest-vms".into(),
+            vm: "worker-1".into(),
+            volume: "pvc-1".into(),
+            source,
+        })
+    }
+
+    #[test]
+    fn harvester_api_failures_map_by_status() {
+        for (code, reason, want) in [
+            // RBAC refuses the cloud-config's identity: the operator must grant it.
+            (403, "Forbidden", Code::PermissionDenied),
+            (409, "Conflict", Code::Aborted),
+            (429, "TooManyRequests", Code::Unavailable),
+            (503, "ServiceUnavailable", Code::Unavailable),
+            (400, "BadRequest", Code::Internal),
+            (422, "Invalid", Code::Internal),
+        ] {
+            let s = Status::from(hotplug(api_error(code, reason)));
+            assert_eq!(s.code(), want, "hot-plug answered {code} {reason}: {s:?}");
+            assert!(s.message().contains("addvolume"), "{}", s.message());
+            let s = Status::from(ControllerError::api("creating PVC guest-vms/pvc-1")(
+                api_error(code, reason),
+            ));
+            assert_eq!(s.code(), want, "API answered {code} {reason}: {s:?}");
+        }
     }
 }

@@ -87,6 +87,20 @@ pub fn tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+/// A binary of this workspace that cargo built next to the running test executable
+/// (`target/<profile>/<name>`); panics naming the `cargo build` that makes it if it is missing.
+pub fn built_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let bin = dir.join(name);
+    assert!(
+        bin.is_file(),
+        "{} is not built: run `cargo build --bin {name}`",
+        bin.display()
+    );
+    bin
+}
+
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 pub fn free_port() -> Result<u16, BedError> {
     let l = TcpListener::bind("127.0.0.1:0")
@@ -111,20 +125,6 @@ fn die_with_parent(cmd: &mut Command) {
             Ok(())
         });
     }
-}
-
-/// A binary of this workspace that cargo built next to the running test executable
-/// (`cargo test --workspace` builds every binary); panics naming the build command otherwise.
-pub fn workspace_binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    let bin = dir.join(name);
-    assert!(
-        bin.is_file(),
-        "{} is not built: run `cargo build --bin {name}`",
-        bin.display()
-    );
-    bin
 }
 
 /// Collects the lines a child writes to `stream` until it closes (the child exits).

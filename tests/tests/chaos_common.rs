@@ -29,15 +29,7 @@ pub async fn bed() -> TestBed {
 
 /// The binary cargo built next to this test (`cargo test --workspace` builds every binary).
 pub fn binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    let bin = dir.join("harvester-cloud-provider");
-    assert!(
-        bin.is_file(),
-        "{} is not built: run `cargo build --bin harvester-cloud-provider`",
-        bin.display()
-    );
-    bin
+    testbed::process::built_binary("harvester-cloud-provider")
 }
 
 /// The provider binary against the bed, logging to `<bed dir>/<name>.log`; dropping or

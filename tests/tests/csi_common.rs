@@ -1,18 +1,25 @@
-//! Shared by the CSI suites (`csi_sanity.rs`, `csi_node.rs`): the driver started in-process
-//! against the test bed, gRPC clients on its socket, and mount cleanup that also runs when a test
-//! fails. (Compiled on its own as well, where it holds no tests.)
+//! Shared by the CSI suites (`csi_sanity.rs`, `csi_node.rs`, `chaos_csi.rs`): the driver started
+//! in-process or as the `harvester-csi-driver` binary against the test bed, gRPC clients on its
+//! socket, the volume steps the suites share, and mount cleanup that also runs when a test fails.
+//! (Compiled on its own as well, where it holds no tests.)
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use csi_proto::csi::v1::controller_client::ControllerClient;
 use csi_proto::csi::v1::identity_client::IdentityClient;
 use csi_proto::csi::v1::node_client::NodeClient;
+use csi_proto::csi::v1::volume_capability::access_mode::Mode;
+use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
+use csi_proto::csi::v1::*;
 use harvester_csi_driver::{Config, ServeError};
-use testbed::TestBed;
+use testbed::process::Proc;
 use testbed::sim::GuestVm;
+use testbed::{BedOptions, TestBed};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
@@ -27,7 +34,11 @@ pub fn assert_root() {
 }
 
 pub async fn bed() -> TestBed {
-    match TestBed::start(testbed::BedOptions::default()).await {
+    bed_with(BedOptions::default()).await
+}
+
+pub async fn bed_with(opts: BedOptions) -> TestBed {
+    match TestBed::start(opts).await {
         Ok(bed) => bed,
         Err(e) => panic!("the test bed must start for this test: {e}"),
     }
@@ -56,7 +67,12 @@ pub async fn install_default_storage_class(bed: &TestBed) {
 
 /// A bed with Harvester's default StorageClass, a host and the running guest VM [`NODE`].
 pub async fn bed_with_vm() -> TestBed {
-    let bed = bed().await;
+    bed_with_vm_and(BedOptions::default()).await
+}
+
+/// [`bed_with_vm`] on a bed started with `opts`.
+pub async fn bed_with_vm_and(opts: BedOptions) -> TestBed {
+    let bed = bed_with(opts).await;
     install_default_storage_class(&bed).await;
     bed.sim
         .create_host("harvester-1", Some("region-a"), Some("zone-1"))
@@ -148,6 +164,296 @@ impl Drop for Driver {
             let _ = tx.send(());
         }
     }
+}
+
+impl AsRef<Channel> for Driver {
+    fn as_ref(&self) -> &Channel {
+        &self.channel
+    }
+}
+
+/// The `harvester-csi-driver` binary as a child process against the bed's cloud-config, logging
+/// to `<bed dir>/<name>.log`. [`DriverProc::kill`] or dropping the handle SIGKILLs it, which
+/// leaves its socket file behind as a crash would.
+pub struct DriverProc {
+    pub proc: Proc,
+    pub socket: PathBuf,
+    pub channel: Channel,
+}
+
+impl DriverProc {
+    /// The controller service (`--mode=controller`) on `socket`.
+    pub async fn controller(bed: &TestBed, name: &str, socket: &Path) -> DriverProc {
+        let args = ["--mode=controller".to_string()];
+        DriverProc::start(bed, name, socket, &args, &[]).await
+    }
+
+    /// The node plugin of [`NODE`] (`--mode=node`) on `socket`, finding disks in the stand-in's
+    /// by-id directory of that guest.
+    pub async fn node(bed: &TestBed, name: &str, socket: &Path) -> DriverProc {
+        DriverProc::node_with_env(bed, name, socket, &[]).await
+    }
+
+    /// [`DriverProc::node`] with extra environment variables (e.g. a `PATH` with tool wrappers).
+    pub async fn node_with_env(
+        bed: &TestBed,
+        name: &str,
+        socket: &Path,
+        env: &[(&str, String)],
+    ) -> DriverProc {
+        let args = [
+            "--mode=node".to_string(),
+            format!("--nodeid={NODE}"),
+            format!("--disk-by-id-dir={}", bed.sim.by_id_dir(NODE).display()),
+        ];
+        DriverProc::start(bed, name, socket, &args, env).await
+    }
+
+    /// Starts the binary with `args` and `env` and waits (30 s) until it answers Probe on
+    /// `socket`.
+    pub async fn start(
+        bed: &TestBed,
+        name: &str,
+        socket: &Path,
+        args: &[String],
+        env: &[(&str, String)],
+    ) -> DriverProc {
+        let mut cmd = Command::new(testbed::process::built_binary("harvester-csi-driver"));
+        cmd.arg(format!("--endpoint=unix://{}", socket.display()))
+            .arg(format!("--kubeconfig={}", bed.cloud_config.display()))
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)));
+        let mut proc = Proc::spawn(name, cmd, bed.dir.path())
+            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        let start = Instant::now();
+        let mut last = String::new();
+        loop {
+            if let Err(e) = proc.check_alive() {
+                panic!("{name} stopped while starting: {e}");
+            }
+            // A socket left by a killed predecessor refuses connections until the new process
+            // has replaced it.
+            if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+                match harvester_csi_driver::connect(socket).await {
+                    Ok(channel) => {
+                        match IdentityClient::new(channel.clone())
+                            .probe(ProbeRequest {})
+                            .await
+                        {
+                            Ok(_) => {
+                                return DriverProc {
+                                    proc,
+                                    socket: socket.to_path_buf(),
+                                    channel,
+                                };
+                            }
+                            Err(e) => last = format!("Probe: {e}"),
+                        }
+                    }
+                    Err(e) => last = format!("connect: {e}"),
+                }
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{name} did not answer on {} within 30s (last: {last}); log {}:\n{}",
+                socket.display(),
+                proc.log.display(),
+                testbed::process::tail(&proc.log, 20)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// SIGKILL and reap: no graceful shutdown, the socket file stays.
+    pub fn kill(mut self) {
+        self.proc.stop();
+    }
+
+    pub fn controller_client(&self) -> ControllerClient<Channel> {
+        ControllerClient::new(self.channel.clone())
+    }
+    pub fn node_client(&self) -> NodeClient<Channel> {
+        NodeClient::new(self.channel.clone())
+    }
+}
+
+impl AsRef<Channel> for DriverProc {
+    fn as_ref(&self) -> &Channel {
+        &self.channel
+    }
+}
+
+pub fn mount_cap(fs: &str) -> VolumeCapability {
+    VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume {
+            fs_type: fs.into(),
+            ..Default::default()
+        })),
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+    }
+}
+
+pub fn block_cap() -> VolumeCapability {
+    VolumeCapability {
+        access_type: Some(AccessType::Block(BlockVolume {})),
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+    }
+}
+
+/// A created and controller-published volume, with its staging and target paths.
+pub struct Vol {
+    pub id: String,
+    pub ctx: HashMap<String, String>,
+    pub staging: PathBuf,
+    pub target: PathBuf,
+}
+
+pub fn create_request(name: &str, size: u64, cap: &VolumeCapability) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: size as i64,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![cap.clone()],
+        ..Default::default()
+    }
+}
+
+pub fn publish_request(id: &str, cap: &VolumeCapability) -> ControllerPublishVolumeRequest {
+    ControllerPublishVolumeRequest {
+        volume_id: id.into(),
+        node_id: NODE.into(),
+        volume_capability: Some(cap.clone()),
+        ..Default::default()
+    }
+}
+
+/// CreateVolume and ControllerPublishVolume to [`NODE`] on controller `d`; the staging and
+/// target paths are `<dir>/<name>-staging` and `<dir>/<name>-target`.
+pub async fn create_and_publish(
+    d: &impl AsRef<Channel>,
+    name: &str,
+    size: u64,
+    cap: &VolumeCapability,
+    dir: &Path,
+) -> Vol {
+    let mut c = ControllerClient::new(d.as_ref().clone());
+    let created = c
+        .create_volume(create_request(name, size, cap))
+        .await
+        .expect("CreateVolume")
+        .into_inner()
+        .volume
+        .expect("volume");
+    let published = c
+        .controller_publish_volume(publish_request(&created.volume_id, cap))
+        .await
+        .expect("ControllerPublishVolume")
+        .into_inner();
+    Vol {
+        id: created.volume_id,
+        ctx: published.publish_context,
+        staging: dir.join(format!("{name}-staging")),
+        target: dir.join(format!("{name}-target")),
+    }
+}
+
+pub async fn stage(
+    d: &impl AsRef<Channel>,
+    v: &Vol,
+    cap: &VolumeCapability,
+) -> Result<(), tonic::Status> {
+    NodeClient::new(d.as_ref().clone())
+        .node_stage_volume(NodeStageVolumeRequest {
+            volume_id: v.id.clone(),
+            publish_context: v.ctx.clone(),
+            staging_target_path: v.staging.display().to_string(),
+            volume_capability: Some(cap.clone()),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ())
+}
+
+pub async fn publish(
+    d: &impl AsRef<Channel>,
+    v: &Vol,
+    cap: &VolumeCapability,
+) -> Result<(), tonic::Status> {
+    NodeClient::new(d.as_ref().clone())
+        .node_publish_volume(NodePublishVolumeRequest {
+            volume_id: v.id.clone(),
+            publish_context: v.ctx.clone(),
+            staging_target_path: v.staging.display().to_string(),
+            target_path: v.target.display().to_string(),
+            volume_capability: Some(cap.clone()),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ())
+}
+
+/// NodeUnpublishVolume and NodeUnstageVolume, both expected to succeed.
+pub async fn unpublish_and_unstage(d: &impl AsRef<Channel>, v: &Vol) {
+    let mut n = NodeClient::new(d.as_ref().clone());
+    n.node_unpublish_volume(NodeUnpublishVolumeRequest {
+        volume_id: v.id.clone(),
+        target_path: v.target.display().to_string(),
+    })
+    .await
+    .expect("NodeUnpublishVolume");
+    n.node_unstage_volume(NodeUnstageVolumeRequest {
+        volume_id: v.id.clone(),
+        staging_target_path: v.staging.display().to_string(),
+    })
+    .await
+    .expect("NodeUnstageVolume");
+}
+
+/// ControllerUnpublishVolume from [`NODE`] and DeleteVolume, both expected to succeed.
+pub async fn detach_and_delete(d: &impl AsRef<Channel>, v: &Vol) {
+    let mut c = ControllerClient::new(d.as_ref().clone());
+    c.controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+        volume_id: v.id.clone(),
+        node_id: NODE.into(),
+        ..Default::default()
+    })
+    .await
+    .expect("ControllerUnpublishVolume");
+    c.delete_volume(DeleteVolumeRequest {
+        volume_id: v.id.clone(),
+        ..Default::default()
+    })
+    .await
+    .expect("DeleteVolume");
+}
+
+/// The filesystem UUID of the mount holding `path` (`findmnt`, independent of the driver).
+pub fn blkid_uuid(path: &Path) -> String {
+    let out = Command::new("findmnt")
+        .args(["-n", "-o", "UUID", "--target"])
+        .arg(path)
+        .output()
+        .expect("findmnt");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The `/proc/self/mountinfo` lines of mounts exactly at `path` (mount ID first, so a remount
+/// or a second mount on top shows as a changed or extra line).
+pub fn mount_entries(path: &Path) -> Vec<String> {
+    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let want = path.to_string_lossy().replace(' ', "\\040");
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.split_whitespace().nth(4) == Some(want.as_str()))
+        .map(str::to_string)
+        .collect()
 }
 
 #[allow(unused_imports)]

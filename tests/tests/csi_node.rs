@@ -5,141 +5,15 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{Driver, MountSweeper, NODE, assert_root, bed_with_vm};
-use csi_proto::csi::v1::volume_capability::access_mode::Mode;
-use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
+use common::{
+    Driver, MountSweeper, NODE, Vol, assert_root, bed_with_vm, blkid_uuid, create_and_publish,
+    detach_and_delete, mount_cap, publish, stage, unpublish_and_unstage,
+};
 use csi_proto::csi::v1::*;
 use tonic::Code;
-
-fn mount_cap(fs: &str) -> VolumeCapability {
-    VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: fs.into(),
-            ..Default::default()
-        })),
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-    }
-}
-
-/// A created and controller-published volume, with its staging and target paths.
-struct Vol {
-    id: String,
-    ctx: HashMap<String, String>,
-    staging: PathBuf,
-    target: PathBuf,
-}
-
-async fn create_and_publish(d: &Driver, name: &str, size: u64, fs: &str, dir: &Path) -> Vol {
-    let created = d
-        .controller()
-        .create_volume(CreateVolumeRequest {
-            name: name.into(),
-            capacity_range: Some(CapacityRange {
-                required_bytes: size as i64,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![mount_cap(fs)],
-            ..Default::default()
-        })
-        .await
-        .expect("CreateVolume")
-        .into_inner()
-        .volume
-        .expect("volume");
-    let published = d
-        .controller()
-        .controller_publish_volume(ControllerPublishVolumeRequest {
-            volume_id: created.volume_id.clone(),
-            node_id: NODE.into(),
-            volume_capability: Some(mount_cap(fs)),
-            ..Default::default()
-        })
-        .await
-        .expect("ControllerPublishVolume")
-        .into_inner();
-    Vol {
-        id: created.volume_id,
-        ctx: published.publish_context,
-        staging: dir.join(format!("{name}-staging")),
-        target: dir.join(format!("{name}-target")),
-    }
-}
-
-async fn stage(d: &Driver, v: &Vol, fs: &str) -> Result<(), tonic::Status> {
-    d.node()
-        .node_stage_volume(NodeStageVolumeRequest {
-            volume_id: v.id.clone(),
-            publish_context: v.ctx.clone(),
-            staging_target_path: v.staging.display().to_string(),
-            volume_capability: Some(mount_cap(fs)),
-            ..Default::default()
-        })
-        .await
-        .map(|_| ())
-}
-
-async fn publish(d: &Driver, v: &Vol, fs: &str) {
-    d.node()
-        .node_publish_volume(NodePublishVolumeRequest {
-            volume_id: v.id.clone(),
-            publish_context: v.ctx.clone(),
-            staging_target_path: v.staging.display().to_string(),
-            target_path: v.target.display().to_string(),
-            volume_capability: Some(mount_cap(fs)),
-            ..Default::default()
-        })
-        .await
-        .expect("NodePublishVolume");
-}
-
-async fn unpublish_and_unstage(d: &Driver, v: &Vol) {
-    d.node()
-        .node_unpublish_volume(NodeUnpublishVolumeRequest {
-            volume_id: v.id.clone(),
-            target_path: v.target.display().to_string(),
-        })
-        .await
-        .expect("NodeUnpublishVolume");
-    d.node()
-        .node_unstage_volume(NodeUnstageVolumeRequest {
-            volume_id: v.id.clone(),
-            staging_target_path: v.staging.display().to_string(),
-        })
-        .await
-        .expect("NodeUnstageVolume");
-}
-
-async fn detach_and_delete(d: &Driver, v: &Vol) {
-    d.controller()
-        .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
-            volume_id: v.id.clone(),
-            node_id: NODE.into(),
-            ..Default::default()
-        })
-        .await
-        .expect("ControllerUnpublishVolume");
-    d.controller()
-        .delete_volume(DeleteVolumeRequest {
-            volume_id: v.id.clone(),
-            ..Default::default()
-        })
-        .await
-        .expect("DeleteVolume");
-}
-
-fn blkid_uuid(dev_of: &Path) -> String {
-    let out = std::process::Command::new("findmnt")
-        .args(["-n", "-o", "UUID", "--target"])
-        .arg(dev_of)
-        .output()
-        .expect("findmnt");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_survives_unstage_and_restage_root() {
@@ -149,7 +23,7 @@ async fn data_survives_unstage_and_restage_root() {
     let dir = bed.dir.path().join("node-data");
     std::fs::create_dir_all(&dir).expect("dir");
     let sweeper = MountSweeper(dir.clone());
-    let v = create_and_publish(&d, "pvc-data-1", 64 << 20, "ext4", &dir).await;
+    let v = create_and_publish(&d, "pvc-data-1", 64 << 20, &mount_cap("ext4"), &dir).await;
     assert_eq!(
         v.ctx.get("serial").map(String::len),
         Some(20),
@@ -157,8 +31,12 @@ async fn data_survives_unstage_and_restage_root() {
         v.ctx
     );
 
-    stage(&d, &v, "ext4").await.expect("first NodeStageVolume");
-    publish(&d, &v, "ext4").await;
+    stage(&d, &v, &mount_cap("ext4"))
+        .await
+        .expect("first NodeStageVolume");
+    publish(&d, &v, &mount_cap("ext4"))
+        .await
+        .expect("NodePublishVolume");
     let uuid = blkid_uuid(&v.target);
     let file = v.target.join("hello.txt");
     std::fs::write(&file, b"written before unstage").expect("write");
@@ -170,7 +48,9 @@ async fn data_survives_unstage_and_restage_root() {
     );
 
     // The device now holds ext4: staging it as xfs must be refused, not reformatted.
-    let refused = stage(&d, &v, "xfs").await.expect_err("ext4 staged as xfs");
+    let refused = stage(&d, &v, &mount_cap("xfs"))
+        .await
+        .expect_err("ext4 staged as xfs");
     assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
     assert!(
         refused.message().contains("refusing to format") && refused.message().contains("ext4"),
@@ -178,11 +58,15 @@ async fn data_survives_unstage_and_restage_root() {
         refused.message()
     );
 
-    stage(&d, &v, "ext4").await.expect("second NodeStageVolume");
-    stage(&d, &v, "ext4")
+    stage(&d, &v, &mount_cap("ext4"))
+        .await
+        .expect("second NodeStageVolume");
+    stage(&d, &v, &mount_cap("ext4"))
         .await
         .expect("NodeStageVolume again is idempotent");
-    publish(&d, &v, "ext4").await;
+    publish(&d, &v, &mount_cap("ext4"))
+        .await
+        .expect("NodePublishVolume");
     assert_eq!(
         std::fs::read(&file).expect("read back after restage"),
         b"written before unstage"
@@ -208,9 +92,13 @@ async fn xfs_volume_grows_while_mounted_root() {
     std::fs::create_dir_all(&dir).expect("dir");
     let sweeper = MountSweeper(dir.clone());
     // mkfs.xfs wants at least 300 MiB.
-    let v = create_and_publish(&d, "pvc-xfs-1", 320 << 20, "xfs", &dir).await;
-    stage(&d, &v, "xfs").await.expect("NodeStageVolume xfs");
-    publish(&d, &v, "xfs").await;
+    let v = create_and_publish(&d, "pvc-xfs-1", 320 << 20, &mount_cap("xfs"), &dir).await;
+    stage(&d, &v, &mount_cap("xfs"))
+        .await
+        .expect("NodeStageVolume xfs");
+    publish(&d, &v, &mount_cap("xfs"))
+        .await
+        .expect("NodePublishVolume");
     std::fs::write(v.target.join("keep.txt"), b"xfs data").expect("write");
     let before = rustix_like_total(&v.target);
 
@@ -316,11 +204,13 @@ async fn a_snapshot_restores_the_data_and_mounts_beside_its_xfs_source_root() {
     let dir = bed.dir.path().join("node-snap");
     std::fs::create_dir_all(&dir).expect("dir");
     let sweeper = MountSweeper(dir.clone());
-    let src = create_and_publish(&d, "pvc-snap-src", 320 << 20, "xfs", &dir).await;
-    stage(&d, &src, "xfs")
+    let src = create_and_publish(&d, "pvc-snap-src", 320 << 20, &mount_cap("xfs"), &dir).await;
+    stage(&d, &src, &mount_cap("xfs"))
         .await
         .expect("NodeStageVolume source");
-    publish(&d, &src, "xfs").await;
+    publish(&d, &src, &mount_cap("xfs"))
+        .await
+        .expect("NodePublishVolume");
     std::fs::write(src.target.join("before.txt"), b"in the snapshot").expect("write");
     // What an application-consistent snapshot does first (fsfreeze): flush to the disk.
     assert!(
@@ -413,10 +303,12 @@ async fn a_snapshot_restores_the_data_and_mounts_beside_its_xfs_source_root() {
         target: dir.join("restored-target"),
     };
     // Same XFS UUID as the still-mounted source: mounts only thanks to `nouuid`.
-    stage(&d, &copy, "xfs")
+    stage(&d, &copy, &mount_cap("xfs"))
         .await
         .expect("NodeStageVolume restored (no reformat, nouuid)");
-    publish(&d, &copy, "xfs").await;
+    publish(&d, &copy, &mount_cap("xfs"))
+        .await
+        .expect("NodePublishVolume");
     assert_eq!(
         std::fs::read(copy.target.join("before.txt")).expect("restored file"),
         b"in the snapshot"

@@ -258,6 +258,11 @@ async fn without_update_on_addvolume_publish_fails_naming_the_subresource() {
         .expect_err("publishing without addvolume must fail");
     let msg = err.message();
     eprintln!("ControllerPublishVolume: {:?}: {msg}", err.code());
+    assert_eq!(
+        err.code(),
+        tonic::Code::PermissionDenied,
+        "RBAC's refusal is PERMISSION_DENIED, not INTERNAL: {msg}"
+    );
     for part in [
         "forbidden",
         "cannot update resource \"virtualmachines/addvolume\"",

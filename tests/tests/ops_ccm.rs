@@ -25,19 +25,17 @@ async fn the_binary_serves_probes_and_metrics_leads_with_a_lease_and_stops_on_si
         .await
         .unwrap();
     let port = testbed::process::free_port().unwrap();
-    let mut child = Command::new(testbed::process::workspace_binary(
-        "harvester-cloud-provider",
-    ))
-    .args(["--cloud-config", &bed.cloud_config.to_string_lossy()])
-    .args(["--kubeconfig", &bed.guest.kubeconfig.to_string_lossy()])
-    .args(["--cluster-name", "ops", "--log-format", "json"])
-    .args(["--metrics-address", &format!("127.0.0.1:{port}")])
-    .args(["--leader-elect-resource-namespace", "kube-system"])
-    .env("POD_NAME", "ccm-0")
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("start the binary");
+    let mut child = Command::new(testbed::process::built_binary("harvester-cloud-provider"))
+        .args(["--cloud-config", &bed.cloud_config.to_string_lossy()])
+        .args(["--kubeconfig", &bed.guest.kubeconfig.to_string_lossy()])
+        .args(["--cluster-name", "ops", "--log-format", "json"])
+        .args(["--metrics-address", &format!("127.0.0.1:{port}")])
+        .args(["--leader-elect-resource-namespace", "kube-system"])
+        .env("POD_NAME", "ccm-0")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the binary");
     let logs = testbed::process::collect_lines(child.stderr.take().unwrap());
     scrape::wait_for_200(port, "/readyz", Duration::from_secs(30))
         .await
@@ -126,21 +124,19 @@ async fn the_binary_serves_probes_and_metrics_leads_with_a_lease_and_stops_on_si
 
 /// A provider binary with a short lease, for the hand-over test.
 fn provider(bed: &TestBed, name: &str, port: u16) -> std::process::Child {
-    Command::new(testbed::process::workspace_binary(
-        "harvester-cloud-provider",
-    ))
-    .args(["--cloud-config", &bed.cloud_config.to_string_lossy()])
-    .args(["--kubeconfig", &bed.guest.kubeconfig.to_string_lossy()])
-    .args(["--cluster-name", "ops", "--v", "4"])
-    .args(["--metrics-address", &format!("127.0.0.1:{port}")])
-    .args(["--leader-elect-lease-duration", "4s"])
-    .args(["--leader-elect-renew-deadline", "3s"])
-    .args(["--leader-elect-retry-period", "500ms"])
-    .env("POD_NAME", name)
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("start the binary")
+    Command::new(testbed::process::built_binary("harvester-cloud-provider"))
+        .args(["--cloud-config", &bed.cloud_config.to_string_lossy()])
+        .args(["--kubeconfig", &bed.guest.kubeconfig.to_string_lossy()])
+        .args(["--cluster-name", "ops", "--v", "4"])
+        .args(["--metrics-address", &format!("127.0.0.1:{port}")])
+        .args(["--leader-elect-lease-duration", "4s"])
+        .args(["--leader-elect-renew-deadline", "3s"])
+        .args(["--leader-elect-retry-period", "500ms"])
+        .env("POD_NAME", name)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the binary")
 }
 
 /// Write requests (create, update, patch, delete) a provider made, but for its Lease.

@@ -8,55 +8,28 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{NODE, install_default_storage_class};
+use common::{NODE, bed_with_vm_and, create_request, mount_cap, publish_request};
 use csi_proto::csi::v1::controller_client::ControllerClient;
 use csi_proto::csi::v1::identity_client::IdentityClient;
-use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume, access_mode};
-use csi_proto::csi::v1::{
-    CapacityRange, ControllerPublishVolumeRequest, CreateVolumeRequest, ProbeRequest,
-    VolumeCapability,
-};
+use csi_proto::csi::v1::{CreateVolumeRequest, ProbeRequest};
+use testbed::BedOptions;
 use testbed::scrape::{self, http_get};
-use testbed::sim::GuestVm;
-use testbed::{BedOptions, TestBed};
 
 /// How long the stand-in takes from `addvolume` to the volume's Ready: the window in which the
 /// test stops the driver.
 const HOTPLUG_DELAY: Duration = Duration::from_secs(3);
 
-fn mount_cap() -> VolumeCapability {
-    VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: "ext4".into(),
-            ..Default::default()
-        })),
-        access_mode: Some(AccessMode {
-            mode: access_mode::Mode::SingleNodeWriter as i32,
-        }),
-    }
-}
-
 #[tokio::test]
 async fn the_binary_serves_probes_counts_rpcs_and_finishes_an_rpc_in_flight_on_sigterm() {
-    let bed = TestBed::start(BedOptions {
+    let bed = bed_with_vm_and(BedOptions {
         hotplug_delay: HOTPLUG_DELAY,
         ..BedOptions::default()
     })
-    .await
-    .unwrap_or_else(|e| panic!("the test bed must start for this test: {e}"));
-    install_default_storage_class(&bed).await;
-    bed.sim
-        .create_host("harvester-1", Some("region-a"), Some("zone-1"))
-        .await
-        .unwrap();
-    bed.sim
-        .create_vm(&GuestVm::new(NODE).on_host("harvester-1").ip("10.52.0.11"))
-        .await
-        .unwrap();
+    .await;
 
     let socket = bed.dir.path().join("ops-csi.sock");
     let port = testbed::process::free_port().unwrap();
-    let mut child = Command::new(testbed::process::workspace_binary("harvester-csi-driver"))
+    let mut child = Command::new(testbed::process::built_binary("harvester-csi-driver"))
         .args(["--endpoint", &format!("unix://{}", socket.display())])
         .args(["--nodeid", NODE, "--mode", "all", "--debug"])
         .args(["--kubeconfig", &bed.cloud_config.to_string_lossy()])
@@ -86,22 +59,14 @@ async fn the_binary_serves_probes_counts_rpcs_and_finishes_an_rpc_in_flight_on_s
     assert_eq!(probe.ready, Some(true));
     let bad = controller
         .create_volume(CreateVolumeRequest {
-            volume_capabilities: vec![mount_cap()],
+            volume_capabilities: vec![mount_cap("ext4")],
             ..Default::default()
         })
         .await
         .unwrap_err();
     assert_eq!(bad.code(), tonic::Code::InvalidArgument);
     let volume = controller
-        .create_volume(CreateVolumeRequest {
-            name: "pvc-ops".into(),
-            capacity_range: Some(CapacityRange {
-                required_bytes: 64 << 20,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![mount_cap()],
-            ..Default::default()
-        })
+        .create_volume(create_request("pvc-ops", 64 << 20, &mount_cap("ext4")))
         .await
         .expect("CreateVolume")
         .into_inner()
@@ -141,12 +106,7 @@ async fn the_binary_serves_probes_counts_rpcs_and_finishes_an_rpc_in_flight_on_s
     // driver exits cleanly and removes its socket.
     let publish = tokio::spawn({
         let mut controller = controller.clone();
-        let request = ControllerPublishVolumeRequest {
-            volume_id: volume.volume_id.clone(),
-            node_id: NODE.into(),
-            volume_capability: Some(mount_cap()),
-            ..Default::default()
-        };
+        let request = publish_request(&volume.volume_id, &mount_cap("ext4"));
         async move {
             let result = controller.controller_publish_volume(request).await;
             (result, Instant::now())

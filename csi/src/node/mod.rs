@@ -302,7 +302,7 @@ impl NodeService {
                     return if (m.major, m.minor, &m.root)
                         == (staged.major, staged.minor, &staged.root)
                     {
-                        Ok(NodePublishVolumeResponse {})
+                        republish(target, m, read_only).await
                     } else {
                         Err(other_mount(target, m, &staging))
                     };
@@ -333,9 +333,10 @@ impl NodeService {
                             .map_err(NodeError::io("creating", target))?;
                     }
                 }
-                if let Some(m) = mount_at(&mounts()?, &canonical(target)) {
+                let all = mounts()?;
+                if let Some(m) = mount_at(&all, &canonical(target)) {
                     return if device::rdev_of(target)? == device::rdev_of(&device)? {
-                        Ok(NodePublishVolumeResponse {})
+                        republish(target, m, read_only).await
                     } else {
                         Err(other_mount(target, m, &device))
                     };
@@ -344,10 +345,8 @@ impl NodeService {
             }
         };
         run(&mount::bind_cmd(&source, target)).await?;
-        if read_only && let Err(e) = run(&mount::remount_ro_cmd(target)).await {
-            // Never leave a writable mount behind a read-only request.
-            let _ = mount::unmount_all(target).await;
-            return Err(e);
+        if read_only {
+            remount_read_only(target).await?;
         }
         Ok(NodePublishVolumeResponse {})
     }
@@ -501,6 +500,37 @@ impl NodeService {
             capacity_bytes: i64::try_from(capacity).unwrap_or(i64::MAX),
         })
     }
+}
+
+/// Whether a publish that finds `existing` (from the right source) at its target must still make
+/// it read-only: a read-only publish binds, then remounts read-only, and a plugin killed between
+/// the two leaves a writable bind that a retry must not accept as done.
+pub fn needs_read_only_remount(existing: &MountInfo, read_only: bool) -> bool {
+    read_only && !existing.read_only
+}
+
+/// A publish already at `target` (a retry): done, after finishing the read-only remount if an
+/// interrupted publish never made it.
+async fn republish(
+    target: &Path,
+    existing: &MountInfo,
+    read_only: bool,
+) -> Result<NodePublishVolumeResponse, NodeError> {
+    if needs_read_only_remount(existing, read_only) {
+        tracing::info!(target = %target.display(), "finishing an interrupted read-only publish");
+        remount_read_only(target).await?;
+    }
+    Ok(NodePublishVolumeResponse {})
+}
+
+/// Makes the bind at `target` read-only; if that fails, unmounts it rather than leave a writable
+/// mount behind a read-only request.
+async fn remount_read_only(target: &Path) -> Result<(), NodeError> {
+    if let Err(e) = run(&mount::remount_ro_cmd(target)).await {
+        let _ = mount::unmount_all(target).await;
+        return Err(e);
+    }
+    Ok(())
 }
 
 fn other_mount(path: &Path, found: &MountInfo, wanted: &Path) -> NodeError {
@@ -669,6 +699,26 @@ mod tests {
             ]}}),
         );
         assert_eq!(max_volumes(Some(&v)), 254);
+    }
+
+    #[test]
+    fn a_retried_read_only_publish_finishes_the_remount() {
+        let [rw, ro] = [
+            "44 27 7:0 / /t rw,relatime - ext4 /dev/loop0 rw",
+            "44 27 7:0 / /t ro,relatime - ext4 /dev/loop0 rw",
+        ]
+        .map(|l| mount::parse_mountinfo(l).remove(0));
+        // (found at the target, read-only asked for) -> remount read-only
+        assert!(
+            needs_read_only_remount(&rw, true),
+            "a writable bind left by a publish killed before its remount"
+        );
+        assert!(!needs_read_only_remount(&ro, true), "already read-only");
+        assert!(!needs_read_only_remount(&rw, false), "writable asked for");
+        assert!(
+            !needs_read_only_remount(&ro, false),
+            "read-only staging (a read-only access mode) binds read-only: accepted as before"
+        );
     }
 
     #[test]

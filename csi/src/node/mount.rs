@@ -20,6 +20,8 @@ pub struct MountInfo {
     /// The path inside the filesystem that is mounted (`/` unless a bind of a subpath).
     pub root: String,
     pub mount_point: PathBuf,
+    /// The per-mount `ro` option (a read-only bind of a writable filesystem has it).
+    pub read_only: bool,
     pub fs_type: String,
     pub source: String,
 }
@@ -57,6 +59,7 @@ pub fn parse_mountinfo(text: &str) -> Vec<MountInfo> {
                 minor: minor.parse().ok()?,
                 root: unescape(fields.get(3)?),
                 mount_point: PathBuf::from(unescape(fields.get(4)?)),
+                read_only: fields.get(5)?.split(',').any(|o| o == "ro"),
                 fs_type: fields.get(sep + 1)?.to_string(),
                 source: unescape(fields.get(sep + 2).copied().unwrap_or("none")),
             })
@@ -203,7 +206,7 @@ mod tests {
     const SAMPLE: &str = "\
 22 1 252:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw
 42 27 7:0 / /tmp/stage rw,relatime - ext4 /dev/loop0 rw
-43 27 7:0 / /tmp/pub\\040dir rw,relatime shared:5 master:1 - ext4 /dev/loop0 rw
+43 27 7:0 / /tmp/pub\\040dir ro,relatime shared:5 master:1 - ext4 /dev/loop0 rw
 44 27 0:5 /loop3 /tmp/block-target rw,nosuid - devtmpfs udev rw,size=1k
 garbage line
 ";
@@ -216,6 +219,10 @@ garbage line
         assert_eq!(m[1].fs_type, "ext4");
         assert_eq!(m[1].source, "/dev/loop0");
         assert_eq!(m[2].mount_point, PathBuf::from("/tmp/pub dir"));
+        assert!(
+            m[2].read_only && !m[1].read_only,
+            "per-mount options, not the filesystem's"
+        );
         assert_eq!(m[3].root, "/loop3");
         assert_eq!(m[3].fs_type, "devtmpfs");
         assert_eq!(

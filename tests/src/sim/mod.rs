@@ -48,6 +48,7 @@ impl Sim {
             storage: storage.clone(),
             by_id_root: dir.join("by-id"),
             delay: hotplug_delay,
+            calls: Default::default(),
         });
         let virt_api = VirtApi::start(pki, hotplug.clone()).await?;
         let mut tasks = JoinSet::new();

@@ -8,7 +8,7 @@
 
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -46,12 +46,47 @@ pub struct HotplugCtx {
     pub storage: Arc<Storage>,
     pub by_id_root: PathBuf,
     pub delay: Duration,
+    /// Every well-formed hot-plug request that reached the stand-in, accepted or refused, in order.
+    pub calls: Mutex<Vec<HotplugCall>>,
+}
+
+/// One `addvolume` / `removevolume` request as virt-api received it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HotplugCall {
+    /// `addvolume` or `removevolume`.
+    pub verb: String,
+    pub namespace: String,
+    pub vm: String,
+    /// The volume name in the request (`AddVolumeOptions.name` / `RemoveVolumeOptions.name`).
+    pub volume: String,
 }
 
 impl HotplugCtx {
     /// The by-id directory the guest node `node` sees.
     pub fn by_id_dir(&self, node: &str) -> PathBuf {
         self.by_id_root.join(node)
+    }
+
+    /// How many `verb` requests for volume `volume` of VM `vm` virt-api has received.
+    pub fn count(&self, verb: &str, vm: &str, volume: &str) -> usize {
+        self.calls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|c| c.verb == verb && c.vm == vm && c.volume == volume)
+            .count()
+    }
+
+    fn record(&self, verb: &str, namespace: &str, vm: &str, volume: &str) {
+        self.calls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(HotplugCall {
+                verb: verb.to_string(),
+                namespace: namespace.to_string(),
+                vm: vm.to_string(),
+                volume: volume.to_string(),
+            });
     }
 }
 
@@ -131,9 +166,20 @@ async fn serve(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor, ctx: 
                     return;
                 }
             };
+            // Each request runs to completion in its own task, as virt-api's handlers do: a
+            // caller that goes away mid-request (a killed CSI driver) does not cut it short.
             let svc = hyper::service::service_fn(move |req| {
                 let ctx = ctx.clone();
-                async move { Ok::<_, Infallible>(route(req, ctx).await) }
+                async move {
+                    let reply = tokio::spawn(route(req, ctx)).await.unwrap_or_else(|e| {
+                        failure(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "InternalError",
+                            format!("virt-api stand-in handler: {e}"),
+                        )
+                    });
+                    Ok::<_, Infallible>(reply)
+                }
             });
             let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(tls), svc)
@@ -191,7 +237,10 @@ async fn route(req: Request<Incoming>, ctx: Arc<HotplugCtx>) -> Reply {
         };
         return match verb.as_str() {
             "addvolume" => match serde_json::from_slice::<AddVolumeOptions>(&body) {
-                Ok(opts) => add_volume(&ctx, &ns, &vm, opts).await,
+                Ok(opts) => {
+                    ctx.record(&verb, &ns, &vm, &opts.name);
+                    add_volume(&ctx, &ns, &vm, opts).await
+                }
                 Err(e) => failure(
                     StatusCode::BAD_REQUEST,
                     "BadRequest",
@@ -199,7 +248,10 @@ async fn route(req: Request<Incoming>, ctx: Arc<HotplugCtx>) -> Reply {
                 ),
             },
             "removevolume" => match serde_json::from_slice::<RemoveVolumeOptions>(&body) {
-                Ok(opts) => remove_volume(&ctx, &ns, &vm, opts).await,
+                Ok(opts) => {
+                    ctx.record(&verb, &ns, &vm, &opts.name);
+                    remove_volume(&ctx, &ns, &vm, opts).await
+                }
                 Err(e) => failure(
                     StatusCode::BAD_REQUEST,
                     "BadRequest",
@@ -385,9 +437,13 @@ async fn attach(
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     tokio::time::sleep(ctx.delay / 2).await;
+    let vmi = vmis.get_opt(vm_name).await.map_err(|e| e.to_string())?;
+    if vmi.as_ref().and_then(|v| v.volume_status(name)).is_none() {
+        // Removed (removevolume) while it was attaching: the guest never sees the disk.
+        return Ok(());
+    }
     let dir = ctx.by_id_dir(node);
     link_disk(&dir, serial, &backing.device).map_err(|e| e.to_string())?;
-    let vmi = vmis.get_opt(vm_name).await.map_err(|e| e.to_string())?;
     let target = next_target(vmi.as_ref(), name);
     set_phase(&vmis, vm_name, name, VOLUME_READY, Some(&target)).await
 }
