@@ -8,11 +8,11 @@
 #[path = "chaos_common.rs"]
 mod common;
 
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use base64::Engine;
-use common::{LIMIT, bed, create_pool, create_service, crs, ingress, services, start_provider};
+use common::{
+    LIMIT, bed, create_pool, create_service, crs, etcd_put, ingress, services, start_provider,
+};
 use harvester_cloud_provider::service::name::lb_name;
 use harvester_cloud_provider::service::plan::{
     LABEL_CLUSTER, LABEL_SERVICE_NAME, LABEL_SERVICE_NAMESPACE,
@@ -24,24 +24,6 @@ use serde_json::json;
 use testbed::{TestBed, wait};
 
 const BAD: &str = "chaos-default-ghost-0badcafe";
-
-/// `PUT key=value` through etcd's JSON gateway (`/v3/kv/put`), bypassing kube-apiserver.
-fn etcd_put(url: &str, key: &str, value: &[u8]) {
-    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
-    let body = json!({"key": b64(key.as_bytes()), "value": b64(value)}).to_string();
-    let addr = url.trim_start_matches("http://");
-    let mut s = std::net::TcpStream::connect(addr).expect("connect to etcd");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "POST /v3/kv/put HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("write to etcd");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read etcd's answer");
-    assert!(out.starts_with("HTTP/1.1 200"), "etcd put failed: {out}");
-}
 
 /// A CR of this cluster for a Service that does not exist, made valid through the API, then
 /// overwritten in etcd with `status.allocatedAddress` as a string.
