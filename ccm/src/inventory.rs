@@ -16,9 +16,9 @@ use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
-use harvester_common::harvester::{VirtualMachine, VirtualMachineInstance};
+use harvester_common::harvester::{VirtualMachine, VirtualMachineInstance, lenient};
 use k8s_openapi::api::core::v1::Node;
-use kube::api::Api;
+use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
@@ -127,22 +127,29 @@ impl Inventory {
             agent_hostnames: Mutex::new(HashMap::new()),
         });
         let node_api: Api<Node> = Api::all(ctx.guest.clone());
-        let vm_api: Api<VirtualMachine> =
-            Api::namespaced(ctx.harvester.client.clone(), ctx.namespace());
-        let vmi_api: Api<VirtualMachineInstance> =
-            Api::namespaced(ctx.harvester.client.clone(), ctx.namespace());
+        let harvester = ctx.harvester.client.clone();
+        let ns = ctx.namespace().to_string();
         let inv = inventory.clone();
         let run = async move {
             tokio::join!(
-                watch("guest Nodes", node_api, node_writer, |n| inv
-                    .node_events
-                    .publish(n)),
-                watch("Harvester VMs", vm_api, vm_writer, |v| inv
-                    .vm_events
-                    .publish(v)),
-                watch("Harvester VMIs", vmi_api, vmi_writer, |v| inv
-                    .vmi_events
-                    .publish(v)),
+                watch(
+                    "guest Nodes",
+                    watcher(node_api, watcher::Config::default()),
+                    node_writer,
+                    |n| inv.node_events.publish(n)
+                ),
+                watch(
+                    "Harvester VMs",
+                    lenient_watcher::<VirtualMachine>(&harvester, &ns),
+                    vm_writer,
+                    |v| inv.vm_events.publish(v)
+                ),
+                watch(
+                    "Harvester VMIs",
+                    lenient_watcher::<VirtualMachineInstance>(&harvester, &ns),
+                    vmi_writer,
+                    |v| inv.vmi_events.publish(v)
+                ),
             );
         };
         (inventory, run)
@@ -368,17 +375,54 @@ fn refs(mut names: Vec<String>) -> Vec<ObjectRef<Node>> {
     names.iter().map(|n| ObjectRef::new(n)).collect()
 }
 
+/// A watch of the Harvester objects of kind `K` in `namespace` that one malformed object cannot
+/// stop: objects arrive untyped and are decoded leniently ([`lenient::decode`]: a field that does
+/// not fit our types is dropped with a warning naming the object), so a list that holds such an
+/// object still fills the cache with every other one.
+fn lenient_watcher<K>(
+    client: &kube::Client,
+    namespace: &str,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Send + 'static,
+{
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), namespace, &ApiResource::erase::<K>(&()));
+    watcher(api, watcher::Config::default()).filter_map(|item| {
+        futures::future::ready(match item {
+            Ok(event) => typed(event).map(Ok),
+            Err(e) => Some(Err(e)),
+        })
+    })
+}
+
+/// The event with its objects decoded as `K`; `None` when one cannot be (logged, skipped).
+fn typed<K>(event: watcher::Event<DynamicObject>) -> Option<watcher::Event<K>>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned,
+{
+    let kind = K::kind(&());
+    let decode = |obj| lenient::decode::<K>(&kind, obj).ok();
+    Some(match event {
+        watcher::Event::Apply(obj) => watcher::Event::Apply(decode(obj)?),
+        watcher::Event::Delete(obj) => watcher::Event::Delete(decode(obj)?),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(obj) => watcher::Event::InitApply(decode(obj)?),
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    })
+}
+
 /// Runs one watch into its cache and hands every touched object to `publish`; never ends.
 async fn watch<K>(
     what: &'static str,
-    api: Api<K>,
+    events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
     writer: reflector::store::Writer<K>,
     publish: impl Fn(K),
 ) where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone,
 {
-    let stream = watcher(api, watcher::Config::default())
+    let stream = events
         .default_backoff()
         .modify(|obj: &mut K| obj.managed_fields_mut().clear())
         .reflect(writer)

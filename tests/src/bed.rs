@@ -141,6 +141,23 @@ impl TestBed {
         })
     }
 
+    /// Restarts the Harvester kube-apiserver (SIGKILL, then the same port, flags and
+    /// certificates) and waits until it serves again: `/readyz`, every CRD Established and the
+    /// virt-api APIService Available through the aggregator. The stand-in's watches recover by
+    /// themselves (they retry with backoff and relist).
+    pub async fn restart_harvester(&mut self) -> Result<(), BedError> {
+        self.harvester.restart().await?;
+        self.wait_harvester_serving().await
+    }
+
+    /// After [`ApiServer::start_again`](crate::cluster::ApiServer::start_again) of the Harvester
+    /// server: every CRD Established and the virt-api APIService Available.
+    pub async fn wait_harvester_serving(&self) -> Result<(), BedError> {
+        let names: Vec<String> = CRDS.iter().flat_map(|(_, yaml)| crd_names(yaml)).collect();
+        wait_established(&self.harvester.client, names).await?;
+        wait_virt_api_available(&self.harvester.client).await
+    }
+
     /// Pids of every process the bed started (for the no-orphans test).
     pub fn pids(&self) -> Vec<u32> {
         vec![
@@ -161,6 +178,19 @@ async fn install_crds(client: &kube::Client) -> Result<(), BedError> {
             names.extend(obj.metadata.name);
         }
     }
+    wait_established(client, names).await
+}
+
+/// The `metadata.name`s of the CRDs in a multi-document YAML.
+fn crd_names(yaml: &str) -> Vec<String> {
+    serde_saphyr::from_multiple::<serde_json::Value>(yaml)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|doc| doc["metadata"]["name"].as_str().map(str::to_string))
+        .collect()
+}
+
+async fn wait_established(client: &kube::Client, names: Vec<String>) -> Result<(), BedError> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for name in names {
         wait::until(
@@ -214,6 +244,10 @@ spec:
 "#
     );
     apply_yaml(client, &yaml, "kubevirt").await?;
+    wait_virt_api_available(client).await
+}
+
+async fn wait_virt_api_available(client: &kube::Client) -> Result<(), BedError> {
     let api: Api<k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService> =
         Api::all(client.clone());
     wait::until(

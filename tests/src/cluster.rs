@@ -66,6 +66,11 @@ pub struct ApiServer {
     pub kubeconfig: PathBuf,
     pub client: kube::Client,
     pub proc: Proc,
+    /// How often [`ApiServer::restart`] ran.
+    pub restarts: u32,
+    /// The command line, to start it again on the same port with the same flags.
+    args: Vec<String>,
+    dir: PathBuf,
 }
 
 pub struct ApiServerArgs<'a> {
@@ -82,51 +87,46 @@ impl ApiServer {
         pki: &Pki,
         args: ApiServerArgs<'_>,
     ) -> Result<ApiServer, BedError> {
-        let bin = tools::tool("kube-apiserver")?;
         let port = free_port()?;
         let url = format!("https://127.0.0.1:{port}");
         let p = |f: &PathBuf| f.display().to_string();
-        let mut cmd = Command::new(bin);
-        cmd.arg(format!("--etcd-servers={}", args.etcd_url))
-            .arg(format!("--etcd-prefix=/{}", args.name))
-            .arg("--bind-address=127.0.0.1")
-            .arg("--advertise-address=127.0.0.1")
-            .arg(format!("--secure-port={port}"))
-            .arg(format!("--tls-cert-file={}", p(&pki.apiserver.cert)))
-            .arg(format!("--tls-private-key-file={}", p(&pki.apiserver.key)))
-            .arg(format!("--client-ca-file={}", p(&pki.ca.cert)))
-            .arg("--authorization-mode=RBAC")
-            .arg("--service-account-issuer=https://kubernetes.default.svc")
-            .arg(format!("--service-account-key-file={}", p(&pki.sa_pub)))
-            .arg(format!(
-                "--service-account-signing-key-file={}",
-                p(&pki.sa_key)
-            ))
-            .arg(format!("--service-cluster-ip-range={}", args.service_cidr))
-            .arg(format!(
+        let flags: Vec<String> = vec![
+            format!("--etcd-servers={}", args.etcd_url),
+            format!("--etcd-prefix=/{}", args.name),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--secure-port={port}"),
+            format!("--tls-cert-file={}", p(&pki.apiserver.cert)),
+            format!("--tls-private-key-file={}", p(&pki.apiserver.key)),
+            format!("--client-ca-file={}", p(&pki.ca.cert)),
+            "--authorization-mode=RBAC".into(),
+            "--service-account-issuer=https://kubernetes.default.svc".into(),
+            format!("--service-account-key-file={}", p(&pki.sa_pub)),
+            format!("--service-account-signing-key-file={}", p(&pki.sa_key)),
+            format!("--service-cluster-ip-range={}", args.service_cidr),
+            format!(
                 "--requestheader-client-ca-file={}",
                 p(&pki.front_proxy_ca.cert)
-            ))
-            .arg("--requestheader-allowed-names=front-proxy-client")
-            .arg("--requestheader-username-headers=X-Remote-User")
-            .arg("--requestheader-group-headers=X-Remote-Group")
-            .arg("--requestheader-extra-headers-prefix=X-Remote-Extra-")
-            .arg(format!(
+            ),
+            "--requestheader-allowed-names=front-proxy-client".into(),
+            "--requestheader-username-headers=X-Remote-User".into(),
+            "--requestheader-group-headers=X-Remote-Group".into(),
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
+            format!(
                 "--proxy-client-cert-file={}",
                 p(&pki.front_proxy_client.cert)
-            ))
-            .arg(format!(
-                "--proxy-client-key-file={}",
-                p(&pki.front_proxy_client.key)
-            ))
-            .arg(format!(
+            ),
+            format!("--proxy-client-key-file={}", p(&pki.front_proxy_client.key)),
+            format!(
                 "--cert-dir={}",
                 dir.join(format!("certs-{}", args.name)).display()
-            ))
-            .arg("--enable-priority-and-fairness=false")
-            .arg("--profiling=false")
-            .arg("--allow-privileged=true")
-            .arg("--v=1");
+            ),
+            "--enable-priority-and-fairness=false".into(),
+            "--profiling=false".into(),
+            "--allow-privileged=true".into(),
+            "--v=1".into(),
+        ];
+        let cmd = apiserver_command(&flags)?;
         let mut proc = Proc::spawn(&format!("kube-apiserver-{}", args.name), cmd, dir)?;
         let kubeconfig = dir.join(format!("{}.kubeconfig", args.name));
         let text = kubeconfig_text(&url, pki, &pki.admin, "admin", args.namespace);
@@ -140,8 +140,39 @@ impl ApiServer {
             kubeconfig,
             client,
             proc,
+            restarts: 0,
+            args: flags,
+            dir: dir.to_path_buf(),
         })
     }
+
+    /// Kills the server (SIGKILL: in-flight requests and watches are cut, as in a crash or an
+    /// OOM kill) and starts it again on the same port with the same flags and certificates, then
+    /// waits for `/readyz`. Its log goes to `kube-apiserver-<name>-restart<n>.log`.
+    pub async fn restart(&mut self) -> Result<(), BedError> {
+        self.stop();
+        self.start_again().await
+    }
+
+    /// Kills the server (SIGKILL); [`ApiServer::start_again`] brings it back.
+    pub fn stop(&mut self) {
+        self.proc.stop();
+    }
+
+    /// Starts a stopped server again on the same port with the same flags and waits for
+    /// `/readyz`.
+    pub async fn start_again(&mut self) -> Result<(), BedError> {
+        self.restarts += 1;
+        let name = format!("kube-apiserver-{}-restart{}", self.name, self.restarts);
+        self.proc = Proc::spawn(&name, apiserver_command(&self.args)?, &self.dir)?;
+        wait_ready(&self.client, &mut self.proc).await
+    }
+}
+
+fn apiserver_command(flags: &[String]) -> Result<Command, BedError> {
+    let mut cmd = Command::new(tools::tool("kube-apiserver")?);
+    cmd.args(flags);
+    Ok(cmd)
 }
 
 async fn wait_ready(client: &kube::Client, proc: &mut Proc) -> Result<(), BedError> {

@@ -529,3 +529,62 @@ fn a_missing_tool_is_named_with_the_script_that_builds_it() {
         "{err}"
     );
 }
+
+/// `restart_harvester`: a new process on the same address, the objects kept (etcd), the
+/// aggregated virt-api reachable again, and the stand-in's LB controller back at work.
+#[tokio::test]
+async fn harvester_api_server_restarts_on_the_same_address_and_the_stand_in_recovers() {
+    let mut bed = bed().await;
+    let c = bed.harvester.client.clone();
+    bed.sim
+        .create_host("harvester-1", None, None)
+        .await
+        .expect("host");
+    bed.sim
+        .create_vm(&GuestVm::new("worker-1").ip("10.0.0.11"))
+        .await
+        .expect("vm");
+    let (url, pid) = (bed.harvester.url.clone(), bed.harvester.proc.pid());
+
+    bed.restart_harvester()
+        .await
+        .unwrap_or_else(|e| panic!("restart: {e}"));
+    assert_eq!(bed.harvester.url, url, "same address");
+    assert_ne!(bed.harvester.proc.pid(), pid, "a new process");
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "the old process is gone"
+    );
+    Api::<VirtualMachineInstance>::namespaced(c.clone(), &bed.vm_namespace)
+        .get("worker-1")
+        .await
+        .expect("the VMI survives the restart");
+    let req = http::Request::get("/apis/subresources.kubevirt.io/v1")
+        .body(Vec::new())
+        .unwrap();
+    let resources = c
+        .request_text(req)
+        .await
+        .expect("virt-api reachable through the restarted aggregator");
+    assert!(
+        resources.contains("virtualmachines/addvolume"),
+        "the stand-in answers: {resources}"
+    );
+
+    // The stand-in's watches came back: a new LoadBalancer gets an address.
+    Api::<IPPool>::all(c.clone())
+        .create(
+            &PostParams::default(),
+            &pool("p1", json!({"subnet": "192.168.101.0/24"}), global_scope()),
+        )
+        .await
+        .expect("pool");
+    let lbs = Api::<LoadBalancer>::namespaced(c, &bed.vm_namespace);
+    lbs.create(&PostParams::default(), &lb("lb-1", "pool"))
+        .await
+        .expect("lb");
+    wait_lb(&lbs, "lb-1", "an address after the restart", |lb| {
+        lb.allocated_ip().is_some()
+    })
+    .await;
+}

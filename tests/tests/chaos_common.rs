@@ -4,19 +4,26 @@
 
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use base64::Engine;
+use futures::StreamExt;
+use harvester_cloud_provider::service::name::lb_name;
 use harvester_cloud_provider::service::plan::LABEL_CLUSTER;
 use harvester_common::harvester::{IPPool, LoadBalancer};
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
 use serde_json::json;
 use testbed::process::Proc;
-use testbed::{BedOptions, TestBed};
+use testbed::{BedOptions, TestBed, wait};
 
 pub const CLUSTER: &str = "chaos";
 pub const POOL: &str = "chaos-pool";
@@ -124,3 +131,145 @@ pub async fn pool_allocated(bed: &TestBed) -> BTreeMap<String, String> {
 
 /// How long a converging state may take after the last fault.
 pub const LIMIT: Duration = Duration::from_secs(30);
+
+/// Every (Service, address) pair a watch of the guest's Services has ever seen.
+pub type Sightings = Arc<Mutex<BTreeSet<(String, String)>>>;
+
+/// Records every address any Service of `default` shows, for as long as the task runs.
+pub fn record_addresses(bed: &TestBed) -> (Sightings, tokio::task::JoinHandle<()>) {
+    let seen: Sightings = Arc::default();
+    let out = seen.clone();
+    let api = services(bed);
+    let task = tokio::spawn(async move {
+        let mut events = watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        while let Some(ev) = events.next().await {
+            if let Ok(Event::Apply(svc) | Event::InitApply(svc)) = ev
+                && let Some(ip) = ingress(&svc)
+            {
+                out.lock().unwrap().insert((svc.name_any(), ip));
+            }
+        }
+    });
+    (seen, task)
+}
+
+/// Waits until the Services named `<prefix>...` are exactly `remaining`, each with an address
+/// (the deleted ones gone: their finalizer released), within `limit`; returns them.
+pub async fn wait_converged(
+    bed: &TestBed,
+    prefix: &str,
+    remaining: &BTreeSet<String>,
+    limit: Duration,
+) -> Vec<Service> {
+    let api = services(bed);
+    wait::until(
+        "every remaining Service has an address and the deleted ones are gone",
+        limit,
+        || {
+            let api = api.clone();
+            async move {
+                let list = api
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let ours: Vec<Service> = list
+                    .items
+                    .into_iter()
+                    .filter(|s| s.name_any().starts_with(prefix))
+                    .collect();
+                let names: BTreeSet<String> = ours.iter().map(|s| s.name_any()).collect();
+                let pending: Vec<String> = ours
+                    .iter()
+                    .filter(|s| ingress(s).is_none())
+                    .map(|s| s.name_any())
+                    .collect();
+                Ok(if &names == remaining && pending.is_empty() {
+                    Ok(ours)
+                } else {
+                    Err(format!(
+                        "extra: {:?}, missing: {:?}, without address: {pending:?}",
+                        names.difference(remaining).collect::<Vec<_>>(),
+                        remaining.difference(&names).collect::<Vec<_>>()
+                    ))
+                })
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// One address per Service now, and never one address on two Services at any time.
+pub fn assert_distinct_addresses(converged: &[Service], sightings: &Sightings) {
+    let addresses: BTreeMap<String, String> = converged
+        .iter()
+        .map(|s| (s.name_any(), ingress(s).unwrap()))
+        .collect();
+    let distinct: BTreeSet<&String> = addresses.values().collect();
+    assert_eq!(distinct.len(), converged.len(), "addresses: {addresses:?}");
+    let mut holders: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (svc, ip) in sightings.lock().unwrap().iter() {
+        holders.entry(ip.clone()).or_default().insert(svc.clone());
+    }
+    let shared: Vec<_> = holders.iter().filter(|(_, s)| s.len() > 1).collect();
+    assert!(
+        shared.is_empty(),
+        "addresses seen on two Services: {shared:?}"
+    );
+}
+
+/// Exactly one CR per converged Service, allocated the Service's address, and the pool records
+/// exactly those: nothing is left of deleted Services (no CR leaked, their addresses released).
+pub async fn wait_crs_and_pool_match(bed: &TestBed, converged: &[Service], limit: Duration) {
+    let want: BTreeMap<String, String> = converged
+        .iter()
+        .map(|s| {
+            (
+                lb_name(CLUSTER, "default", &s.name_any(), &s.uid().unwrap()),
+                ingress(s).unwrap(),
+            )
+        })
+        .collect();
+    wait::until("CRs and pool match the Services", limit, || {
+        let want = want.clone();
+        async move {
+            let crs = cluster_crs(bed).await;
+            let pool = pool_allocated(bed).await;
+            let pool_view: BTreeMap<String, String> = pool
+                .iter()
+                .map(|(ip, holder)| {
+                    let lb = holder.rsplit('/').next().unwrap_or_default().to_string();
+                    (lb, ip.clone())
+                })
+                .collect();
+            Ok(if crs == want && pool_view == want {
+                Ok(())
+            } else {
+                Err(format!("CRs: {crs:?}\npool: {pool:?}\nwanted: {want:?}"))
+            })
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// `PUT key=value` through etcd's JSON gateway (`/v3/kv/put`), bypassing kube-apiserver and its
+/// schema checks (how a malformed object gets into storage).
+pub fn etcd_put(url: &str, key: &str, value: &[u8]) {
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let body = json!({"key": b64(key.as_bytes()), "value": b64(value)}).to_string();
+    let addr = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to etcd");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST /v3/kv/put HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("write to etcd");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read etcd's answer");
+    assert!(out.starts_with("HTTP/1.1 200"), "etcd put failed: {out}");
+}

@@ -1,5 +1,6 @@
 //! Fault test: one Harvester LoadBalancer CR of this guest cluster that the provider cannot read
-//! (`status.allocatedAddress` a string instead of an object). kube-apiserver's schema refuses such
+//! (`status.allocatedAddress` a string instead of an object, `spec.ipam` a number instead of a
+//! string). kube-apiserver's schema refuses such
 //! a write, so it is put straight into etcd, as an older or newer Harvester, a restore or a hand
 //! edit of storage could leave it. The provider must ignore that one object and keep reconciling
 //! every other Service: when the object arrives in its running watch (passes), and when it is
@@ -8,11 +9,11 @@
 #[path = "chaos_common.rs"]
 mod common;
 
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use base64::Engine;
-use common::{LIMIT, bed, create_pool, create_service, crs, ingress, services, start_provider};
+use common::{
+    LIMIT, bed, create_pool, create_service, crs, etcd_put, ingress, services, start_provider,
+};
 use harvester_cloud_provider::service::name::lb_name;
 use harvester_cloud_provider::service::plan::{
     LABEL_CLUSTER, LABEL_SERVICE_NAME, LABEL_SERVICE_NAMESPACE,
@@ -25,24 +26,6 @@ use testbed::{TestBed, wait};
 
 const BAD: &str = "chaos-default-ghost-0badcafe";
 
-/// `PUT key=value` through etcd's JSON gateway (`/v3/kv/put`), bypassing kube-apiserver.
-fn etcd_put(url: &str, key: &str, value: &[u8]) {
-    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
-    let body = json!({"key": b64(key.as_bytes()), "value": b64(value)}).to_string();
-    let addr = url.trim_start_matches("http://");
-    let mut s = std::net::TcpStream::connect(addr).expect("connect to etcd");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "POST /v3/kv/put HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("write to etcd");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read etcd's answer");
-    assert!(out.starts_with("HTTP/1.1 200"), "etcd put failed: {out}");
-}
-
 /// A CR of this cluster for a Service that does not exist, made valid through the API, then
 /// overwritten in etcd with `status.allocatedAddress` as a string.
 async fn plant_malformed_cr(bed: &TestBed) {
@@ -53,7 +36,12 @@ async fn plant_malformed_cr(bed: &TestBed) {
         async move {
             let obj = api.get(BAD).await.map_err(|e| e.to_string())?;
             let addr = obj.data["status"]["allocatedAddress"].clone();
-            Ok(if addr.is_string() { Ok(()) } else { Err(addr) })
+            let ipam = obj.data["spec"]["ipam"].clone();
+            Ok(if addr.is_string() && ipam.is_number() {
+                Ok(())
+            } else {
+                Err((addr, ipam))
+            })
         }
     })
     .await
@@ -84,7 +72,7 @@ async fn assert_still_malformed(bed: &TestBed) {
     };
     let addr = &obj.data["status"]["allocatedAddress"];
     assert!(
-        addr.is_string(),
+        addr.is_string() && obj.data["spec"]["ipam"].is_number(),
         "still malformed: {addr}; {}",
         serde_json::to_string_pretty(&obj).unwrap()
     );
@@ -132,6 +120,7 @@ async fn plant(bed: &TestBed) {
         .unwrap()
         .remove("resourceVersion");
     raw["status"] = json!({"allocatedAddress": "10.99.0.1"});
+    raw["spec"]["ipam"] = json!(7);
     // From now on the stand-in leaves it alone (Harvester's controller could not decode it either).
     raw["metadata"]["annotations"] = json!({testbed::sim::lb::UNMANAGED: "true"});
     let key = format!(
@@ -177,8 +166,8 @@ async fn a_malformed_cr_arriving_in_the_watch_does_not_stop_other_services() {
 
 /// The provider's LoadBalancer watch lists the CRs of its cluster as typed objects: one CR it
 /// could not decode used to fail every list (the watch never started, a new Service never got its
-/// address until the 5-minute resync). LoadBalancer status is now decoded leniently: the bad field
-/// is dropped with a warning naming it.
+/// address until the 5-minute resync). LoadBalancer spec and status are now decoded leniently: a
+/// bad field reads as unset, with a warning naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_cr_present_at_start_does_not_stop_other_services() {
     let bed = bed().await;

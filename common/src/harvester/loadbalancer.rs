@@ -22,6 +22,8 @@ pub const ANN_PROJECT: &str = "loadbalancer.harvesterhci.io/project";
 pub const ANN_NAMESPACE: &str = "loadbalancer.harvesterhci.io/namespace";
 pub const ANN_CLUSTER: &str = "loadbalancer.harvesterhci.io/cluster";
 
+/// Decoded leniently (`from = Value`), as the status is: a field that is not a string reads as
+/// unset, with a warning, and stays as it was in `rest`, so a write-back leaves it untouched.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "loadbalancer.harvesterhci.io",
@@ -31,7 +33,7 @@ pub const ANN_CLUSTER: &str = "loadbalancer.harvesterhci.io/cluster";
     status = "LoadBalancerStatus",
     schema = "disabled"
 )]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", from = "serde_json::Value")]
 pub struct LoadBalancerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
@@ -90,6 +92,47 @@ pub struct Condition {
     pub last_update_time: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_transition_time: Option<String>,
+}
+
+impl From<serde_json::Value> for LoadBalancerSpec {
+    fn from(v: serde_json::Value) -> Self {
+        let serde_json::Value::Object(mut map) = v else {
+            tracing::warn!(
+                "ignoring a LoadBalancer spec that is not an object: {}",
+                short(&v)
+            );
+            return LoadBalancerSpec::default();
+        };
+        let mut string = |key: &str| match map.get(key) {
+            Some(serde_json::Value::String(s)) => {
+                let s = s.clone();
+                map.remove(key);
+                Some(s)
+            }
+            None | Some(serde_json::Value::Null) => {
+                map.remove(key);
+                None
+            }
+            Some(other) => {
+                tracing::warn!(
+                    "ignoring LoadBalancer spec.{key} (not a string): {}",
+                    short(other)
+                );
+                None
+            }
+        };
+        let description = string("description");
+        let workload_type = string("workloadType");
+        let ipam = string("ipam");
+        let ip_pool = string("ipPool");
+        LoadBalancerSpec {
+            description,
+            workload_type,
+            ipam,
+            ip_pool,
+            rest: map,
+        }
+    }
 }
 
 impl From<serde_json::Value> for LoadBalancerStatus {
@@ -258,6 +301,27 @@ mod tests {
         let l = lb(status.clone());
         assert_eq!(l.allocated_ip(), Some("10.0.0.1"));
         assert_eq!(serde_json::to_value(l.status.unwrap()).unwrap(), status);
+    }
+
+    #[test]
+    fn a_spec_field_of_the_wrong_type_reads_as_unset_and_is_written_back_as_it_was() {
+        let spec = json!({"workloadType": "cluster", "ipam": 7, "ipPool": null,
+                          "description": "d", "listeners": [{"port": 80}]});
+        let l: LoadBalancer = serde_json::from_value(json!({
+            "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
+            "metadata": {"name": "x", "namespace": "ns"},
+            "spec": spec,
+        }))
+        .expect("a LoadBalancer decodes whatever its spec holds");
+        assert_eq!(l.spec.workload_type.as_deref(), Some("cluster"));
+        assert_eq!(l.spec.description.as_deref(), Some("d"));
+        assert_eq!(l.spec.ipam, None);
+        assert!(!l.is_dhcp());
+        assert_eq!(
+            serde_json::to_value(&l.spec).unwrap(),
+            json!({"workloadType": "cluster", "ipam": 7, "description": "d",
+                   "listeners": [{"port": 80}]})
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 pub mod hotplug;
 pub mod kubevirt;
+pub mod lenient;
 pub mod loadbalancer;
 
 pub use hotplug::{AddVolumeOptions, HotplugError, RemoveVolumeOptions};
