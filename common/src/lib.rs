@@ -10,6 +10,8 @@
 
 pub mod cloud_config;
 pub mod dhcp;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod harvester;
 pub mod ipam;
 pub mod quantity;
