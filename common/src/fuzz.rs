@@ -16,10 +16,11 @@ const MAC: [u8; 6] = [0x02, 0xaa, 0xbb, 0xcc, 0xdd, 0x01];
 
 /// A datagram on the DHCP client port: [`wire::parse_reply`] never panics, a reply it accepts
 /// has the header fields the bytes say, and the exchange state machine, fed that reply as the
-/// answer to each of its steps, never panics and binds only with `t1 <= t2 <= lease`.
-pub fn dhcp_reply(data: &[u8]) {
+/// answer to each of its steps, never panics and binds only with `t1 <= t2 <= lease`. Returns how
+/// many of the three exchanges bound (the tests check that the seeds reach the state machine).
+pub fn dhcp_reply(data: &[u8]) -> usize {
     let Ok(reply) = wire::parse_reply(data) else {
-        return;
+        return 0;
     };
     assert!(data.len() >= 240, "a reply shorter than the BOOTP header");
     assert_eq!(data[0], 2, "op is BOOTREPLY");
@@ -40,6 +41,7 @@ pub fn dhcp_reply(data: &[u8]) {
         Exchange::acquire("eth1", MAC, Some(ip), &opts, 2),
         Exchange::renew("eth1", MAC, ip, &opts, 3),
     ];
+    let mut bound = 0;
     for mut ex in exchanges {
         ex.start();
         let mut ours = reply.clone();
@@ -58,6 +60,7 @@ pub fn dhcp_reply(data: &[u8]) {
                             let _ = next_step(&t, elapsed, failed, opts.min_renew_interval);
                         }
                     }
+                    bound += 1;
                     break;
                 }
                 Action::Send { packet, .. } => {
@@ -70,6 +73,7 @@ pub fn dhcp_reply(data: &[u8]) {
             }
         }
     }
+    bound
 }
 
 /// A cloud-config token: [`crate::cloud_config::jwt_expiry`] never panics on any string, and on a
@@ -136,20 +140,31 @@ mod tests {
                 DhcpOption::ClientIdentifier(wire::client_id(&MAC)),
             ],
         );
+        // (seed, exchanges that bind): an ACK binds the two INIT-REBOOT ones, an OFFER all three
+        // (SELECTING -> REQUESTING -> ACK), a NAK or an INFORM none.
         let seeds = [
-            ack.clone(),
-            reply(
-                MessageType::Offer,
-                vec![DhcpOption::AddressLeaseTime(u32::MAX)],
+            (ack.clone(), 2),
+            (
+                reply(
+                    MessageType::Offer,
+                    vec![DhcpOption::AddressLeaseTime(u32::MAX)],
+                ),
+                3,
             ),
-            reply(MessageType::Nak, vec![DhcpOption::Message("no".into())]),
-            reply(MessageType::Ack, vec![DhcpOption::AddressLeaseTime(0)]),
-            reply(MessageType::Inform, vec![]),
-            vec![],
-            vec![0xff; 600],
+            (
+                reply(MessageType::Nak, vec![DhcpOption::Message("no".into())]),
+                0,
+            ),
+            (
+                reply(MessageType::Ack, vec![DhcpOption::AddressLeaseTime(0)]),
+                2,
+            ),
+            (reply(MessageType::Inform, vec![]), 0),
+            (vec![], 0),
+            (vec![0xff; 600], 0),
         ];
-        for seed in &seeds {
-            dhcp_reply(seed);
+        for (seed, binds) in &seeds {
+            assert_eq!(dhcp_reply(seed), *binds, "{seed:02x?}");
         }
         for len in 0..ack.len() {
             dhcp_reply(&ack[..len]);

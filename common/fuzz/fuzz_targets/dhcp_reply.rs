@@ -3,4 +3,6 @@
 //! The body is `harvester_common::fuzz::dhcp_reply`, which `cargo test` also runs over seed inputs.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| harvester_common::fuzz::dhcp_reply(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    harvester_common::fuzz::dhcp_reply(data);
+});
