@@ -126,7 +126,7 @@ mod tests {
         wire::encode(&m).unwrap()
     }
 
-    /// The seeds of `common/fuzz/corpus/dhcp_reply`, run on every `cargo test`: valid replies
+    /// Seeds like those in `common/fuzz/seeds/dhcp_reply`, run on every `cargo test`: valid replies
     /// with odd timers, truncations at every length, and garbage.
     #[test]
     fn dhcp_reply_seeds() {
