@@ -5,7 +5,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test tools proto-check fmt-check clippy unit-and-integration help-check bench charts-check
+.PHONY: demo test tools proto-check fmt-check clippy unit-and-integration help-check bench charts-check fuzz
 
 demo: tools
 	$(CARGO) run --quiet -p testbed --bin testbed -- demo
@@ -58,3 +58,9 @@ bench: tools
 	$(CARGO) bench -p harvester-common --bench ipam -- --quick
 	@echo "[bench] test bed -> docs/benchmarks.md"
 	$(CARGO) run --release -p testbed --bin bench -- --out docs/benchmarks.md
+
+# Not part of `make test`: each cargo-fuzz target of common/fuzz for FUZZ_SECONDS (stable Rust, no
+# sanitizer; installs cargo-fuzz into ~/.cache/harvester-testbed when missing). docs/fuzzing.md.
+FUZZ_SECONDS ?= 60
+fuzz:
+	@bash tests/scripts/fuzz.sh $(FUZZ_SECONDS)

@@ -11,6 +11,8 @@
 pub mod api_error;
 pub mod cloud_config;
 pub mod dhcp;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod harvester;
 pub mod ipam;
 pub mod quantity;

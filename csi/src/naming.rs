@@ -125,4 +125,87 @@ mod tests {
         assert_eq!(s, disk_serial("pvc-0b1d4a8e-6a43-4a8e-9f7e-0e3f2a1b2c3d"));
         assert_ne!(s, disk_serial("pvc-other"));
     }
+
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    fn label() -> impl Strategy<Value = String> {
+        "[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+    }
+
+    /// CSI names of every kind: provisioner names, labels, csi-sanity-like names, anything.
+    fn csi_name() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "pvc-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+            label(),
+            "[-a-zA-Z0-9_.]{1,100}",
+            any::<String>(),
+        ]
+    }
+
+    proptest! {
+        /// Every name maps to a DNS-1123 label, the same one each time; labels map to themselves.
+        #[test]
+        fn every_name_maps_to_a_label_deterministically(name in csi_name()) {
+            let mapped = host_volume_name(&name);
+            prop_assert!(is_dns1123_label(&mapped), "{name:?} -> {mapped:?}");
+            prop_assert_eq!(&mapped, &host_volume_name(&name));
+            if is_dns1123_label(&name) {
+                prop_assert_eq!(&mapped, &name);
+            }
+        }
+
+        /// Any other name becomes `<prefix>-<10 hex of sha256(name)>`, where the prefix keeps the
+        /// name's ASCII letters and digits in order (lower-cased, cut), or is `vol` when it has none.
+        #[test]
+        fn mapped_names_are_a_readable_prefix_and_the_hash(
+            name in csi_name().prop_filter("not a label", |n| !is_dns1123_label(n)),
+        ) {
+            let mapped = host_volume_name(&name);
+            let (prefix, hash) = mapped.rsplit_once('-').unwrap();
+            prop_assert_eq!(hash, &sha256_hex(&name)[..HASH_LEN]);
+            let alnum: String = name
+                .chars()
+                .filter(|c| c.is_ascii_alphanumeric())
+                .map(|c| c.to_ascii_lowercase())
+                .collect();
+            if alnum.is_empty() {
+                prop_assert_eq!(prefix, "vol");
+            } else {
+                let kept = prefix.replace('-', "");
+                prop_assert!(!kept.is_empty() && alnum.starts_with(&kept), "{name:?} -> {mapped:?}");
+                prop_assert!(!prefix.contains("--"), "{mapped:?}");
+            }
+        }
+
+        /// Distinct names give distinct volume names within a run. Not a guarantee for mapped
+        /// names (a 40-bit hash; the original-name annotation tells a clash from a retry), but a
+        /// collision here would mean the hash or the label rule is broken.
+        #[test]
+        fn distinct_names_do_not_collide(names in proptest::collection::hash_set(csi_name(), 1..24)) {
+            let mut seen = HashMap::new();
+            for name in &names {
+                if let Some(other) = seen.insert(host_volume_name(name), name) {
+                    prop_assert!(false, "{other:?} and {name:?} both map to {:?}", host_volume_name(name));
+                }
+            }
+        }
+
+        /// A serial is the first 20 lower-case hex digits of sha256(volume ID), the same each time,
+        /// and distinct volume IDs get distinct serials within a run (80 bits).
+        #[test]
+        fn serials_are_20_hex_and_distinct(ids in proptest::collection::hash_set(csi_name(), 1..24)) {
+            let mut seen = HashMap::new();
+            for id in &ids {
+                let s = disk_serial(id);
+                prop_assert_eq!(s.len(), SERIAL_LEN);
+                prop_assert!(s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)), "{s}");
+                prop_assert_eq!(&s, &disk_serial(id));
+                prop_assert!(sha256_hex(id).starts_with(&s));
+                if let Some(other) = seen.insert(s.clone(), id) {
+                    prop_assert!(false, "{other:?} and {id:?} share serial {s}");
+                }
+            }
+        }
+    }
 }

@@ -252,3 +252,6 @@ mod tests {
         ));
     }
 }
+
+#[cfg(test)]
+mod proptests;

@@ -308,3 +308,6 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod proptests;

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Runs the cargo-fuzz targets of common/fuzz on stable Rust, each for a number of seconds.
+# Installs cargo-fuzz into a cache outside the repo when it is missing. See docs/fuzzing.md.
+#
+#   tests/scripts/fuzz.sh                 # every target, 60 s each
+#   tests/scripts/fuzz.sh 300 dhcp_reply  # one target, 5 minutes
+#
+# Stable Rust: `-s none` builds without a sanitizer (AddressSanitizer needs nightly's -Z flag;
+# this code forbids `unsafe`, so a panic is what we look for), `-a` keeps debug assertions and
+# overflow checks in the optimised build. New corpus entries go to common/fuzz/corpus/<target>
+# (not committed); the committed seeds are read from common/fuzz/seeds/<target>. A crash is saved
+# in common/fuzz/artifacts/<target>/ and fails the script.
+set -euo pipefail
+
+CARGO_FUZZ_VERSION=${CARGO_FUZZ_VERSION:-0.13.2}
+CACHE_ROOT=${HARVESTER_TESTBED_CACHE:-$HOME/.cache/harvester-testbed}
+TOOL_ROOT="$CACHE_ROOT/cargo-tools"
+SECONDS_EACH=${1:-60}
+shift || true
+
+say() { printf '[fuzz] %s\n' "$*"; }
+
+export PATH="$TOOL_ROOT/bin:$PATH"
+if ! cargo fuzz --version 2>/dev/null | grep -q "cargo-fuzz $CARGO_FUZZ_VERSION"; then
+  say "cargo install cargo-fuzz $CARGO_FUZZ_VERSION into $TOOL_ROOT"
+  cargo install cargo-fuzz --version "$CARGO_FUZZ_VERSION" --locked --root "$TOOL_ROOT" --quiet
+fi
+
+cd "$(dirname "$0")/../../common/fuzz"
+if [ $# -gt 0 ]; then targets=("$@"); else mapfile -t targets < <(cargo fuzz list); fi
+
+FLAGS=(-s none -a)
+say "cargo fuzz build ${FLAGS[*]} (${targets[*]})"
+cargo fuzz build "${FLAGS[@]}"
+
+for t in "${targets[@]}"; do
+  mkdir -p "corpus/$t"
+  say "$t: ${SECONDS_EACH}s"
+  log=$(mktemp)
+  status=0
+  cargo fuzz run "${FLAGS[@]}" "$t" "corpus/$t" "seeds/$t" -- \
+    -max_total_time="$SECONDS_EACH" -print_final_stats=1 >"$log" 2>&1 || status=$?
+  if [ "$status" != 0 ]; then
+    tail -n 40 "$log"
+    rm -f "$log"
+    say "$t: FAILED (input saved under common/fuzz/artifacts/$t/)"
+    exit "$status"
+  fi
+  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
+  rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log")
+  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1 || true)
+  rm -f "$log"
+  say "$t: ok, $runs runs, $rate exec/s, ${cov:-cov: ?}, corpus $(find "corpus/$t" -type f | wc -l) files"
+done
