@@ -139,3 +139,33 @@ pub fn collect_lines(
             .collect()
     })
 }
+
+/// The lines of a `--log-format json` log, parsed; panics on a line that is not a JSON object
+/// with a `level`, or that holds key material (a PEM block, kubeconfig `*-data`, or any of the
+/// `*-data:` values of the kubeconfig text `credentials`).
+pub fn json_log(lines: &[String], credentials: &str) -> Vec<serde_json::Value> {
+    assert!(!lines.is_empty(), "the program logged nothing");
+    let secrets: Vec<&str> = credentials
+        .lines()
+        .filter(|l| l.contains("-data:"))
+        .filter_map(|l| Some(l.split_once(':')?.1.trim()))
+        .filter(|s| s.len() >= 16)
+        .collect();
+    lines
+        .iter()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("not a JSON log line ({e}): {l}"));
+            assert!(v.get("level").is_some(), "no level: {l}");
+            assert!(
+                !l.contains("BEGIN") && !l.contains("client-key-data"),
+                "key material in the log: {l}"
+            );
+            assert!(
+                secrets.iter().all(|s| !l.contains(s)),
+                "a cloud-config secret in the log: {l}"
+            );
+            v
+        })
+        .collect()
+}

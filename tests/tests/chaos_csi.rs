@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::{
     Driver, DriverProc, MountSweeper, NODE, Vol, assert_root, bed_with_vm, bed_with_vm_and,
     blkid_uuid, block_cap, create_and_publish, create_request, detach_and_delete, mount_cap,
-    mount_entries, publish, publish_request, stage, unpublish_and_unstage,
+    mount_entries, publish, publish_request, stage, unpublish_and_unstage, unpublish_request,
 };
 use csi_proto::csi::v1::*;
 use harvester_common::harvester::kubevirt::VOLUME_READY;
@@ -263,11 +263,7 @@ async fn publish_retried_after_the_controller_is_killed_mid_hotplug_attaches_onc
     assert_eq!(bed.sim.hotplug.count("addvolume", NODE, &id), 1);
 
     // Clean up: detached from VM and VMI with one removevolume, then the PVC goes.
-    let unpublish = ControllerUnpublishVolumeRequest {
-        volume_id: id.clone(),
-        node_id: NODE.into(),
-        ..Default::default()
-    };
+    let unpublish = unpublish_request(&id);
     ctrl.controller_client()
         .controller_unpublish_volume(unpublish.clone())
         .await
@@ -291,11 +287,7 @@ async fn unpublish_after_the_controller_is_killed_mid_hotplug_detaches_for_good(
     // addvolume was answered before the kill: the stand-in's Ready would come within 6 s.
     let window_end = tokio::time::Instant::now() + Duration::from_secs(7);
     let ctrl = DriverProc::controller(&bed, "csi-controller-2", &socket).await;
-    let unpublish = ControllerUnpublishVolumeRequest {
-        volume_id: id.clone(),
-        node_id: NODE.into(),
-        ..Default::default()
-    };
+    let unpublish = unpublish_request(&id);
     ctrl.controller_client()
         .controller_unpublish_volume(unpublish.clone())
         .await

@@ -333,6 +333,14 @@ pub fn publish_request(id: &str, cap: &VolumeCapability) -> ControllerPublishVol
     }
 }
 
+pub fn unpublish_request(id: &str) -> ControllerUnpublishVolumeRequest {
+    ControllerUnpublishVolumeRequest {
+        volume_id: id.into(),
+        node_id: NODE.into(),
+        ..Default::default()
+    }
+}
+
 /// CreateVolume and ControllerPublishVolume to [`NODE`] on controller `d`; the staging and
 /// target paths are `<dir>/<name>-staging` and `<dir>/<name>-target`.
 pub async fn create_and_publish(
@@ -418,13 +426,9 @@ pub async fn unpublish_and_unstage(d: &impl AsRef<Channel>, v: &Vol) {
 /// ControllerUnpublishVolume from [`NODE`] and DeleteVolume, both expected to succeed.
 pub async fn detach_and_delete(d: &impl AsRef<Channel>, v: &Vol) {
     let mut c = ControllerClient::new(d.as_ref().clone());
-    c.controller_unpublish_volume(ControllerUnpublishVolumeRequest {
-        volume_id: v.id.clone(),
-        node_id: NODE.into(),
-        ..Default::default()
-    })
-    .await
-    .expect("ControllerUnpublishVolume");
+    c.controller_unpublish_volume(unpublish_request(&v.id))
+        .await
+        .expect("ControllerUnpublishVolume");
     c.delete_volume(DeleteVolumeRequest {
         volume_id: v.id.clone(),
         ..Default::default()
