@@ -11,7 +11,7 @@ use futures::future::{BoxFuture, Shared};
 use harvester_cloud_provider::config::{Config, Flags, OpsFlags, parse_go_duration};
 use harvester_cloud_provider::error::one_line;
 use harvester_cloud_provider::{READY_CLIENTS, READY_HARVESTER, Telemetry, guest_client};
-use harvester_common::cloud_config::Harvester;
+use harvester_common::cloud_config::{CREDENTIALS_CHECK_PERIOD, Harvester};
 use harvester_common::telemetry::{self, LeaderConfig};
 
 fn main() -> ExitCode {
@@ -84,7 +84,7 @@ async fn serve(
         let (readiness, shutdown) = (telemetry.readiness.clone(), shutdown.clone());
         async move {
             tokio::select! {
-                () = harvester.watch_credentials(&readiness, READY_HARVESTER, warn_before) => {},
+                () = harvester.watch_credentials(&readiness, READY_HARVESTER, warn_before, CREDENTIALS_CHECK_PERIOD) => {},
                 () = shutdown => {},
             }
         }

@@ -231,14 +231,15 @@ impl Harvester {
 
     /// Keeps the readiness check `check` true while Harvester answers with the cloud-config's
     /// credentials (a 401 or an unreachable server makes it false, naming the file), asking every
-    /// 30 s; warns at warn level, at most hourly, from `warn_before` before the token expires
-    /// (readiness stays true then: the credentials still work, the operator must rotate them).
-    /// Runs until dropped.
+    /// `period` ([`CREDENTIALS_CHECK_PERIOD`] in the programs); warns at warn level, at most
+    /// hourly, from `warn_before` before the token expires (readiness stays true then: the
+    /// credentials still work, the operator must rotate them). Runs until dropped.
     pub async fn watch_credentials(
         &self,
         readiness: &Readiness,
         check: &str,
         warn_before: Duration,
+        period: Duration,
     ) {
         let mut last_warning = None::<std::time::Instant>;
         loop {
@@ -256,13 +257,13 @@ impl Harvester {
                 tracing::warn!("{w}");
                 last_warning = Some(std::time::Instant::now());
             }
-            tokio::time::sleep(CREDENTIALS_CHECK_PERIOD).await;
+            tokio::time::sleep(period).await;
         }
     }
 }
 
-/// How often [`Harvester::watch_credentials`] asks Harvester.
-const CREDENTIALS_CHECK_PERIOD: Duration = Duration::from_secs(30);
+/// How often the programs' [`Harvester::watch_credentials`] asks Harvester.
+pub const CREDENTIALS_CHECK_PERIOD: Duration = Duration::from_secs(30);
 
 fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     l.read().unwrap_or_else(|p| p.into_inner())

@@ -109,6 +109,8 @@ pub struct Config {
     /// After the shutdown signal, how long RPCs in flight may take before the server stops
     /// anyway (below the kubelet's default 30 s grace period).
     pub shutdown_grace: Duration,
+    /// How often Harvester is asked for the `harvester` readiness check.
+    pub harvester_check_period: Duration,
 }
 
 /// Readiness checks: Harvester answers with the cloud-config's credentials; the CSI socket serves.
@@ -131,6 +133,7 @@ impl Config {
             metrics_address: None,
             token_expiry_warning: Duration::from_secs(7 * 86_400),
             shutdown_grace: Duration::from_secs(25),
+            harvester_check_period: harvester_common::cloud_config::CREDENTIALS_CHECK_PERIOD,
         }
     }
 }
@@ -250,10 +253,10 @@ pub async fn serve_with(
     let harvester = Harvester::load_with_metrics(&config.cloud_config, Some(&metrics)).await?;
     let credentials = tokio::spawn({
         let (harvester, readiness) = (harvester.clone(), readiness.clone());
-        let warn_before = config.token_expiry_warning;
+        let (warn_before, period) = (config.token_expiry_warning, config.harvester_check_period);
         async move {
             harvester
-                .watch_credentials(&readiness, READY_HARVESTER, warn_before)
+                .watch_credentials(&readiness, READY_HARVESTER, warn_before, period)
                 .await
         }
     });

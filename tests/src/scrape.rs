@@ -130,10 +130,18 @@ pub fn sum(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
+/// [`http_get`] off the async runtime (the server may run on the same runtime as the caller).
+pub async fn get(port: u16, path: &str) -> Result<(u16, String), String> {
+    let path = path.to_string();
+    tokio::task::spawn_blocking(move || http_get(port, &path))
+        .await
+        .map_err(|e| e.to_string())?
+}
+
 /// Waits until `GET path` on `port` answers 200.
 pub async fn wait_for_200(port: u16, path: &str, within: Duration) -> Result<(), String> {
     crate::wait::until(&format!("{path} 200"), within, || async {
-        Ok(match http_get(port, path) {
+        Ok(match get(port, path).await {
             Ok((200, _)) => Ok(()),
             other => Err(other),
         })

@@ -12,8 +12,9 @@ use common::{NODE, bed_with_vm_and, create_request, mount_cap, publish_request};
 use csi_proto::csi::v1::controller_client::ControllerClient;
 use csi_proto::csi::v1::identity_client::IdentityClient;
 use csi_proto::csi::v1::{CreateVolumeRequest, ProbeRequest};
-use testbed::BedOptions;
+use harvester_csi_driver::{Config, Mode};
 use testbed::scrape::{self, http_get};
+use testbed::{BedOptions, wait};
 
 /// How long the stand-in takes from `addvolume` to the volume's Ready: the window in which the
 /// test stops the driver.
@@ -159,4 +160,53 @@ async fn the_binary_serves_probes_counts_rpcs_and_finishes_an_rpc_in_flight_on_s
         "a log line inside CreateVolume's span naming the volume:\n{}",
         lines.join("\n")
     );
+}
+
+/// `/readyz` follows Harvester: 503 naming the check and the cloud-config while its API server is
+/// down, 200 again once it is back; Probe answers ready throughout (a livenessprobe restart could
+/// not bring Harvester back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_harvester_while_probe_stays_ready() {
+    let mut bed = bed_with_vm_and(BedOptions::default()).await;
+    let socket = bed.dir.path().join("ready-csi.sock");
+    let port = testbed::process::free_port().unwrap();
+    let mut config = Config::new(format!("unix://{}", socket.display()), &bed.cloud_config);
+    config.mode = Mode::Controller;
+    config.metrics_address = Some(([127, 0, 0, 1], port).into());
+    config.harvester_check_period = Duration::from_millis(200);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let driver = tokio::spawn(harvester_csi_driver::serve(config, async {
+        let _ = stopped.await;
+    }));
+    scrape::wait_for_200(port, "/readyz", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let channel = harvester_csi_driver::connect(&socket).await.unwrap();
+    let mut identity = IdentityClient::new(channel);
+
+    bed.harvester.stop();
+    let cloud_config = bed.cloud_config.display().to_string();
+    let body = wait::until("/readyz 503", Duration::from_secs(30), || async {
+        Ok(match scrape::get(port, "/readyz").await {
+            Ok((503, body)) => Ok(body),
+            other => Err(other),
+        })
+    })
+    .await
+    .unwrap();
+    assert!(
+        body.contains("harvester:") && body.contains(&cloud_config),
+        "names the check and the cloud-config: {body}"
+    );
+    let probe = identity.probe(ProbeRequest {}).await.unwrap().into_inner();
+    assert_eq!(probe.ready, Some(true), "Probe while Harvester is down");
+    assert_eq!(scrape::get(port, "/healthz").await.unwrap().0, 200);
+
+    bed.harvester.start_again().await.unwrap();
+    scrape::wait_for_200(port, "/readyz", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let _ = stop.send(());
+    driver.await.unwrap().unwrap();
+    assert!(!socket.exists());
 }
