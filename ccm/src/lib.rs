@@ -30,8 +30,9 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use harvester_common::cloud_config::Harvester;
 use harvester_common::telemetry::{Metrics, Readiness};
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 pub use config::Config;
 pub use error::Error;
@@ -190,6 +191,49 @@ async fn report_node_caches(ctx: &Context, nodes: &controller::NodeCtx, shutdown
     );
     if nodes.wait_ready(&shutdown).await {
         readiness.set(READY_NODE_CACHES, Ok(()));
+    }
+}
+
+/// Makes a cloud-config expiry warning a Warning Event `CloudConfigTokenExpiring` on the
+/// provider's own Pod (`POD_NAME` and `POD_NAMESPACE`, from the downward API), where `kubectl
+/// describe pod` shows it; without them only the log line remains.
+pub fn token_expiry_event(guest: kube::Client) -> impl Fn(&str) + Send + Sync + 'static {
+    let pod = match (std::env::var("POD_NAME"), std::env::var("POD_NAMESPACE")) {
+        (Ok(name), Ok(namespace)) if !name.is_empty() && !namespace.is_empty() => {
+            Some(ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(name),
+                namespace: Some(namespace),
+                ..Default::default()
+            })
+        }
+        _ => None,
+    };
+    let recorder = Recorder::new(
+        guest,
+        Reporter {
+            controller: FIELD_MANAGER.to_string(),
+            instance: pod.as_ref().and_then(|p| p.name.clone()),
+        },
+    );
+    move |warning: &str| {
+        let Some(pod) = pod.clone() else {
+            return;
+        };
+        let (recorder, note) = (recorder.clone(), warning.to_string());
+        tokio::spawn(async move {
+            let event = Event {
+                type_: EventType::Warning,
+                reason: "CloudConfigTokenExpiring".into(),
+                note: Some(note),
+                action: "CheckCredentials".into(),
+                secondary: None,
+            };
+            if let Err(e) = recorder.publish(&event, &pod).await {
+                tracing::warn!(error = %e, "could not publish the token expiry Event on the Pod");
+            }
+        });
     }
 }
 

@@ -10,7 +10,9 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use harvester_cloud_provider::config::{Config, Flags, OpsFlags, parse_go_duration};
 use harvester_cloud_provider::error::one_line;
-use harvester_cloud_provider::{READY_CLIENTS, READY_HARVESTER, Telemetry, guest_client};
+use harvester_cloud_provider::{
+    READY_CLIENTS, READY_HARVESTER, Telemetry, guest_client, token_expiry_event,
+};
 use harvester_common::cloud_config::{CREDENTIALS_CHECK_PERIOD, Harvester};
 use harvester_common::telemetry::{self, LeaderConfig};
 
@@ -82,9 +84,17 @@ async fn serve(
     let warn_before = Duration::from_secs(u64::from(config.token_expiry_warning_days) * 86_400);
     tokio::spawn({
         let (readiness, shutdown) = (telemetry.readiness.clone(), shutdown.clone());
+        let expiry_event = token_expiry_event(guest.clone());
         async move {
+            let watch = harvester.watch_credentials(
+                &readiness,
+                READY_HARVESTER,
+                warn_before,
+                CREDENTIALS_CHECK_PERIOD,
+                expiry_event,
+            );
             tokio::select! {
-                () = harvester.watch_credentials(&readiness, READY_HARVESTER, warn_before, CREDENTIALS_CHECK_PERIOD) => {},
+                () = watch => {},
                 () = shutdown => {},
             }
         }

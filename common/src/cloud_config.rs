@@ -233,13 +233,15 @@ impl Harvester {
     /// credentials (a 401 or an unreachable server makes it false, naming the file), asking every
     /// `period` ([`CREDENTIALS_CHECK_PERIOD`] in the programs); warns at warn level, at most
     /// hourly, from `warn_before` before the token expires (readiness stays true then: the
-    /// credentials still work, the operator must rotate them). Runs until dropped.
+    /// credentials still work, the operator must rotate them), and hands the warning to
+    /// `on_warning` (the cloud provider makes it an Event on its Pod). Runs until dropped.
     pub async fn watch_credentials(
         &self,
         readiness: &Readiness,
         check: &str,
         warn_before: Duration,
         period: Duration,
+        on_warning: impl Fn(&str),
     ) {
         let mut last_warning = None::<std::time::Instant>;
         loop {
@@ -255,6 +257,7 @@ impl Harvester {
                 && last_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(3600))
             {
                 tracing::warn!("{w}");
+                on_warning(&w);
                 last_warning = Some(std::time::Instant::now());
             }
             tokio::time::sleep(period).await;

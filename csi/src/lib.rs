@@ -256,7 +256,7 @@ pub async fn serve_with(
         let (warn_before, period) = (config.token_expiry_warning, config.harvester_check_period);
         async move {
             harvester
-                .watch_credentials(&readiness, READY_HARVESTER, warn_before, period)
+                .watch_credentials(&readiness, READY_HARVESTER, warn_before, period, |_| {})
                 .await
         }
     });

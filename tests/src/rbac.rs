@@ -22,10 +22,20 @@ const TOKEN_SECONDS: i64 = 3600;
 /// A token of ServiceAccount `namespace/name`, minted with `client` (an admin client of the API
 /// server that holds the account).
 pub async fn token(client: &kube::Client, namespace: &str, name: &str) -> Result<String, BedError> {
+    token_for(client, namespace, name, TOKEN_SECONDS).await
+}
+
+/// [`token`] with a lifetime of `seconds`.
+pub async fn token_for(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    seconds: i64,
+) -> Result<String, BedError> {
     let api: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
     let request = TokenRequest {
         spec: TokenRequestSpec {
-            expiration_seconds: Some(TOKEN_SECONDS),
+            expiration_seconds: Some(seconds),
             ..Default::default()
         },
         ..Default::default()

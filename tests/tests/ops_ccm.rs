@@ -266,3 +266,106 @@ async fn two_providers_have_one_writer_and_kill_9_hands_over_within_the_lease() 
         }
     }
 }
+
+/// A cloud-config whose token expires within `--token-expiry-warning-days`: the provider stays
+/// ready, exports the expiry, and puts a Warning Event on its own Pod naming the file.
+#[tokio::test]
+async fn an_expiring_token_gives_a_warning_event_on_the_provider_pod() {
+    let bed = TestBed::start(BedOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("bed: {e}"));
+    let yaml = format!(
+        r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: ccm-expiring, namespace: {ns}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: ccm-expiring}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: cluster-admin}}
+subjects: [{{kind: ServiceAccount, name: ccm-expiring, namespace: {ns}}}]
+"#,
+        ns = bed.vm_namespace
+    );
+    testbed::apply::apply_yaml(&bed.harvester.client, &yaml, &bed.vm_namespace)
+        .await
+        .unwrap();
+    let two_days = 2 * 86_400;
+    let token = testbed::rbac::token_for(
+        &bed.harvester.client,
+        &bed.vm_namespace,
+        "ccm-expiring",
+        two_days,
+    )
+    .await
+    .unwrap();
+    let cloud_config = bed.dir.path().join("expiring-cloud-config");
+    std::fs::write(
+        &cloud_config,
+        testbed::rbac::token_kubeconfig_text(
+            &bed.harvester.url,
+            &bed.pki,
+            &token,
+            &bed.vm_namespace,
+        ),
+    )
+    .unwrap();
+
+    let port = testbed::process::free_port().unwrap();
+    let mut child = Command::new(testbed::process::built_binary("harvester-cloud-provider"))
+        .args(["--cloud-config", &cloud_config.to_string_lossy()])
+        .args(["--kubeconfig", &bed.guest.kubeconfig.to_string_lossy()])
+        .args(["--cluster-name", "ops", "--token-expiry-warning-days", "7"])
+        .args(["--metrics-address", &format!("127.0.0.1:{port}")])
+        .args(["--leader-elect-resource-namespace", "kube-system"])
+        .env("POD_NAME", "ccm-expiring-0")
+        .env("POD_NAMESPACE", "kube-system")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the binary");
+
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(bed.guest.client.clone(), "kube-system");
+    let event = wait::until(
+        "a CloudConfigTokenExpiring Event on the Pod",
+        Duration::from_secs(30),
+        || async {
+            let list = events
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(list
+                .items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("CloudConfigTokenExpiring"))
+                .ok_or("none yet"))
+        },
+    )
+    .await
+    .unwrap();
+    let regarding = event.regarding.clone().unwrap_or_default();
+    assert_eq!(regarding.kind.as_deref(), Some("Pod"));
+    assert_eq!(regarding.name.as_deref(), Some("ccm-expiring-0"));
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let note = event.note.clone().unwrap_or_default();
+    assert!(
+        note.contains(&cloud_config.display().to_string()) && note.contains("expires"),
+        "{note}"
+    );
+    // Still ready (the credentials work), and the expiry is exported.
+    scrape::wait_for_200(port, "/readyz", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let left = scrape::sum(
+        &scrape::metrics(port).unwrap(),
+        "harvester_cloud_config_token_expiry_seconds",
+        &[],
+    );
+    assert!(
+        ((two_days - 300) as f64..=two_days as f64).contains(&left),
+        "expiry exported: {left} s"
+    );
+    child.kill().unwrap();
+    let _ = child.wait();
+}
