@@ -552,23 +552,23 @@ fn read_only_mount(line: &str) -> bool {
         .is_some_and(|o| o.split(',').any(|o| o == "ro"))
 }
 
-/// A directory to put first in the node plugin's PATH: its `mount` stalls every read-only
-/// remount (the second of the two mounts a read-only publish makes), appending its pid to
-/// `<dir>/remount.pids`, and passes everything else to util-linux.
-fn stalled_remount_wrapper(dir: &std::path::Path) -> (String, KillPidsIn) {
+/// A directory to put first in the node plugin's PATH, with a wrapper for `program`: a call for
+/// which the shell condition `stall_if` holds (`$PIDS` names the pid file, `$*` the arguments)
+/// appends its pid to `<dir>/<program>.pids` and sleeps 60 s; every other call runs the real one.
+fn stalling_wrapper(dir: &std::path::Path, program: &str, stall_if: &str) -> (String, KillPidsIn) {
     let real = std::process::Command::new("sh")
-        .args(["-c", "command -v mount"])
+        .args(["-c", &format!("command -v {program}")])
         .output()
         .expect("sh");
     let real = String::from_utf8_lossy(&real.stdout).trim().to_string();
-    assert!(real.starts_with('/'), "util-linux mount: {real:?}");
+    assert!(real.starts_with('/'), "{program}: {real:?}");
     std::fs::create_dir_all(dir).expect("wrapper dir");
-    let pids = dir.join("remount.pids");
+    let pids = dir.join(format!("{program}.pids"));
     let script = format!(
-        "#!/bin/sh\ncase \" $* \" in *remount,*) echo $$ >> '{}'; exec sleep 60;; esac\nexec {real} \"$@\"\n",
+        "#!/bin/sh\nPIDS='{}'\nif {stall_if}; then echo $$ >> \"$PIDS\"; exec sleep 60; fi\nexec {real} \"$@\"\n",
         pids.display()
     );
-    let wrapper = dir.join("mount");
+    let wrapper = dir.join(program);
     std::fs::write(&wrapper, script).expect("wrapper");
     std::fs::set_permissions(
         &wrapper,
@@ -581,6 +581,15 @@ fn stalled_remount_wrapper(dir: &std::path::Path) -> (String, KillPidsIn) {
         std::env::var("PATH").unwrap_or_default()
     );
     (path, KillPidsIn(pids))
+}
+
+/// `mount` stalls every read-only remount (the second of the two mounts of a read-only publish).
+fn stalled_remount_wrapper(dir: &std::path::Path) -> (String, KillPidsIn) {
+    stalling_wrapper(
+        dir,
+        "mount",
+        r#"case " $* " in *remount,*) true;; *) false;; esac"#,
+    )
 }
 
 fn read_only_publish(c: &Case) -> NodePublishVolumeRequest {
@@ -685,5 +694,83 @@ async fn a_read_only_publish_killed_between_bind_and_remount_is_read_only_after_
     }
     node.kill();
     assert!(sweeper.sweep().is_empty(), "mounts left behind");
+    ctrl.stop().await;
+}
+
+/// Whether process `pid` still runs (a zombie waiting for its reaper does not count).
+fn running(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| Some(stat.rsplit_once(") ")?.1.starts_with('Z')))
+        == Some(false)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mkfs_dies_with_a_killed_node_plugin_and_the_retry_formats_once_root() {
+    assert_root();
+    let bed = bed_with_vm().await;
+    let ctrl = Driver::start(&bed, |c| c.mode = harvester_csi_driver::Mode::Controller).await;
+    let dir = bed.dir.path().join("chaos-mkfs");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let sweeper = MountSweeper(dir.clone());
+    let cap = mount_cap("ext4");
+    let vol = create_and_publish(&ctrl, "pvc-chaos-mkfs", 32 << 20, &cap, &dir).await;
+
+    // The first mkfs.ext4 stalls, as a long format of a large disk would.
+    let (path, stalled) = stalling_wrapper(
+        &bed.dir.path().join("slow-mkfs"),
+        "mkfs.ext4",
+        r#"[ ! -s "$PIDS" ]"#,
+    );
+    let socket = bed.dir.path().join("csi-node.sock");
+    let env = [("PATH", path)];
+    let node = DriverProc::node_with_env(&bed, "csi-node-1", &socket, &env).await;
+    let mut client = node.node_client();
+    let request = NodeStageVolumeRequest {
+        volume_id: vol.id.clone(),
+        publish_context: vol.ctx.clone(),
+        staging_target_path: vol.staging.display().to_string(),
+        volume_capability: Some(cap.clone()),
+        ..Default::default()
+    };
+    let first = tokio::spawn(async move { client.node_stage_volume(request).await });
+    let pid = wait::until("mkfs under way", Duration::from_secs(30), || {
+        let pids = stalled.pids();
+        async move { Ok(pids.first().cloned().ok_or("no mkfs yet")) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(running(&pid), "the stalled mkfs runs");
+    node.kill();
+    assert!(first.await.unwrap().is_err(), "the cut-off stage failed");
+    wait::until(
+        "the orphaned mkfs killed with the plugin",
+        Duration::from_secs(10),
+        || {
+            let alive = running(&pid);
+            async move { Ok(if alive { Err("still running") } else { Ok(()) }) }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+
+    // The kubelet's retry on a new plugin formats the disk (once) and mounts it.
+    let node = DriverProc::node_with_env(&bed, "csi-node-2", &socket, &env).await;
+    stage(&node, &vol, &cap)
+        .await
+        .expect("NodeStageVolume retried");
+    assert_eq!(stalled.pids().len(), 1, "only the first mkfs stalled");
+    let uuid = blkid_uuid(&vol.staging);
+    assert!(!uuid.is_empty(), "an ext4 filesystem with a UUID");
+    stage(&node, &vol, &cap)
+        .await
+        .expect("NodeStageVolume again");
+    assert_eq!(blkid_uuid(&vol.staging), uuid, "not formatted again");
+    assert_eq!(mount_entries(&vol.staging).len(), 1, "one mount");
+    publish(&node, &vol, &cap).await.expect("NodePublishVolume");
+    unpublish_and_unstage(&node, &vol).await;
+    assert!(sweeper.sweep().is_empty(), "mounts left behind");
+    detach_and_delete(&ctrl, &vol).await;
+    node.kill();
     ctrl.stop().await;
 }

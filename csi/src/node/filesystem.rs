@@ -28,7 +28,11 @@ impl Filesystem for Ext4 {
     fn format(&self, device: &Path) -> Cmd {
         // No -F: mke2fs refuses a device that holds something, a second guard behind blkid.
         // -m0: no root reserve on a data volume (as kubelet's mount-utils).
-        Cmd::new("mkfs.ext4").arg("-q").arg("-m0").arg(device)
+        Cmd::new("mkfs.ext4")
+            .arg("-q")
+            .arg("-m0")
+            .arg(device)
+            .dies_with_plugin()
     }
     fn mount_options(&self) -> &'static [&'static str] {
         &[]
@@ -45,7 +49,10 @@ impl Filesystem for Xfs {
     }
     fn format(&self, device: &Path) -> Cmd {
         // No -f: mkfs.xfs refuses a device with an existing signature.
-        Cmd::new("mkfs.xfs").arg("-q").arg(device)
+        Cmd::new("mkfs.xfs")
+            .arg("-q")
+            .arg(device)
+            .dies_with_plugin()
     }
     fn mount_options(&self) -> &'static [&'static str] {
         // A restored snapshot has the same UUID as its source; XFS refuses that without nouuid.
@@ -191,6 +198,8 @@ mod tests {
             "never forced"
         );
         assert_eq!(ext4.grow(d, m).args, vec![d.as_os_str().to_owned()]);
+        assert!(ext4.format(d).dies_with_plugin && xfs.format(d).dies_with_plugin);
+        assert!(!ext4.grow(d, m).dies_with_plugin);
         assert!(by_name("btrfs").is_none());
         assert_eq!(
             probe_cmd(d)

@@ -96,6 +96,9 @@ pub fn dev_major_minor(dev: u64) -> (u32, u32) {
 pub struct Cmd {
     pub program: &'static str,
     pub args: Vec<OsString>,
+    /// Killed (SIGKILL) when the plugin dies, through util-linux `setpriv --pdeathsig`: an mkfs
+    /// left running after the plugin was killed would race the retried one on the same device.
+    pub dies_with_plugin: bool,
 }
 
 impl Cmd {
@@ -103,7 +106,24 @@ impl Cmd {
         Cmd {
             program,
             args: Vec::new(),
+            dies_with_plugin: false,
         }
+    }
+    pub fn dies_with_plugin(mut self) -> Cmd {
+        self.dies_with_plugin = true;
+        self
+    }
+    /// The program and arguments to execute.
+    fn argv(&self) -> (&'static str, Vec<OsString>) {
+        if !self.dies_with_plugin {
+            return (self.program, self.args.clone());
+        }
+        let mut args: Vec<OsString> = ["--pdeathsig", "KILL", "--", self.program]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        args.extend(self.args.iter().cloned());
+        ("setpriv", args)
     }
     pub fn arg(mut self, a: impl Into<OsString>) -> Cmd {
         self.args.push(a.into());
@@ -128,8 +148,9 @@ pub struct Output {
 
 /// Runs `cmd` with no stdin and returns its output whatever the exit status.
 pub async fn run_any(cmd: &Cmd) -> Result<Output, NodeError> {
-    let out = tokio::process::Command::new(cmd.program)
-        .args(&cmd.args)
+    let (program, args) = cmd.argv();
+    let out = tokio::process::Command::new(program)
+        .args(&args)
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .output()
@@ -202,6 +223,23 @@ pub async fn unmount_all(path: &Path) -> Result<(), NodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_command_that_dies_with_the_plugin_runs_under_setpriv() {
+        let plain = Cmd::new("mkfs.ext4").arg("/dev/sdb");
+        assert_eq!(
+            plain.argv(),
+            ("mkfs.ext4", vec![OsString::from("/dev/sdb")])
+        );
+        let (program, args) = plain.dies_with_plugin().argv();
+        assert_eq!(program, "setpriv");
+        assert_eq!(
+            args,
+            ["--pdeathsig", "KILL", "--", "mkfs.ext4", "/dev/sdb"]
+                .map(OsString::from)
+                .to_vec()
+        );
+    }
 
     const SAMPLE: &str = "\
 22 1 252:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw
