@@ -186,8 +186,27 @@ pub fn node_controller(nctx: &NodeCtx, shutdown: Shutdown) -> Controller<Node> {
         .graceful_shutdown_on(shutdown)
 }
 
+/// Runs a node-side controller (from [`node_controller`] with its triggers) to its end:
+/// `reconcile` per Node, [`NodeCtx::backoff`] after a failure, results logged by [`drain`].
+pub async fn run_node_controller<R, Fut>(
+    nctx: Arc<NodeCtx>,
+    name: &'static str,
+    controller: Controller<Node>,
+    reconcile: R,
+) where
+    R: FnMut(Arc<Node>, Arc<NodeCtx>) -> Fut,
+    Fut: Future<Output = Result<Action, Error>> + Send + 'static,
+{
+    let results = controller.run(
+        reconcile,
+        move |node, err, nctx: Arc<NodeCtx>| nctx.backoff(name, &node, err),
+        nctx.clone(),
+    );
+    drain(name, results).await;
+}
+
 /// Drives a controller's result stream to its end (reconcile errors were already reported).
-pub async fn drain<S>(controller: &'static str, results: S)
+async fn drain<S>(controller: &'static str, results: S)
 where
     S: Stream<Item = Result<(ObjectRef<Node>, Action), controller::Error<Error, watcher::Error>>>,
 {

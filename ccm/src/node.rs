@@ -27,7 +27,7 @@ use kube::runtime::events::EventType;
 
 use crate::Shutdown;
 use crate::addresses::{AddressRules, node_addresses};
-use crate::controller::{NodeCtx, drain, node_controller};
+use crate::controller::{NodeCtx, node_controller, run_node_controller};
 use crate::error::Error;
 use crate::inventory::{Lookup, is_ours, provider_id};
 use crate::patch::{self, NodeChange, UNINITIALIZED_TAINT, addresses, has_taint};
@@ -104,17 +104,12 @@ pub async fn run(nctx: Arc<NodeCtx>, shutdown: Shutdown) {
         return;
     }
     let (a, b) = (nctx.inventory.clone(), nctx.inventory.clone());
-    let results = node_controller(&nctx, shutdown)
+    let controller = node_controller(&nctx, shutdown)
         .watches_stream(nctx.inventory.vm_events(), move |vm| a.nodes_for_vm(&vm))
         .watches_stream(nctx.inventory.vmi_events(), move |vmi| {
             b.nodes_for_vmi(&vmi)
-        })
-        .run(
-            reconcile,
-            |node, err, nctx: Arc<NodeCtx>| nctx.backoff(NAME, &node, err),
-            nctx.clone(),
-        );
-    drain(NAME, results).await;
+        });
+    run_node_controller(nctx, NAME, controller, reconcile).await;
 }
 
 async fn reconcile(node: Arc<Node>, nctx: Arc<NodeCtx>) -> Result<Action, Error> {

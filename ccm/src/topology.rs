@@ -25,7 +25,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use crate::Shutdown;
-use crate::controller::{NodeCtx, drain, node_controller};
+use crate::controller::{NodeCtx, node_controller, run_node_controller};
 use crate::error::Error;
 use crate::inventory::{Lookup, is_ours};
 use crate::patch::{self, NodeChange, UNINITIALIZED_TAINT, has_taint};
@@ -151,16 +151,11 @@ pub async fn run(nctx: Arc<NodeCtx>, shutdown: Shutdown) {
         return;
     }
     let inv = nctx.inventory.clone();
-    let results = node_controller(&nctx, shutdown)
+    let controller = node_controller(&nctx, shutdown)
         .watches_stream(nctx.inventory.vmi_events(), move |vmi| {
             inv.nodes_for_vmi(&vmi)
-        })
-        .run(
-            reconcile,
-            |node, err, nctx: Arc<NodeCtx>| nctx.backoff(NAME, &node, err),
-            nctx.clone(),
-        );
-    drain(NAME, results).await;
+        });
+    run_node_controller(nctx, NAME, controller, reconcile).await;
 }
 
 async fn reconcile(node: Arc<Node>, nctx: Arc<NodeCtx>) -> Result<Action, Error> {
