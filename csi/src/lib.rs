@@ -116,6 +116,8 @@ pub struct Config {
 /// Readiness checks: Harvester answers with the cloud-config's credentials; the CSI socket serves.
 pub const READY_HARVESTER: &str = "harvester";
 pub const READY_CSI: &str = "csi";
+/// Node mode: Harvester let the plugin look up its VMI (node ID, volume limit).
+pub const READY_NODE: &str = "node";
 
 impl Config {
     /// Defaults for everything but the endpoint and the cloud-config.
@@ -271,7 +273,9 @@ pub async fn serve_with(
             .clone()
             .filter(|n| !n.is_empty())
             .ok_or(ServeError::NoNodeId(config.mode))?;
-        Some(node::NodeService::start(&harvester, &given, &config).await)
+        let node = node::NodeService::start(&harvester, &given, &config).await;
+        readiness.set(READY_NODE, node.discovery());
+        Some(node)
     } else {
         None
     };

@@ -210,3 +210,64 @@ async fn readiness_follows_harvester_while_probe_stays_ready() {
     driver.await.unwrap().unwrap();
     assert!(!socket.exists());
 }
+
+/// A node plugin whose cloud-config may not read VirtualMachineInstances (a missing Harvester
+/// role) serves, but `/readyz` says why its node ID could not be looked up, naming the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_plugin_refused_its_vmi_lookup_says_so_on_readyz() {
+    let bed = bed_with_vm_and(BedOptions::default()).await;
+    let yaml = format!(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: csi-blind, namespace: {}}}\n",
+        bed.vm_namespace
+    );
+    testbed::apply::apply_yaml(&bed.harvester.client, &yaml, &bed.vm_namespace)
+        .await
+        .unwrap();
+    let cloud_config = bed.dir.path().join("blind-cloud-config");
+    testbed::rbac::account_kubeconfig(
+        &bed.harvester.client,
+        &bed.harvester.url,
+        &bed.pki,
+        (&bed.vm_namespace, "csi-blind"),
+        &bed.vm_namespace,
+        &cloud_config,
+    )
+    .await
+    .unwrap();
+    let socket = bed.dir.path().join("blind-csi.sock");
+    let port = testbed::process::free_port().unwrap();
+    let mut config = Config::new(format!("unix://{}", socket.display()), &cloud_config);
+    config.mode = Mode::Node;
+    config.node_id = Some(NODE.into());
+    config.disk_by_id_dir = bed.sim.by_id_dir(NODE);
+    config.metrics_address = Some(([127, 0, 0, 1], port).into());
+    config.harvester_check_period = Duration::from_millis(200);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let driver = tokio::spawn(harvester_csi_driver::serve(config, async {
+        let _ = stopped.await;
+    }));
+    let body = wait::until(
+        "/readyz 503 for the node check alone",
+        Duration::from_secs(30),
+        || async {
+            Ok(match scrape::get(port, "/readyz").await {
+                Ok((503, body)) if !body.contains("harvester:") && !body.contains("csi:") => {
+                    Ok(body)
+                }
+                other => Err(other),
+            })
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        body.contains("node:")
+            && body.contains("Forbidden")
+            && body.contains(&cloud_config.display().to_string())
+            && body.contains("virtualmachineinstances"),
+        "names the refusal, the file and the missing permission: {body}"
+    );
+    assert!(socket.exists(), "it still serves");
+    let _ = stop.send(());
+    driver.await.unwrap().unwrap();
+}

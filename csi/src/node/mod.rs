@@ -17,6 +17,7 @@ use std::time::Duration;
 use csi_proto::csi::v1::node_server::Node;
 use csi_proto::csi::v1::node_service_capability::{self, rpc};
 use csi_proto::csi::v1::*;
+use harvester_common::api_error::Describe;
 use harvester_common::cloud_config::Harvester;
 use harvester_common::harvester::VirtualMachineInstance;
 use kube::api::Api;
@@ -43,6 +44,9 @@ pub struct NodeService {
     device_wait: Duration,
     max_volumes: i64,
     inflight: InFlight,
+    /// Why the node ID could not be looked up when Harvester refused it (RBAC): a misconfiguration
+    /// for `/readyz`; other lookup errors only log (the hostname usually is the VM name).
+    discovery: Result<(), String>,
 }
 
 /// Node RPCs this driver implements.
@@ -124,12 +128,26 @@ pub fn disk_id(volume: &str, publish_context: &HashMap<String, String>) -> DiskI
     }
 }
 
+/// The readiness error for a node ID lookup Harvester refused (403); `Ok` for other errors.
+fn refused(e: &kube::Error, harvester: &Harvester, verb: &str) -> Result<(), String> {
+    match e {
+        kube::Error::Api(s) if s.code == 403 => Err(format!(
+            "the identity of cloud-config {} may not {verb} VirtualMachineInstances in {} ({}): the node ID falls back to the hostname; grant get and list on virtualmachineinstances (deploy/harvester-rbac)",
+            harvester.path.display(),
+            harvester.namespace,
+            Describe(e)
+        )),
+        _ => Ok(()),
+    }
+}
+
 impl NodeService {
     /// Resolves the node ID as upstream does: the VMI named `given` (the hostname), else the VMI
     /// with one of this machine's MAC addresses, else `given` as it is.
     pub async fn start(harvester: &Harvester, given: &str, config: &Config) -> NodeService {
         let vmis: Api<VirtualMachineInstance> =
             Api::namespaced(harvester.client.clone(), &harvester.namespace);
+        let mut discovery = Ok(());
         let (node_id, vmi) = match vmis.get_opt(given).await {
             Ok(Some(vmi)) => (given.to_string(), Some(vmi)),
             Ok(None) => {
@@ -150,13 +168,21 @@ impl NodeService {
                         }
                     },
                     Err(e) => {
-                        tracing::warn!("listing VMIs for node discovery: {e}; using {given}");
+                        discovery = refused(&e, harvester, "list");
+                        tracing::warn!(
+                            "listing VMIs for node discovery: {}; using {given}",
+                            Describe(&e)
+                        );
                         (given.to_string(), None)
                     }
                 }
             }
             Err(e) => {
-                tracing::warn!("getting VMI {given} for node discovery: {e}; using {given}");
+                discovery = refused(&e, harvester, "get");
+                tracing::warn!(
+                    "getting VMI {given} for node discovery: {}; using {given}",
+                    Describe(&e)
+                );
                 (given.to_string(), None)
             }
         };
@@ -171,7 +197,14 @@ impl NodeService {
             device_wait: config.timeouts.device,
             max_volumes,
             inflight: InFlight::default(),
+            discovery,
         }
+    }
+
+    /// `Err` naming the cloud-config and the missing permission when Harvester refused the node
+    /// ID lookup at start.
+    pub fn discovery(&self) -> Result<(), String> {
+        self.discovery.clone()
     }
 
     /// The node ID this plugin reports (the VM name).
