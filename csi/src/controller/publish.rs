@@ -144,18 +144,8 @@ impl ControllerService {
         // The hot-plug pod needs a bound claim; Harvester binds it shortly after creation.
         self.wait_bound(id).await?;
 
-        let list = |e: &'static str| ControllerError::api(format!("listing {e} in {ns}"));
-        let vms = self
-            .vms()
-            .list(&Default::default())
-            .await
-            .map_err(list("VMs"))?;
-        let vmis = self
-            .vmis()
-            .list(&Default::default())
-            .await
-            .map_err(list("VMIs"))?;
-        if let Some(other) = attached_elsewhere(id, node, &vms.items, &vmis.items) {
+        let (vms, vmis) = self.vms_and_vmis().await?;
+        if let Some(other) = attached_elsewhere(id, node, &vms, &vmis) {
             return Err(ControllerError::AttachedElsewhere {
                 volume: id.to_string(),
                 node: node.to_string(),
@@ -163,7 +153,6 @@ impl ControllerService {
             });
         }
         if !vmis
-            .items
             .iter()
             .any(|v| v.metadata.name.as_deref() == Some(node))
         {
@@ -236,26 +225,13 @@ impl ControllerService {
         let _guard = self.begin(id)?;
         let nodes: Vec<String> = if req.node_id.is_empty() {
             // No node: unpublish from every VM that has it.
-            let ns = self.ns().to_string();
-            let list = |e: &'static str| ControllerError::api(format!("listing {e} in {ns}"));
-            let vms = self
-                .vms()
-                .list(&Default::default())
-                .await
-                .map_err(list("VMs"))?;
-            let vmis = self
-                .vmis()
-                .list(&Default::default())
-                .await
-                .map_err(list("VMIs"))?;
+            let (vms, vmis) = self.vms_and_vmis().await?;
             let mut names: Vec<String> = vms
-                .items
                 .iter()
                 .filter(|vm| vm_volume(vm, id).is_some())
                 .filter_map(|vm| vm.metadata.name.clone())
                 .chain(
-                    vmis.items
-                        .iter()
+                    vmis.iter()
                         .filter(|v| vmi_has_volume(v, id))
                         .filter_map(|v| v.metadata.name.clone()),
                 )
@@ -270,6 +246,25 @@ impl ControllerService {
             self.detach(id, &node).await?;
         }
         Ok(ControllerUnpublishVolumeResponse {})
+    }
+
+    /// Every VM and VMI of the namespace.
+    async fn vms_and_vmis(
+        &self,
+    ) -> Result<(Vec<VirtualMachine>, Vec<VirtualMachineInstance>), ControllerError> {
+        let ns = self.ns();
+        let list = |e: &'static str| ControllerError::api(format!("listing {e} in {ns}"));
+        let vms = self
+            .vms()
+            .list(&Default::default())
+            .await
+            .map_err(list("VMs"))?;
+        let vmis = self
+            .vmis()
+            .list(&Default::default())
+            .await
+            .map_err(list("VMIs"))?;
+        Ok((vms.items, vmis.items))
     }
 
     /// Removes volume `id` from VM `node` and waits until neither VM nor VMI has it. A VM or
