@@ -27,3 +27,34 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The holder of Lease `name` in `api`'s namespace; `None` while it is absent or free.
+pub async fn lease_holder(
+    api: &kube::Api<k8s_openapi::api::coordination::v1::Lease>,
+    name: &str,
+) -> Option<String> {
+    api.get_opt(name)
+        .await
+        .ok()
+        .flatten()?
+        .spec?
+        .holder_identity
+}
+
+/// Waits until `identity` holds Lease `name`, for at most `limit`.
+pub async fn lease_held_by(
+    api: &kube::Api<k8s_openapi::api::coordination::v1::Lease>,
+    name: &str,
+    identity: &str,
+    limit: Duration,
+) -> Result<(), String> {
+    until(&format!("{identity} holds Lease {name}"), limit, || async {
+        let h = lease_holder(api, name).await;
+        Ok(if h.as_deref() == Some(identity) {
+            Ok(())
+        } else {
+            Err(h)
+        })
+    })
+    .await
+}

@@ -12,12 +12,15 @@ use serde_json::json;
 use testbed::{BedOptions, TestBed, wait};
 use tokio::sync::oneshot;
 
+/// The Lease the candidates compete for.
+const LEASE: &str = "harvester-cloud-provider";
+
 fn cfg(identity: &str) -> LeaderConfig {
     LeaderConfig {
         lease_duration: Duration::from_secs(3),
         renew_deadline: Duration::from_secs(2),
         retry_period: Duration::from_millis(200),
-        ..LeaderConfig::new("default", "harvester-cloud-provider", identity)
+        ..LeaderConfig::new("default", LEASE, identity)
     }
 }
 
@@ -59,15 +62,6 @@ fn candidate(
     (tx, task)
 }
 
-async fn holder(api: &Api<Lease>) -> Option<String> {
-    api.get_opt("harvester-cloud-provider")
-        .await
-        .ok()
-        .flatten()?
-        .spec?
-        .holder_identity
-}
-
 #[tokio::test]
 async fn one_leader_at_a_time_and_hand_over_on_shutdown() {
     let bed = TestBed::start(BedOptions::default())
@@ -76,23 +70,13 @@ async fn one_leader_at_a_time_and_hand_over_on_shutdown() {
     let api: Api<Lease> = Api::namespaced(bed.guest.client.clone(), "default");
     let active = Arc::new(Active::default());
     let (stop_a, a) = candidate(&bed, "replica-a", active.clone());
-    wait::until("replica-a leads", Duration::from_secs(10), || {
-        let api = api.clone();
-        async move {
-            let h = holder(&api).await;
-            Ok(if h.as_deref() == Some("replica-a") {
-                Ok(())
-            } else {
-                Err(h)
-            })
-        }
-    })
-    .await
-    .unwrap();
+    wait::lease_held_by(&api, LEASE, "replica-a", Duration::from_secs(10))
+        .await
+        .unwrap();
     let (stop_b, b) = candidate(&bed, "replica-b", active.clone());
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(
-        holder(&api).await.as_deref(),
+        wait::lease_holder(&api, LEASE).await.as_deref(),
         Some("replica-a"),
         "the leader keeps renewing"
     );
@@ -107,19 +91,9 @@ async fn one_leader_at_a_time_and_hand_over_on_shutdown() {
     a.await
         .unwrap()
         .expect("a clean shutdown releases the lease");
-    wait::until("replica-b takes over", Duration::from_secs(10), || {
-        let api = api.clone();
-        async move {
-            let h = holder(&api).await;
-            Ok(if h.as_deref() == Some("replica-b") {
-                Ok(())
-            } else {
-                Err(h)
-            })
-        }
-    })
-    .await
-    .unwrap();
+    wait::lease_held_by(&api, LEASE, "replica-b", Duration::from_secs(10))
+        .await
+        .unwrap();
     assert!(
         t0.elapsed() < Duration::from_secs(3),
         "released lease is taken at once, not after expiry: {:?}",
@@ -163,7 +137,7 @@ async fn a_leader_that_cannot_renew_stops_within_the_renew_deadline() {
     // Someone else holds the lease now (as after a partition): replica-a can no longer renew.
     let t0 = tokio::time::Instant::now();
     api.patch(
-        "harvester-cloud-provider",
+        LEASE,
         &PatchParams::default(),
         &Patch::Merge(json!({"spec": {"holderIdentity": "intruder"}})),
     )

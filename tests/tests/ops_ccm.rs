@@ -44,10 +44,7 @@ async fn the_binary_serves_probes_and_metrics_leads_with_a_lease_and_stops_on_si
 
     // It leads and works: the Node gets initialised.
     let leases: Api<Lease> = Api::namespaced(bed.guest.client.clone(), "kube-system");
-    let lease = leases
-        .get("harvester-cloud-provider")
-        .await
-        .expect("lease created");
+    let lease = leases.get(LEASE).await.expect("lease created");
     assert_eq!(
         lease.spec.and_then(|s| s.holder_identity).as_deref(),
         Some("ccm-0")
@@ -103,7 +100,7 @@ async fn the_binary_serves_probes_and_metrics_leads_with_a_lease_and_stops_on_si
         .unwrap()
         .unwrap();
     assert!(exit.success(), "exit status {exit}");
-    let lease = leases.get("harvester-cloud-provider").await.unwrap();
+    let lease = leases.get(LEASE).await.unwrap();
     assert_eq!(
         lease.spec.and_then(|s| s.holder_identity),
         None,
@@ -112,6 +109,9 @@ async fn the_binary_serves_probes_and_metrics_leads_with_a_lease_and_stops_on_si
     let credentials = std::fs::read_to_string(&bed.cloud_config).unwrap();
     testbed::process::json_log(&logs.join().unwrap(), &credentials);
 }
+
+/// The provider's Lease (`--leader-elect-resource-name`'s default).
+const LEASE: &str = "harvester-cloud-provider";
 
 /// A provider binary with a short lease, for the hand-over test.
 fn provider(bed: &TestBed, name: &str, port: u16) -> std::process::Child {
@@ -168,16 +168,6 @@ async fn wait_initialised(bed: &TestBed, node: &str) {
     .unwrap();
 }
 
-async fn holder(leases: &Api<Lease>) -> Option<String> {
-    leases
-        .get_opt("harvester-cloud-provider")
-        .await
-        .ok()
-        .flatten()?
-        .spec?
-        .holder_identity
-}
-
 #[tokio::test]
 async fn two_providers_have_one_writer_and_kill_9_hands_over_within_the_lease() {
     let bed = TestBed::start(BedOptions::default())
@@ -193,16 +183,9 @@ async fn two_providers_have_one_writer_and_kill_9_hands_over_within_the_lease() 
         testbed::process::free_port().unwrap(),
     );
     let mut a = provider(&bed, "ccm-a", pa);
-    wait::until("ccm-a leads", Duration::from_secs(30), || async {
-        let h = holder(&leases).await;
-        Ok(if h.as_deref() == Some("ccm-a") {
-            Ok(())
-        } else {
-            Err(h)
-        })
-    })
-    .await
-    .unwrap();
+    wait::lease_held_by(&leases, LEASE, "ccm-a", Duration::from_secs(30))
+        .await
+        .unwrap();
     let mut b = provider(&bed, "ccm-b", pb);
     let b_logs = testbed::process::collect_lines(b.stderr.take().unwrap());
     // The standby is ready (it can take over) although its controllers do not run.
@@ -222,16 +205,9 @@ async fn two_providers_have_one_writer_and_kill_9_hands_over_within_the_lease() 
     let t0 = tokio::time::Instant::now();
     a.kill().unwrap();
     let _ = a.wait();
-    wait::until("ccm-b leads", Duration::from_secs(15), || async {
-        let h = holder(&leases).await;
-        Ok(if h.as_deref() == Some("ccm-b") {
-            Ok(())
-        } else {
-            Err(h)
-        })
-    })
-    .await
-    .unwrap();
+    wait::lease_held_by(&leases, LEASE, "ccm-b", Duration::from_secs(15))
+        .await
+        .unwrap();
     let took = t0.elapsed();
     assert!(
         took <= Duration::from_secs(6),
