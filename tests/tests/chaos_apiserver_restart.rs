@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use common::{
-    assert_distinct_addresses, bed, create_pool, create_service, ingress, record_addresses,
+    assert_distinct_addresses, bed, create_pool, create_service, ingress_ip, record_addresses,
     services, start_provider, wait_converged, wait_crs_and_pool_match,
 };
 use kube::ResourceExt;
@@ -37,7 +37,7 @@ async fn with_address(bed: &TestBed) -> usize {
         .expect("list Services")
         .items
         .iter()
-        .filter(|s| s.name_any().starts_with("wave-") && ingress(s).is_some())
+        .filter(|s| s.name_any().starts_with("wave-") && ingress_ip(s).is_some())
         .count()
 }
 

@@ -15,6 +15,7 @@ use base64::Engine;
 use futures::StreamExt;
 use harvester_cloud_provider::service::name::lb_name;
 use harvester_cloud_provider::service::plan::LABEL_CLUSTER;
+pub use harvester_cloud_provider::service::plan::ingress_ip;
 use harvester_common::harvester::{IPPool, LoadBalancer};
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
@@ -82,18 +83,6 @@ pub fn crs(bed: &TestBed) -> Api<LoadBalancer> {
     Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace)
 }
 
-pub fn ingress(svc: &Service) -> Option<String> {
-    svc.status
-        .as_ref()?
-        .load_balancer
-        .as_ref()?
-        .ingress
-        .as_ref()?
-        .first()?
-        .ip
-        .clone()
-}
-
 pub async fn create_service(bed: &TestBed, name: &str) -> Service {
     services(bed)
         .create(&PostParams::default(), &lb_svc(name))
@@ -146,7 +135,7 @@ pub fn record_addresses(bed: &TestBed) -> (Sightings, tokio::task::JoinHandle<()
             .boxed();
         while let Some(ev) = events.next().await {
             if let Ok(Event::Apply(svc) | Event::InitApply(svc)) = ev
-                && let Some(ip) = ingress(&svc)
+                && let Some(ip) = ingress_ip(&svc)
             {
                 out.lock().unwrap().insert((svc.name_any(), ip));
             }
@@ -182,7 +171,7 @@ pub async fn wait_converged(
                 let names: BTreeSet<String> = ours.iter().map(|s| s.name_any()).collect();
                 let pending: Vec<String> = ours
                     .iter()
-                    .filter(|s| ingress(s).is_none())
+                    .filter(|s| ingress_ip(s).is_none())
                     .map(|s| s.name_any())
                     .collect();
                 Ok(if &names == remaining && pending.is_empty() {
@@ -205,7 +194,7 @@ pub async fn wait_converged(
 pub fn assert_distinct_addresses(converged: &[Service], sightings: &Sightings) {
     let addresses: BTreeMap<String, String> = converged
         .iter()
-        .map(|s| (s.name_any(), ingress(s).unwrap()))
+        .map(|s| (s.name_any(), ingress_ip(s).unwrap()))
         .collect();
     let distinct: BTreeSet<&String> = addresses.values().collect();
     assert_eq!(distinct.len(), converged.len(), "addresses: {addresses:?}");
@@ -228,7 +217,7 @@ pub async fn wait_crs_and_pool_match(bed: &TestBed, converged: &[Service], limit
         .map(|s| {
             (
                 lb_name(CLUSTER, "default", &s.name_any(), &s.uid().unwrap()),
-                ingress(s).unwrap(),
+                ingress_ip(s).unwrap(),
             )
         })
         .collect();

@@ -12,7 +12,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{
-    LIMIT, bed, create_pool, create_service, crs, etcd_put, ingress, services, start_provider,
+    LIMIT, bed, create_pool, create_service, crs, etcd_put, ingress_ip, services, start_provider,
 };
 use harvester_cloud_provider::service::name::lb_name;
 use harvester_cloud_provider::service::plan::{
@@ -139,7 +139,7 @@ async fn wait_address(bed: &TestBed, name: &str, why: &str) -> String {
             let api = api.clone();
             async move {
                 let svc = api.get(name).await.map_err(|e| e.to_string())?;
-                Ok(match ingress(&svc) {
+                Ok(match ingress_ip(&svc) {
                     Some(ip) => Ok(ip),
                     None => Err(svc.metadata.finalizers),
                 })

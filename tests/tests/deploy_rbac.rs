@@ -20,6 +20,7 @@ use harvester_cloud_provider::patch::SHUTDOWN_TAINT;
 use harvester_cloud_provider::service::annotations::{
     ANN_NETWORK, ANN_PRIMARY_SERVICE, KUBE_VIP_INTERFACE,
 };
+use harvester_cloud_provider::service::plan::ingress_ip;
 use harvester_cloud_provider::service::{NAD_MAPPING_KEY, NAD_MAPPING_NAME, NAD_MAPPING_NAMESPACE};
 use harvester_common::harvester::{IPPool, LoadBalancer};
 use harvester_common::telemetry::{LeaderConfig, run_as_leader};
@@ -79,18 +80,6 @@ async fn node_until(bed: &TestBed, what: &str, check: impl Fn(Option<&Node>) -> 
         }
     })
     .await
-}
-
-fn ingress(svc: &Service) -> Option<String> {
-    svc.status
-        .as_ref()?
-        .load_balancer
-        .as_ref()?
-        .ingress
-        .as_ref()?
-        .first()?
-        .ip
-        .clone()
 }
 
 #[tokio::test]
@@ -186,7 +175,7 @@ async fn cloud_provider_runs_node_and_load_balancer_flows_with_only_the_document
                 let services = services.clone();
                 async move {
                     let svc = services.get(name).await.map_err(|e| e.to_string())?;
-                    Ok(match ingress(&svc) {
+                    Ok(match ingress_ip(&svc) {
                         Some(ip) => Ok((ip, svc)),
                         None => Err(svc.metadata.annotations),
                     })

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use harvester_cloud_provider::service::plan::ingress_ip;
 use harvester_cloud_provider::{Config, Telemetry};
 use harvester_common::dhcp;
 use harvester_common::harvester::LoadBalancer;
@@ -69,13 +70,7 @@ async fn wait_ingress(api: &Api<Service>, name: &str) -> (String, Service) {
         let api = api.clone();
         async move {
             let s = api.get(name).await.map_err(|e| e.to_string())?;
-            let ip = s
-                .status
-                .as_ref()
-                .and_then(|st| st.load_balancer.as_ref())
-                .and_then(|lb| lb.ingress.as_ref())
-                .and_then(|i| i.first())
-                .and_then(|i| i.ip.clone());
+            let ip = ingress_ip(&s);
             Ok(match ip {
                 Some(ip) => Ok((ip, s)),
                 None => Err(s.metadata.annotations),

@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use harvester_cloud_provider::service::plan::ingress_ip;
 use harvester_cloud_provider::service::{self, FINALIZER, name::lb_name, plan::LbSettings};
 use harvester_common::harvester::{IPPool, LoadBalancer};
 use k8s_openapi::api::core::v1::Service;
@@ -98,18 +99,6 @@ fn crs(bed: &TestBed) -> Api<LoadBalancer> {
     Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace)
 }
 
-fn ingress(svc: &Service) -> Option<String> {
-    svc.status
-        .as_ref()?
-        .load_balancer
-        .as_ref()?
-        .ingress
-        .as_ref()?
-        .first()?
-        .ip
-        .clone()
-}
-
 /// Waits until the Service has an ingress address and returns it with the Service.
 async fn wait_address(bed: &TestBed, name: &str) -> (String, Service) {
     let api = services(bed);
@@ -117,7 +106,7 @@ async fn wait_address(bed: &TestBed, name: &str) -> (String, Service) {
         let api = api.clone();
         async move {
             let svc = api.get(name).await.map_err(|e| e.to_string())?;
-            Ok(match ingress(&svc) {
+            Ok(match ingress_ip(&svc) {
                 Some(ip) => Ok((ip, svc)),
                 None => Err((svc.metadata.annotations, svc.metadata.finalizers)),
             })
@@ -357,7 +346,7 @@ async fn lb_service_waits_with_an_event_while_the_pool_is_exhausted_then_converg
     )
     .await;
     assert!(
-        ingress(&api.get("second").await.unwrap()).is_none(),
+        ingress_ip(&api.get("second").await.unwrap()).is_none(),
         "pending while exhausted"
     );
 
@@ -423,7 +412,7 @@ async fn lb_secondaries_share_the_primary_address_and_conflicting_ports_are_refu
     .await
     .unwrap();
     wait_event(&bed, "clash", "PortConflict", "80/TCP").await;
-    assert!(ingress(&api.get("clash").await.unwrap()).is_none());
+    assert!(ingress_ip(&api.get("clash").await.unwrap()).is_none());
     assert_eq!(cr_names(&bed).await.len(), 1, "only the primary has a CR");
 
     // The primary cannot go while secondaries use its address.

@@ -200,6 +200,11 @@ fn set_if_differs(
     }
 }
 
+/// The Service's first load-balancer ingress address, if it has one.
+pub fn ingress_ip(svc: &Service) -> Option<String> {
+    ingress_ips(svc).into_iter().next()
+}
+
 pub fn ingress_ips(svc: &Service) -> Vec<String> {
     svc.status
         .as_ref()
@@ -211,6 +216,22 @@ pub fn ingress_ips(svc: &Service) -> Vec<String> {
 
 /// A primary with address `ip` (and kube-vip interface `iface` when a network maps to one).
 pub fn primary_change(svc: &Service, ip: &str, iface: Option<&str>) -> ServiceChange {
+    addressed_change(svc, ip, iface, None)
+}
+
+/// A secondary following `primary` at address `ip`.
+pub fn secondary_change(svc: &Service, primary: &ServiceKey, ip: &str) -> ServiceChange {
+    addressed_change(svc, ip, None, Some(&primary.label_value()))
+}
+
+/// A Service at address `ip`: kube-vip's annotations, the primary-service label (secondaries
+/// only) and the ingress, each written only when it differs.
+fn addressed_change(
+    svc: &Service,
+    ip: &str,
+    iface: Option<&str>,
+    primary_label: Option<&str>,
+) -> ServiceChange {
     let mut change = ServiceChange::default();
     set_if_differs(
         &mut change.annotations,
@@ -228,35 +249,7 @@ pub fn primary_change(svc: &Service, ip: &str, iface: Option<&str>) -> ServiceCh
         &mut change.labels,
         svc.labels(),
         LABEL_PRIMARY_SERVICE,
-        None,
-    );
-    if ingress_ips(svc) != [ip] {
-        change.ingress = Some(vec![ip.to_string()]);
-    }
-    change
-}
-
-/// A secondary following `primary` at address `ip`.
-pub fn secondary_change(svc: &Service, primary: &ServiceKey, ip: &str) -> ServiceChange {
-    let mut change = ServiceChange::default();
-    set_if_differs(
-        &mut change.annotations,
-        svc.annotations(),
-        KUBE_VIP_IPS,
-        Some(ip),
-    );
-    set_if_differs(
-        &mut change.annotations,
-        svc.annotations(),
-        KUBE_VIP_INTERFACE,
-        None,
-    );
-    let label = primary.label_value();
-    set_if_differs(
-        &mut change.labels,
-        svc.labels(),
-        LABEL_PRIMARY_SERVICE,
-        Some(&label),
+        primary_label,
     );
     if ingress_ips(svc) != [ip] {
         change.ingress = Some(vec![ip.to_string()]);

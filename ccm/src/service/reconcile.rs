@@ -827,7 +827,7 @@ async fn reconcile_secondary(
     }
     // A CR made while this Service was a primary is not needed any more.
     delete_crs_of(ctx, &ServiceKey::of(svc), None).await?;
-    let Some(ip) = plan::ingress_ips(&primary).into_iter().next() else {
+    let Some(ip) = plan::ingress_ip(&primary) else {
         ctx.warn(
             svc,
             "SyncLoadBalancerFailed",

@@ -25,6 +25,7 @@ use csi_proto::csi::v1::*;
 use futures::{StreamExt, TryStreamExt};
 use harvester_cloud_provider::patch::UNINITIALIZED_TAINT;
 use harvester_cloud_provider::service::plan::LABEL_SERVICE_NAME;
+use harvester_cloud_provider::service::plan::ingress_ip;
 use harvester_cloud_provider::{Config, Telemetry};
 use harvester_common::harvester::{IPPool, LoadBalancer};
 use harvester_common::telemetry::Metrics;
@@ -379,18 +380,6 @@ fn lb_service(name: &str) -> anyhow::Result<Service> {
         "spec": {"type": "LoadBalancer", "selector": {"app": name},
                  "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}
     }))?)
-}
-
-fn ingress_ip(svc: &Service) -> Option<String> {
-    svc.status
-        .as_ref()?
-        .load_balancer
-        .as_ref()?
-        .ingress
-        .as_ref()?
-        .first()?
-        .ip
-        .clone()
 }
 
 fn initialised(node: &Node) -> bool {

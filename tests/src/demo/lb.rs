@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use harvester_cloud_provider::service::plan::ingress_ip;
 use harvester_common::harvester::{IPPool, LoadBalancer};
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
@@ -46,7 +47,7 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
             .as_ref()
             .and_then(|s| s.cluster_ip.clone())
             .unwrap_or_default(),
-        external_ip(&svc).unwrap_or_default(),
+        ingress_ip(&svc).unwrap_or_default(),
         svc.spec
             .as_ref()
             .and_then(|s| s.ports.as_ref())
@@ -117,7 +118,7 @@ async fn wait_external_ip(services: &Api<Service>, name: &str) -> anyhow::Result
         let services = services.clone();
         async move {
             let s = services.get(name).await.map_err(|e| e.to_string())?;
-            Ok(if external_ip(&s).is_some() {
+            Ok(if ingress_ip(&s).is_some() {
                 Ok(s)
             } else {
                 Err(s.status)
@@ -126,18 +127,6 @@ async fn wait_external_ip(services: &Api<Service>, name: &str) -> anyhow::Result
     })
     .await
     .map_err(anyhow::Error::msg)
-}
-
-fn external_ip(svc: &Service) -> Option<String> {
-    svc.status
-        .as_ref()?
-        .load_balancer
-        .as_ref()?
-        .ingress
-        .as_ref()?
-        .first()?
-        .ip
-        .clone()
 }
 
 async fn print_pool(pools: &Api<IPPool>, when: &str) -> anyhow::Result<()> {
@@ -176,7 +165,7 @@ pub async fn run_dhcp(bed: &TestBed) -> anyhow::Result<()> {
     let ann = svc.annotations();
     println!(
         "--- Service default/dns (ipam dhcp) got {} in {:.2}s for MAC {} (kube-vip.io/hwaddr), kept in kube-vip.io/requestedIP={}",
-        external_ip(&svc).unwrap_or_default(),
+        ingress_ip(&svc).unwrap_or_default(),
         t0.elapsed().as_secs_f64(),
         ann.get("kube-vip.io/hwaddr").cloned().unwrap_or_default(),
         ann.get("kube-vip.io/requestedIP")
