@@ -93,25 +93,36 @@ fn main() -> ExitCode {
             return ExitCode::from(BAD_FLAG);
         }
     };
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("harvester-csi-driver: starting the runtime: {e}");
-            return ExitCode::FAILURE;
+    let default_filter = if cli.debug { "debug" } else { "info" };
+    harvester_common::telemetry::init_logging(cli.log_format, default_filter);
+    let config = match config(cli) {
+        Ok(c) => c,
+        Err(line) => {
+            eprintln!("harvester-csi-driver: {line}");
+            return ExitCode::from(BAD_FLAG);
         }
     };
-    match runtime.block_on(run(cli)) {
+    let served = tokio::runtime::Runtime::new()
+        .map_err(|e| format!("starting the runtime: {e}"))
+        .and_then(|runtime| {
+            runtime
+                .block_on(harvester_csi_driver::serve(
+                    config,
+                    harvester_common::telemetry::shutdown_signal(),
+                ))
+                .map_err(|e| harvester_common::api_error::one_line(&e))
+        });
+    match served {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("harvester-csi-driver: {e}");
+        Err(line) => {
+            eprintln!("harvester-csi-driver: {line}");
             ExitCode::FAILURE
         }
     }
 }
 
-async fn run(cli: Cli) -> Result<(), String> {
-    let default_filter = if cli.debug { "debug" } else { "info" };
-    harvester_common::telemetry::init_logging(cli.log_format, default_filter);
+/// The driver's configuration from the flags; a value that does not parse is named.
+fn config(cli: Cli) -> Result<Config, String> {
     let mut config = Config::new(cli.endpoint, cloud_config_path(cli.kubeconfig));
     config.mode = cli.mode;
     config.node_id = cli.nodeid;
@@ -125,9 +136,7 @@ async fn run(cli: Cli) -> Result<(), String> {
     config.token_expiry_warning =
         Duration::from_secs(u64::from(cli.token_expiry_warning_days) * 86_400);
     config.shutdown_grace = Duration::from_secs(u64::from(cli.shutdown_grace_seconds));
-    harvester_csi_driver::serve(config, harvester_common::telemetry::shutdown_signal())
-        .await
-        .map_err(|e| harvester_common::api_error::one_line(&e))
+    Ok(config)
 }
 
 /// `--kubeconfig`, or `/etc/kubernetes/cloud-config` when that file is missing and the default
