@@ -481,7 +481,8 @@ async fn cloud_config_secret_is_mounted_with_the_default_cloud_config_path() {
 
 // ---- no test bed: helm template only ----
 
-/// `path` -> value of every leaf and map of a values tree, for the key-set comparison.
+/// The keys of `ours` that `upstream` lacks, as a values tree with null leaves (which remove
+/// those keys from a chart's defaults when given as a values file).
 fn missing_keys(ours: &Value, upstream: &Value) -> Value {
     let mut out = serde_json::Map::new();
     if let (Some(ours), Some(upstream)) = (ours.as_object(), upstream.as_object()) {
@@ -509,6 +510,24 @@ fn read_values(path: &Path) -> Value {
     serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// Deep merge of `over` into `base` (maps merge, anything else replaces), as Helm coalesces a
+/// parent chart's values over its sub-chart's.
+fn coalesce(base: &mut Value, over: &Value) {
+    match (base.as_object_mut(), over.as_object()) {
+        (Some(b), Some(o)) => {
+            for (k, v) in o {
+                match b.get_mut(k) {
+                    Some(existing) => coalesce(existing, v),
+                    None => {
+                        b.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        _ => *base = over.clone(),
+    }
+}
+
 /// The values an upstream release holds: the fixture's values.yaml with its sub-charts' values
 /// under their names (what Helm coalesces).
 fn upstream_values(chart: &str) -> Value {
@@ -520,13 +539,8 @@ fn upstream_values(chart: &str) -> Value {
             let sub: PathBuf = entry.expect("entry").path();
             let name = sub.file_name().expect("name").to_string_lossy().to_string();
             let mut merged = read_values(&sub.join("values.yaml"));
-            if let (Some(m), Some(parent)) = (
-                merged.as_object_mut(),
-                values.get(&name).and_then(Value::as_object),
-            ) {
-                for (k, v) in parent {
-                    m.insert(k.clone(), v.clone());
-                }
+            if let Some(parent) = values.get(&name) {
+                coalesce(&mut merged, parent);
             }
             values[&name] = merged;
         }
