@@ -177,14 +177,20 @@ fn cloud_provider_chart_renders_the_upstream_shape_with_our_needs() {
     // kube-vip's RBAC as its chart has it: nodes patch (it labels Nodes), secrets in its
     // namespace (kube-vip/helm-charts pull request 102).
     let kv_role = grants(find(&docs, "ClusterRole", "kube-vip"));
-    assert!(kv_role.contains(&grant("", "nodes", "patch")), "{kv_role:?}");
+    assert!(
+        kv_role.contains(&grant("", "nodes", "patch")),
+        "{kv_role:?}"
+    );
     let secrets = find(&docs, "Role", "kube-vip");
     assert_eq!(secrets["metadata"]["namespace"], RELEASE_NAMESPACE);
     assert_eq!(
         grants(secrets),
         [grant("", "secrets", "get"), grant("", "secrets", "list")].into()
     );
-    assert_eq!(find(&docs, "RoleBinding", "kube-vip")["roleRef"]["name"], "kube-vip");
+    assert_eq!(
+        find(&docs, "RoleBinding", "kube-vip")["roleRef"]["name"],
+        "kube-vip"
+    );
 
     // Guest RBAC: the Events API, not core events; nothing the code does not call.
     let role = grants(find(&docs, "ClusterRole", "harvester-cloud-provider"));
@@ -314,10 +320,22 @@ fn csi_chart_renders_controller_with_driver_node_plugin_csidriver_and_classes() 
     // Sidecar images no older than upstream's: harvester/charts charts/harvester-csi-driver
     // values.yaml at master 48a577b7 (../shared/reference/upstream-charts-facts.md).
     for (name, image) in [
-        ("csi-provisioner", "rancher/mirrored-longhornio-csi-provisioner:v5.3.0-20260428"),
-        ("csi-attacher", "rancher/mirrored-longhornio-csi-attacher:v4.11.0-20260428"),
-        ("csi-resizer", "rancher/mirrored-longhornio-csi-resizer:v2.1.0-20260428"),
-        ("csi-snapshotter", "rancher/mirrored-longhornio-csi-snapshotter:v8.5.0-20260428"),
+        (
+            "csi-provisioner",
+            "rancher/mirrored-longhornio-csi-provisioner:v5.3.0-20260428",
+        ),
+        (
+            "csi-attacher",
+            "rancher/mirrored-longhornio-csi-attacher:v4.11.0-20260428",
+        ),
+        (
+            "csi-resizer",
+            "rancher/mirrored-longhornio-csi-resizer:v2.1.0-20260428",
+        ),
+        (
+            "csi-snapshotter",
+            "rancher/mirrored-longhornio-csi-snapshotter:v8.5.0-20260428",
+        ),
     ] {
         assert_eq!(container(ctrl, name)["image"], image);
     }
@@ -609,18 +627,33 @@ kube-vip:
     assert_eq!(pod["priorityClassName"], "system-node-critical");
     assert_eq!(ds["spec"]["updateStrategy"], json!({"type": "OnDelete"}));
     let c = container(ds, "kube-vip");
-    assert_eq!(c["volumeMounts"][0]["mountPath"], "/etc/kubernetes/admin.conf");
+    assert_eq!(
+        c["volumeMounts"][0]["mountPath"],
+        "/etc/kubernetes/admin.conf"
+    );
     assert_eq!(c["envFrom"], json!([{"secretRef": {"name": "bgp"}}]));
     let env = c["env"].as_array().expect("env");
-    assert_eq!(env[0], json!({"name": "vip_address", "value": "192.168.10.5"}));
+    assert_eq!(
+        env[0],
+        json!({"name": "vip_address", "value": "192.168.10.5"})
+    );
     assert!(env.contains(&json!({"name": "bgp_routerid",
         "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})));
     assert!(env.contains(&json!({"name": "vip_interface", "value": "enp1s0"})));
-    assert_eq!(c["ports"], json!([{"name": "monitoring", "containerPort": 2112, "protocol": "TCP"}]));
+    assert_eq!(
+        c["ports"],
+        json!([{"name": "monitoring", "containerPort": 2112, "protocol": "TCP"}])
+    );
     let pm = find(&docs, "PodMonitor", "vip");
     assert_eq!(pm["metadata"]["labels"]["release"], "prom");
-    assert_eq!(find(&docs, "ServiceAccount", "vip")["metadata"]["annotations"], json!({"a": "b"}));
-    assert_eq!(find(&docs, "Role", "vip")["metadata"]["namespace"], "kube-vip");
+    assert_eq!(
+        find(&docs, "ServiceAccount", "vip")["metadata"]["annotations"],
+        json!({"a": "b"})
+    );
+    assert_eq!(
+        find(&docs, "Role", "vip")["metadata"]["namespace"],
+        "kube-vip"
+    );
 
     // cp_enable without an address: refused naming the key.
     let err = try_template(CCM_CHART, None, &["kube-vip.env.cp_enable=true"])

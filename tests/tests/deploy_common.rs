@@ -566,5 +566,7 @@ impl BedHelm {
 
 /// The fixture chart standing in for upstream's `chart` (tests/fixtures/upstream-<chart>).
 pub fn fixture_dir(chart: &str) -> PathBuf {
-    repo().join("tests/fixtures").join(format!("upstream-{chart}"))
+    repo()
+        .join("tests/fixtures")
+        .join(format!("upstream-{chart}"))
 }

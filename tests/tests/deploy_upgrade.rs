@@ -67,7 +67,13 @@ struct Case<'a> {
 fn case_args(case: &Case, dir: &Path) -> Vec<String> {
     let mut args = Vec::new();
     if let Some(text) = case.values {
-        let file = dir.join(format!("{}.yaml", case.what.replace(' ', "-")));
+        // helm splits --values at commas: a name of letters and dashes only.
+        let name: String = case
+            .what
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let file = dir.join(format!("{name}.yaml"));
         std::fs::write(&file, text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         args.extend(["--values".to_string(), file.to_string_lossy().to_string()]);
     }
@@ -106,32 +112,62 @@ async fn switch(
     let before = workloads(client).await;
 
     let ours = chart_dir(chart).to_string_lossy().to_string();
-    let mut upgrade = vec!["upgrade", chart, &ours, "--namespace", RELEASE_NAMESPACE, flag];
+    let mut upgrade = vec![
+        "upgrade",
+        chart,
+        &ours,
+        "--namespace",
+        RELEASE_NAMESPACE,
+        flag,
+    ];
     for s in set {
         upgrade.extend(["--set", s]);
     }
     if let Err(e) = helm.run(&upgrade) {
-        panic!("{} ({flag}): the upgrade from the upstream release fails:\n{e}", case.what);
+        panic!(
+            "{} ({flag}): the upgrade from the upstream release fails:\n{e}",
+            case.what
+        );
     }
     (before, workloads(client).await)
 }
 
 fn uninstall(helm: &BedHelm, chart: &str) {
-    helm.ok(&["uninstall", chart, "--namespace", RELEASE_NAMESPACE, "--wait"]);
+    helm.ok(&[
+        "uninstall",
+        chart,
+        "--namespace",
+        RELEASE_NAMESPACE,
+        "--wait",
+    ]);
 }
 
 /// The live Deployments and DaemonSets of kube-system, as JSON, by `Kind/name`.
 async fn workloads(client: &kube::Client) -> BTreeMap<String, Value> {
     let mut out = BTreeMap::new();
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), RELEASE_NAMESPACE);
-    for d in deployments.list(&Default::default()).await.expect("list Deployments") {
+    for d in deployments
+        .list(&Default::default())
+        .await
+        .expect("list Deployments")
+    {
         let name = d.metadata.name.clone().expect("name");
-        out.insert(format!("Deployment/{name}"), serde_json::to_value(d).expect("json"));
+        out.insert(
+            format!("Deployment/{name}"),
+            serde_json::to_value(d).expect("json"),
+        );
     }
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), RELEASE_NAMESPACE);
-    for d in daemonsets.list(&Default::default()).await.expect("list DaemonSets") {
+    for d in daemonsets
+        .list(&Default::default())
+        .await
+        .expect("list DaemonSets")
+    {
         let name = d.metadata.name.clone().expect("name");
-        out.insert(format!("DaemonSet/{name}"), serde_json::to_value(d).expect("json"));
+        out.insert(
+            format!("DaemonSet/{name}"),
+            serde_json::to_value(d).expect("json"),
+        );
     }
     out
 }
@@ -505,8 +541,7 @@ fn missing_keys(ours: &Value, upstream: &Value) -> Value {
 }
 
 fn read_values(path: &Path) -> Value {
-    let text =
-        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -624,12 +659,24 @@ fn a_value_of_the_wrong_type_fails_naming_the_key() {
     let cases = [
         (CCM_CHART, "replicasCount=\"three\"", "replicasCount"),
         (CCM_CHART, "extraArgs=\"--v=5\"", "extraArgs"),
-        (CCM_CHART, "cloudConfig=\"/etc/cloud-config\"", "cloudConfig"),
+        (
+            CCM_CHART,
+            "cloudConfig=\"/etc/cloud-config\"",
+            "cloudConfig",
+        ),
         (CCM_CHART, "kube-vip={\"enabled\":\"no\"}", "enabled"),
         (CCM_CHART, "kube-vip={\"env\":{\"vip_arp\":[1]}}", "vip_arp"),
-        (CCM_CHART, "image={\"pullPolicy\":\"Sometimes\"}", "pullPolicy"),
+        (
+            CCM_CHART,
+            "image={\"pullPolicy\":\"Sometimes\"}",
+            "pullPolicy",
+        ),
         (CSI_CHART, "maxVolumesPerNode=\"many\"", "maxVolumesPerNode"),
-        (CSI_CHART, "kubeletRootDir=\"var/lib/kubelet\"", "kubeletRootDir"),
+        (
+            CSI_CHART,
+            "kubeletRootDir=\"var/lib/kubelet\"",
+            "kubeletRootDir",
+        ),
         (CSI_CHART, "storageClass={\"default\":\"yes\"}", "default"),
         (CSI_CHART, "tolerations={}", "tolerations"),
     ];
