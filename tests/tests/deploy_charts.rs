@@ -603,7 +603,7 @@ kube-vip:
   volumes: [{name: kubeconfig, hostPath: {path: /etc/rancher/k3s/k3s.yaml, type: File}}]
   volumeMounts: [{name: kubeconfig, mountPath: /etc/kubernetes/admin.conf}]
   podSecurityContext: {runAsUser: 0}
-  updateStrategy: {type: OnDelete}
+  updateStrategy: {rollingUpdate: {maxUnavailable: 2}}
   nameOverride: vip
   namespaceOverride: kube-vip
   serviceAccount: {annotations: {a: b}}
@@ -625,7 +625,10 @@ kube-vip:
     assert_eq!(pod["hostAliases"][0]["ip"], "127.0.0.1");
     assert_eq!(pod["volumes"][0]["name"], "kubeconfig");
     assert_eq!(pod["priorityClassName"], "system-node-critical");
-    assert_eq!(ds["spec"]["updateStrategy"], json!({"type": "OnDelete"}));
+    assert_eq!(
+        ds["spec"]["updateStrategy"],
+        json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 2}})
+    );
     let c = container(ds, "kube-vip");
     assert_eq!(
         c["volumeMounts"][0]["mountPath"],
