@@ -5,7 +5,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test tools proto-check fmt-check clippy unit-and-integration help-check bench charts-check fuzz
+.PHONY: demo test tools node-tools proto-check fmt-check clippy unit-and-integration help-check bench charts-check fuzz
 
 demo: tools
 	$(CARGO) run --quiet -p testbed --bin testbed -- demo
@@ -14,6 +14,11 @@ test: tools proto-check fmt-check clippy help-check charts-check unit-and-integr
 
 tools:
 	@bash tests/scripts/tools.sh
+
+# Not part of `make test` (yet): kubelet, kube-controller-manager, kube-scheduler, the CSI sidecars
+# (Go module proxy) and containerd/runc/CNI plugins (Debian) for a real guest node (issue 15).
+node-tools:
+	@bash tests/scripts/node-tools.sh
 
 proto-check:
 	@echo "[test] csi.proto sha256"

@@ -18,6 +18,7 @@ pub mod mounts;
 pub mod netns;
 pub mod process;
 pub mod rbac;
+pub mod registrar;
 pub mod scrape;
 pub mod sim;
 pub mod tools;
