@@ -16,6 +16,7 @@ pub mod certs;
 pub mod cluster;
 pub mod mounts;
 pub mod netns;
+pub mod node;
 pub mod process;
 pub mod rbac;
 pub mod registrar;
