@@ -21,8 +21,9 @@ node-tools:
 	@bash tests/scripts/node-tools.sh
 
 proto-check:
-	@echo "[test] csi.proto sha256"
+	@echo "[test] csi.proto and the kubelet's pluginregistration api.proto sha256"
 	@echo "5b81236a3809f3ff0b877ff9b82215d0b74a8e291d7f3ec6ee1a44f537c0f86a  proto/csi/v1.12.0/csi.proto" | sha256sum --check --quiet
+	@echo "7a67a0000a1a167c155286834bc9ccb489f8bcdb394e006daba270189c272afa  proto/pluginregistration/v0.34.4/api.proto" | sha256sum --check --quiet
 
 fmt-check:
 	@echo "[test] cargo fmt --check"
