@@ -228,7 +228,12 @@ impl NodeService {
         volume: &str,
         path: &Path,
     ) -> Result<crate::inflight::Guard<'_>, NodeError> {
-        let key = canonical(path);
+        // The parent resolved, the last name as given: the same key before and after the
+        // call creates the directory.
+        let key = match (path.parent(), path.file_name()) {
+            (Some(parent), Some(name)) => canonical(parent).join(name),
+            _ => path.to_path_buf(),
+        };
         self.paths
             .begin(&key.to_string_lossy())
             .ok_or_else(|| NodeError::PathBusy {
