@@ -39,10 +39,15 @@ impl Variant {
     }
 }
 
-/// The specs the size variants run: every one that creates, stages, publishes, clones or
-/// expands a volume of the test size, without the snapshot and listing specs, which ask for
-/// `limit_bytes == required_bytes` (see docs/csi.md: an unaligned exact size is OUT_OF_RANGE).
+/// The specs the size variants run: every one that creates, clones, restores, stages, publishes
+/// or expands a volume of the test size (36 specs, half the suite: no snapshot or
+/// listing specs, which would copy 1 GiB files).
 const SIZE_FOCUS: &str = "--ginkgo.focus=CreateVolume|ExpandVolume|Node Service";
+/// The one spec an off-grid size cannot pass: it asks for `required_bytes == limit_bytes` and
+/// exactly that capacity back. No Harvester volume is 1 byte (minimum 10 MiB) or 1 GiB + 1 byte
+/// (2 MiB steps), so the driver answers OUT_OF_RANGE, as the CSI spec wants for a range it
+/// cannot meet (docs/csi.md). It runs, and passes, in the 64 MiB suites.
+const EXACT_SIZE_SKIP: &str = "--ginkgo.skip=already existing name and different capacity";
 
 /// Runs csi-sanity and returns (exit success, full output).
 async fn csi_sanity(socket: &Path, work: &Path, v: &Variant) -> (bool, String) {
@@ -148,15 +153,13 @@ async fn run(v: Variant) {
     for (reason, n) in &skips {
         report(&format!("  [{name}] skipped {n}x: {reason}"));
     }
-    assert!(
-        !skips.iter().any(|(r, _)| r.contains("CloneVolume")),
-        "clone specs must run, not be skipped: {skips:?}"
-    );
-    assert!(
-        output.contains("should create volume from an existing source volume")
-            || !v.extra.is_empty(),
-        "the clone spec ran"
-    );
+    // CLONE_VOLUME is offered: both clone specs run (and passed, with 0 failed above).
+    for spec in [
+        "CreateVolume should create volume from an existing source volume",
+        "CreateVolume should fail when the volume source volume is not found",
+    ] {
+        assert!(output.contains(spec), "csi-sanity ran {spec:?}");
+    }
     assert!(left.is_empty(), "csi-sanity left mounts behind: {left:?}");
 }
 
@@ -180,7 +183,7 @@ async fn csi_sanity_passes_with_1_byte_volumes_root() {
         size: 1,
         // csi-sanity wants ControllerExpandVolume to report exactly this: a 2 MiB multiple.
         expand_size: 20 << 20,
-        extra: vec![SIZE_FOCUS.into()],
+        extra: vec![SIZE_FOCUS.into(), EXACT_SIZE_SKIP.into()],
     })
     .await;
 }
@@ -193,7 +196,7 @@ async fn csi_sanity_passes_with_1_gib_plus_1_byte_volumes_root() {
         access_type: "mount",
         size: (1 << 30) + 1,
         expand_size: 2 << 30,
-        extra: vec![SIZE_FOCUS.into()],
+        extra: vec![SIZE_FOCUS.into(), EXACT_SIZE_SKIP.into()],
     })
     .await;
 }
