@@ -85,7 +85,12 @@ impl Context {
     pub async fn new(config: Config, telemetry: Telemetry) -> Result<Context, Error> {
         let harvester =
             Harvester::load_with_metrics(&config.cloud_config, Some(&telemetry.metrics)).await?;
-        let guest = guest_client(config.kubeconfig.as_deref(), Some(&telemetry.metrics)).await?;
+        let guest = guest_client(
+            config.kubeconfig.as_deref(),
+            config.master.as_ref(),
+            Some(&telemetry.metrics),
+        )
+        .await?;
         telemetry.readiness.set(READY_CLIENTS, Ok(()));
         let recorder = Recorder::new(
             guest.clone(),
@@ -112,13 +117,14 @@ impl Context {
 /// The guest cluster's client: `path`, or in-cluster config (then `KUBECONFIG`, `~/.kube/config`).
 pub async fn guest_client(
     path: Option<&Path>,
+    master: Option<&http::Uri>,
     metrics: Option<&Metrics>,
 ) -> Result<kube::Client, Error> {
     let fail = |reason: String| Error::GuestConfig {
         path: path.map(Path::to_path_buf),
         reason,
     };
-    let config = match path {
+    let mut config = match path {
         Some(p) => {
             let kubeconfig = Kubeconfig::read_from(p).map_err(|e| fail(e.to_string()))?;
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
@@ -129,6 +135,9 @@ pub async fn guest_client(
             .await
             .map_err(|e| fail(e.to_string()))?,
     };
+    if let Some(master) = master {
+        config.cluster_url = master.clone();
+    }
     harvester_common::telemetry::kube_client(config, metrics).map_err(|e| fail(e.to_string()))
 }
 
@@ -255,6 +264,7 @@ async fn run_service_controller(ctx: &Context, shutdown: Shutdown) {
         load_balancer_class: ctx.config.service.load_balancer_class.clone(),
         dhcp_mode: ctx.config.service.dhcp_mode.clone(),
         dhcp_interface: ctx.config.service.dhcp_interface.clone(),
+        concurrency: ctx.config.service.concurrency,
     };
     service::run(
         ctx.guest.clone(),

@@ -182,7 +182,9 @@ fn describe(vm: &VirtualMachine, change: &NodeChange) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use harvester_common::harvester::{TOPOLOGY_REGION, TOPOLOGY_ZONE};
+    use harvester_common::harvester::{
+        FAILURE_DOMAIN_REGION, FAILURE_DOMAIN_ZONE, TOPOLOGY_REGION, TOPOLOGY_ZONE,
+    };
     use serde_json::{Value, json};
 
     fn node(spec: Value, status: Value) -> Node {
@@ -255,6 +257,11 @@ mod tests {
             BTreeMap::from([
                 (TOPOLOGY_REGION.to_string(), Some("region-a".to_string())),
                 (TOPOLOGY_ZONE.to_string(), Some("zone-1".to_string())),
+                (
+                    FAILURE_DOMAIN_REGION.to_string(),
+                    Some("region-a".to_string())
+                ),
+                (FAILURE_DOMAIN_ZONE.to_string(), Some("zone-1".to_string())),
             ])
         );
         assert_eq!(change.remove_taints, [UNINITIALIZED_TAINT]);
