@@ -723,3 +723,83 @@ async fn a_volume_of_a_powered_off_node_moves_after_the_out_of_service_taint_roo
     d2.stop().await;
     d1.stop().await;
 }
+
+/// Bytes in, bytes out: a gRPC call with a hand-encoded request, for what a typed client cannot
+/// send (invalid UTF-8 in a `string` field).
+#[derive(Clone, Copy, Default)]
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+    fn encoder(&mut self) -> Self::Encoder {
+        RawCodec
+    }
+    fn decoder(&mut self) -> Self::Decoder {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        bytes::BufMut::put_slice(dst, &item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        let n = bytes::Buf::remaining(src);
+        Ok(Some(bytes::Buf::copy_to_bytes(src, n).to_vec()))
+    }
+}
+
+/// A protobuf length-delimited field.
+fn field(tag: u8, value: &[u8]) -> Vec<u8> {
+    assert!(value.len() < 128, "one-byte length");
+    let mut out = vec![(tag << 3) | 2, value.len() as u8];
+    out.extend_from_slice(value);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_utf8_path_is_refused_naming_the_field_and_the_plugin_serves_on() {
+    let bed = bed_with_vm().await;
+    let d = Driver::start(&bed, |_| {}).await;
+    // NodeUnpublishVolumeRequest { volume_id: "pvc-x" (1), target_path: "/tmp/\xff\xfe" (2) }
+    let mut body = field(1, b"pvc-x");
+    body.extend(field(2, b"/tmp/\xff\xfe-target"));
+    let mut grpc = tonic::client::Grpc::new(d.channel.clone());
+    grpc.ready().await.expect("channel ready");
+    let e = grpc
+        .unary(
+            tonic::Request::new(body),
+            http::uri::PathAndQuery::from_static("/csi.v1.Node/NodeUnpublishVolume"),
+            RawCodec,
+        )
+        .await
+        .expect_err("a non-UTF-8 target_path");
+    assert!(
+        e.message().contains("target_path") && e.message().contains("UTF-8"),
+        "names the field and why: {e:?}"
+    );
+    assert_eq!(e.code(), Code::InvalidArgument, "the caller's fault: {e:?}");
+    d.identity()
+        .probe(ProbeRequest {})
+        .await
+        .expect("the plugin still serves");
+    d.stop().await;
+}
