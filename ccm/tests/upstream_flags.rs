@@ -3,11 +3,12 @@
 //! k8s.io/cloud-provider's own option set (tests/scripts/upstream-flags/generate.sh), and
 //! Harvester's own flags are copied below from upstream's main.go.
 
+use harvester_cloud_provider::config::upstream::WITHOUT_EFFECT;
 use harvester_cloud_provider::config::{
     CLOUD_NODE_CONTROLLER, CLOUD_NODE_LIFECYCLE_CONTROLLER, Config, NODE_ROUTE_CONTROLLER,
     SERVICE_LB_CONTROLLER, parse_args,
 };
-use harvester_common::flags::Outcome;
+use harvester_common::flags::{GoType, Outcome};
 
 /// Harvester's own flags: harvester/cloud-provider-harvester main.go `registerHarvesterFlags`
 /// (the version with `--loadbalancer-network`) and pkg/utils/consts.go. (name, pflag type)
@@ -100,6 +101,8 @@ fn sample(f: &UpstreamFlag) -> &'static str {
             "mapStringString" => "a=b",
             "namedCertKey" => "c.pem,k.pem",
             "version" => "false",
+            "quantity" => "64Ki",
+            "pattern=N,..." => "node*=4",
             _ => "x",
         },
     }
@@ -136,7 +139,8 @@ fn every_upstream_flag_is_accepted_in_every_spelling_pflag_takes() {
             // WordSepNormalizeFunc: underscores read as dashes
             vec![format!("--{}={v}", f.name.replace('-', "_"))],
         ];
-        if f.ty == "bool" {
+        if !f.bare.is_empty() {
+            // A flag with a bare form (bools, --version) never takes a separate value in pflag.
             forms[1] = vec![format!("--{}=false", f.name)];
         }
         if !f.bare.is_empty() {
@@ -152,6 +156,33 @@ fn every_upstream_flag_is_accepted_in_every_spelling_pflag_takes() {
         }
     }
     assert!(failures.is_empty(), "refused:\n{}", failures.join("\n"));
+}
+
+/// What is accepted without effect is upstream's, with upstream's type: no flag upstream lacks
+/// slips in (an unknown flag must stay an error), and each value is checked as upstream checks it.
+#[test]
+fn flags_without_effect_are_upstreams_with_their_types() {
+    let upstream = upstream_flags();
+    for (name, ty) in WITHOUT_EFFECT {
+        let f = upstream
+            .iter()
+            .find(|f| f.name == *name)
+            .unwrap_or_else(|| panic!("--{name} is not a flag of upstream's binary"));
+        assert_eq!(
+            GoType::from_pflag(&f.ty),
+            Some(*ty),
+            "--{name}: upstream type {}",
+            f.ty
+        );
+    }
+    for f in &upstream {
+        assert!(
+            GoType::from_pflag(&f.ty).is_some(),
+            "--{}: upstream type {} has no check",
+            f.name,
+            f.ty
+        );
+    }
 }
 
 #[test]

@@ -161,6 +161,10 @@ pub enum GoType {
     NamedCertKey,
     /// `--version`: `true`, `false`, `raw` (component-base verflag).
     Version,
+    /// A Kubernetes quantity (`quantity`, e.g. `--log-text-info-buffer-size=64Ki`).
+    Quantity,
+    /// klog's `--vmodule`: `pattern=N,...`.
+    ModuleSpec,
 }
 
 impl GoType {
@@ -180,6 +184,8 @@ impl GoType {
             "mapStringString" => GoType::MapStringString,
             "namedCertKey" => GoType::NamedCertKey,
             "version" => GoType::Version,
+            "quantity" => GoType::Quantity,
+            "pattern=N,..." | "moduleSpec" => GoType::ModuleSpec,
             _ => return None,
         })
     }
@@ -236,6 +242,15 @@ impl GoType {
                 "raw" => Ok(()),
                 v => parse_go_bool(v).map(drop),
             },
+            GoType::Quantity => crate::quantity::to_bytes(value.trim())
+                .map(drop)
+                .ok_or_else(|| format!("{value:?} is not a quantity like 64Ki or 1M")),
+            GoType::ModuleSpec => pairs(value, |k, v| {
+                v.trim()
+                    .parse::<u32>()
+                    .map(drop)
+                    .map_err(|_| format!("{k}: {v:?} is not a verbosity level"))
+            }),
         }
     }
 }
@@ -418,6 +433,8 @@ mod tests {
             (GoType::NamedCertKey, "c.pem,k.pem:example.com"),
             (GoType::Float32, "20"),
             (GoType::Version, "raw"),
+            (GoType::Quantity, "64Ki"),
+            (GoType::ModuleSpec, "node*=4,service=2"),
         ];
         for (t, v) in ok {
             assert_eq!(t.check(v), Ok(()), "{t:?} {v}");
@@ -430,6 +447,8 @@ mod tests {
             (GoType::NamedCertKey, "c.pem"),
             (GoType::Float32, "fast"),
             (GoType::Bool, "yes"),
+            (GoType::Quantity, "lots"),
+            (GoType::ModuleSpec, "node=high"),
         ];
         for (t, v) in bad {
             assert!(t.check(v).is_err(), "{t:?} {v}");

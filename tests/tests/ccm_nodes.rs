@@ -5,7 +5,7 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use harvester_cloud_provider::patch::{SHUTDOWN_TAINT, UNINITIALIZED_TAINT};
+use harvester_cloud_provider::node::patch::{SHUTDOWN_TAINT, UNINITIALIZED_TAINT};
 use harvester_cloud_provider::{Config, Running};
 use harvester_common::harvester::{
     FAILURE_DOMAIN_REGION, FAILURE_DOMAIN_ZONE, TOPOLOGY_REGION, TOPOLOGY_ZONE,

@@ -142,30 +142,9 @@ async fn node_with_a_stale_node_ip(bed: &TestBed, name: &str, ip: &str) {
 }
 
 async fn initialised(bed: &TestBed, name: &str) -> Node {
-    let nodes: Api<Node> = Api::all(bed.guest.client.clone());
-    wait::until(
-        &format!("Node {name} initialised"),
-        Duration::from_secs(30),
-        || {
-            let nodes = nodes.clone();
-            async move {
-                let n = nodes.get(name).await.map_err(|e| e.to_string())?;
-                Ok(
-                    if n.spec
-                        .as_ref()
-                        .and_then(|s| s.provider_id.as_ref())
-                        .is_some()
-                    {
-                        Ok(n)
-                    } else {
-                        Err(n.metadata.annotations)
-                    },
-                )
-            }
-        },
-    )
-    .await
-    .unwrap()
+    wait::node_initialised(&bed.guest.client, name)
+        .await
+        .unwrap()
 }
 
 fn internal_ips(node: &Node) -> Vec<String> {

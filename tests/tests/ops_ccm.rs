@@ -152,21 +152,9 @@ fn writes(port: u16) -> u64 {
 }
 
 async fn wait_initialised(bed: &TestBed, node: &str) {
-    let nodes: Api<Node> = Api::all(bed.guest.client.clone());
-    wait::until(
-        &format!("Node {node} initialised"),
-        Duration::from_secs(30),
-        || {
-            let nodes = nodes.clone();
-            async move {
-                let n = nodes.get(node).await.map_err(|e| e.to_string())?;
-                let id = n.spec.as_ref().and_then(|s| s.provider_id.clone());
-                Ok(if id.is_some() { Ok(()) } else { Err(n.spec) })
-            }
-        },
-    )
-    .await
-    .unwrap();
+    wait::node_initialised(&bed.guest.client, node)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]

@@ -13,7 +13,6 @@
 pub mod upstream;
 
 use std::collections::BTreeSet;
-use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -21,7 +20,10 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser};
 use harvester_common::flags::{self, Outcome, Syntax};
 use ipnetwork::IpNetwork;
 
-use crate::addresses::AddressRules;
+pub use crate::network::NetworkName;
+use crate::network::is_dns1123_label;
+use crate::node::addresses::AddressRules;
+pub use crate::node::addresses::parse_prefix;
 
 /// Names accepted by `--controllers`, as the upstream cloud-provider framework spells them.
 pub const CLOUD_NODE_CONTROLLER: &str = "cloud-node-controller";
@@ -383,49 +385,6 @@ impl Config {
     }
 }
 
-/// `namespace/name` of a Harvester VM network (a NetworkAttachmentDefinition).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NetworkName {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl NetworkName {
-    /// `ns/name`, or a bare `name` in namespace `default` (as upstream normalises the flag).
-    pub fn parse(raw: &str) -> Result<NetworkName, String> {
-        Self::parse_in(raw, "default")
-    }
-
-    /// `ns/name`, or a bare `name` in `namespace`.
-    pub fn parse_in(raw: &str, namespace: &str) -> Result<NetworkName, String> {
-        let raw = raw.trim();
-        let (ns, name) = match raw.split_once('/') {
-            Some((ns, name)) => (ns, name),
-            None => (namespace, raw),
-        };
-        if !is_dns1123_label(ns) {
-            return Err(format!(
-                "namespace {ns:?} is not a DNS-1123 label (expected namespace/name)"
-            ));
-        }
-        if !is_dns1123_subdomain(name) {
-            return Err(format!(
-                "network name {name:?} is not a DNS-1123 subdomain (expected namespace/name)"
-            ));
-        }
-        Ok(NetworkName {
-            namespace: ns.to_string(),
-            name: name.to_string(),
-        })
-    }
-}
-
-impl fmt::Display for NetworkName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
-
 /// The set of controllers to run, from `--controllers`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Controllers {
@@ -494,7 +453,7 @@ fn parse_node_ip_cidr(value: &str) -> Result<Vec<IpNetwork>, ConfigError> {
     let mut out: Vec<IpNetwork> = Vec::new();
     for v in value.split(',').map(str::trim).filter(|v| !v.is_empty()) {
         let net = parse_prefix(v).map_err(|r| ConfigError::new(FLAG, v, r))?;
-        if let Some(why) = crate::addresses::unusable(net.ip()) {
+        if let Some(why) = crate::node::addresses::unusable(net.ip()) {
             return Err(ConfigError::new(
                 FLAG,
                 v,
@@ -512,19 +471,6 @@ fn parse_node_ip_cidr(value: &str) -> Result<Vec<IpNetwork>, ConfigError> {
         out.push(net);
     }
     Ok(out)
-}
-
-/// An address or a prefix (`10.0.0.0/24`, `10.0.0.5`, `fd00::/64`).
-pub fn parse_prefix(s: &str) -> Result<IpNetwork, String> {
-    let s = s.trim();
-    if s.contains('/') {
-        s.parse::<IpNetwork>()
-            .map_err(|e| format!("not an IP prefix: {e}"))
-    } else {
-        s.parse::<std::net::IpAddr>()
-            .map(IpNetwork::from)
-            .map_err(|_| "not an IP address or prefix".to_string())
-    }
 }
 
 pub use harvester_common::flags::parse_go_duration;
@@ -575,19 +521,6 @@ fn parse_version_flag(s: &str) -> Result<bool, String> {
 fn normalize_cluster_name(raw: &str) -> String {
     raw.trim_matches(|c: char| c == '"' || c == '\'' || c == '`' || c.is_whitespace())
         .to_string()
-}
-
-fn is_dns1123_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-fn is_dns1123_subdomain(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns1123_label)
 }
 
 #[cfg(test)]

@@ -10,7 +10,9 @@ use clap::parser::ValueSource;
 use clap::{Arg, ArgAction, ArgMatches};
 use harvester_common::flags::GoType;
 
-/// (flag, upstream type). Bools take a bare form (`--flag` = `--flag=true`), as pflag's do.
+/// (flag, upstream type), exactly the flags of k8s.io/cloud-provider v0.33.7's command (what
+/// upstream vendors) and Harvester's own that have no meaning here: a flag upstream does not
+/// have stays an error. Bools take a bare form (`--flag` = `--flag=true`), as pflag's do.
 pub const WITHOUT_EFFECT: &[(&str, GoType)] = &[
     // Harvester's own (upstream main.go registerHarvesterFlags)
     ("show-full-help-on-error", GoType::Bool),
@@ -30,7 +32,7 @@ pub const WITHOUT_EFFECT: &[(&str, GoType)] = &[
     ("min-resync-period", GoType::Duration),
     ("node-monitor-period", GoType::Duration),
     ("controller-start-interval", GoType::Duration),
-    ("concurrent-node-status-updates", GoType::Int32),
+    ("node-sync-period", GoType::Duration),
     // client-side rate limits: requests are counted (/metrics), not throttled
     ("kube-api-content-type", GoType::String),
     ("kube-api-qps", GoType::Float32),
@@ -48,6 +50,7 @@ pub const WITHOUT_EFFECT: &[(&str, GoType)] = &[
     ("tls-min-version", GoType::String),
     ("tls-sni-cert-key", GoType::NamedCertKey),
     ("http2-max-streams-per-connection", GoType::Int),
+    ("disable-http2-serving", GoType::Bool),
     ("permit-port-sharing", GoType::Bool),
     ("permit-address-sharing", GoType::Bool),
     ("authentication-kubeconfig", GoType::String),
@@ -80,21 +83,13 @@ pub const WITHOUT_EFFECT: &[(&str, GoType)] = &[
     ("webhook-cert-dir", GoType::String),
     ("webhook-tls-cert-file", GoType::String),
     ("webhook-tls-private-key-file", GoType::String),
-    ("webhook-tls-cipher-suites", GoType::StringSlice),
-    ("webhook-tls-min-version", GoType::String),
-    ("webhook-tls-sni-cert-key", GoType::NamedCertKey),
-    ("webhook-http2-max-streams-per-connection", GoType::Int),
-    ("webhook-permit-port-sharing", GoType::Bool),
-    ("webhook-permit-address-sharing", GoType::Bool),
     // Kubernetes feature gates of the framework
     ("feature-gates", GoType::MapStringBool),
     // klog/component-base log tuning (logs here: --v, --log-format/--logging-format, RUST_LOG)
     ("log-flush-frequency", GoType::Duration),
-    ("log-json-info-buffer-size", GoType::String),
-    ("log-json-split-stream", GoType::Bool),
-    ("log-text-info-buffer-size", GoType::String),
+    ("log-text-info-buffer-size", GoType::Quantity),
     ("log-text-split-stream", GoType::Bool),
-    ("vmodule", GoType::String),
+    ("vmodule", GoType::ModuleSpec),
 ];
 
 /// The clap arguments for [`WITHOUT_EFFECT`], hidden from `--help` (docs/ccm.md lists them).

@@ -28,10 +28,10 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use crate::Shutdown;
-use crate::controller::{NodeCtx, node_controller, run_node_controller};
 use crate::error::Error;
-use crate::inventory::{Lookup, is_ours};
-use crate::patch::{self, NodeChange, UNINITIALIZED_TAINT, has_taint};
+use crate::node::inventory::{Lookup, is_ours};
+use crate::node::patch::{self, NodeChange, UNINITIALIZED_TAINT, has_taint};
+use crate::node::{NodeCtx, node_controller, run_node_controller};
 
 /// Log and metrics name; enabled with the cloud-node controller unless `--disable-vmi-controller`.
 pub const NAME: &str = "topology";
