@@ -566,6 +566,17 @@ async fn remove_volume(
         return api_error(e);
     }
     let vmis: Api<VirtualMachineInstance> = Api::namespaced(ctx.client.clone(), ns);
+    let running = match vmis.get_opt(vm_name).await {
+        Ok(v) => {
+            v.is_some_and(|v| v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        }
+        Err(e) => return api_error(e),
+    };
+    if !running {
+        // No VMI, or a stopped one: only the VM spec changes. KubeVirt's virt-handler unplugs
+        // from running VMIs only; a stopped VMI keeps its disks in spec and volumeStatus.
+        return reply(StatusCode::ACCEPTED, json!({}));
+    }
     let mut node = None;
     let res = update_vmi(&vmis, vm_name, |vmi| {
         node = Some(vmi_guest_node(vmi, vm_name));
