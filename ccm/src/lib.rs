@@ -27,7 +27,6 @@ use futures::future::{BoxFuture, Shared};
 use harvester_common::cloud_config::Harvester;
 use harvester_common::telemetry::{Metrics, Readiness};
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 pub use config::Config;
@@ -120,21 +119,11 @@ pub async fn guest_client(
         path: path.map(Path::to_path_buf),
         reason,
     };
-    let mut config = match path {
-        Some(p) => {
-            let kubeconfig = Kubeconfig::read_from(p).map_err(|e| fail(e.to_string()))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .map_err(|e| fail(e.to_string()))?
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| fail(e.to_string()))?,
-    };
+    let mut config = harvester_common::guest::config(path).await.map_err(fail)?;
     if let Some(master) = master {
         config.cluster_url = master.clone();
     }
-    harvester_common::telemetry::kube_client(config, metrics).map_err(|e| fail(e.to_string()))
+    harvester_common::guest::client(config, metrics).map_err(fail)
 }
 
 /// Runs every enabled controller until `shutdown` resolves. Fails only at start (cloud-config,

@@ -5,6 +5,7 @@
 //! - [`cloud_config`]: the Harvester kubeconfig ("cloud-config") -> client + VM namespace.
 //! - [`ipam`]: a pure IP pool allocator with Harvester IPPool semantics.
 //! - [`dhcp`]: a DHCPv4 client leasing addresses for synthetic MACs (LoadBalancer `ipam: dhcp`).
+//! - [`guest`]: the guest cluster's client (kubeconfig file or in-cluster).
 //! - [`flags`]: command lines parsed the way upstream's Go programs parse them.
 //! - [`quantity`]: Kubernetes quantities as bytes.
 //! - [`telemetry`]: logs, metrics, health endpoints, API request counts, shutdown signal.
@@ -15,6 +16,7 @@ pub mod dhcp;
 pub mod flags;
 #[doc(hidden)]
 pub mod fuzz;
+pub mod guest;
 pub mod harvester;
 pub mod ipam;
 pub mod quantity;

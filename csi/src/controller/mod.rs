@@ -50,6 +50,11 @@ pub const CAPABILITIES: [rpc::Type; 6] = [
     rpc::Type::CloneVolume,
 ];
 
+/// Labels upstream puts on a Harvester snapshot so a restore can recreate the PVC the same way:
+/// written by `snapshots`, read by `volumes` (here, so neither module imports the other both ways).
+pub const LABEL_SNAP_HOST_SC: &str = "harvesterhci.io/snapHostSC";
+pub const LABEL_SNAP_HOST_VOLUME_MODE: &str = "harvesterhci.io/snapHostVolumeMode";
+
 /// The guest cluster's client: `path`, else the in-cluster config (then `KUBECONFIG`). `None`,
 /// with a warning, when there is none: the controller then never force-detaches a volume from
 /// a stopped VM (it cannot see the out-of-service taint).
@@ -57,20 +62,9 @@ pub async fn guest_client(
     path: Option<&std::path::Path>,
     metrics: &harvester_common::telemetry::Metrics,
 ) -> Option<kube::Client> {
-    let config = match path {
-        Some(p) => match kube::config::Kubeconfig::read_from(p) {
-            Ok(k) => {
-                kube::Config::from_custom_kubeconfig(k, &kube::config::KubeConfigOptions::default())
-                    .await
-                    .map_err(|e| e.to_string())
-            }
-            Err(e) => Err(e.to_string()),
-        },
-        None => kube::Config::infer().await.map_err(|e| e.to_string()),
-    };
-    let client = config.and_then(|c| {
-        harvester_common::telemetry::kube_client(c, Some(metrics)).map_err(|e| e.to_string())
-    });
+    let client = harvester_common::guest::config(path)
+        .await
+        .and_then(|c| harvester_common::guest::client(c, Some(metrics)));
     match client {
         Ok(c) => Some(c),
         Err(e) => {

@@ -20,9 +20,7 @@ use crate::error::{ArgError, ControllerError};
 use crate::naming::{self, ORIGINAL_NAME_ANNOTATION};
 use crate::request::required;
 
-/// Labels upstream puts on a snapshot so a restore can recreate the PVC the same way.
-pub const LABEL_SNAP_HOST_SC: &str = "harvesterhci.io/snapHostSC";
-pub const LABEL_SNAP_HOST_VOLUME_MODE: &str = "harvesterhci.io/snapHostVolumeMode";
+pub use super::{LABEL_SNAP_HOST_SC, LABEL_SNAP_HOST_VOLUME_MODE};
 /// CreateSnapshot parameter (the guest VolumeSnapshotClass's `parameters`) naming the Harvester
 /// VolumeSnapshotClass; without it Harvester's default class for the PVC's driver applies.
 pub const PARAM_HOST_SNAPSHOT_CLASS: &str = "hostVolumeSnapshotClass";

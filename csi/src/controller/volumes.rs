@@ -351,13 +351,13 @@ impl ControllerService {
             }
             let labels = snap.metadata.labels.clone().unwrap_or_default();
             if let Some(sc) = labels
-                .get(super::snapshots::LABEL_SNAP_HOST_SC)
+                .get(super::LABEL_SNAP_HOST_SC)
                 .filter(|s| !s.is_empty())
             {
                 params.storage_class = Some(sc.clone());
                 params.storage_class_from_param = false;
             }
-            if let Some(mode) = labels.get(super::snapshots::LABEL_SNAP_HOST_VOLUME_MODE) {
+            if let Some(mode) = labels.get(super::LABEL_SNAP_HOST_VOLUME_MODE) {
                 params.volume_mode = if mode.eq_ignore_ascii_case("filesystem") {
                     HostVolumeMode::Filesystem
                 } else {
