@@ -21,6 +21,7 @@ pub mod rbac;
 pub mod scrape;
 pub mod sim;
 pub mod tools;
+pub mod vm;
 pub mod wait;
 
 use std::path::PathBuf;

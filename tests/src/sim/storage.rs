@@ -17,6 +17,7 @@ use kube::runtime::watcher::{self, Event};
 use serde_json::json;
 
 use crate::BedError;
+use crate::vm::Vm;
 
 #[derive(Clone, Debug)]
 pub struct Backing {
@@ -30,6 +31,11 @@ pub struct Storage {
     dir: PathBuf,
     use_loop: bool,
     volumes: Mutex<HashMap<String, Backing>>,
+    /// Claims hot-plugged into a real VM: claim key -> (VM name, QMP node name), so a size
+    /// increase also grows the disk the guest sees (QMP `block_resize`).
+    plugged: Mutex<HashMap<String, (String, String)>>,
+    /// The real VMs by name (shared with the hot-plug context).
+    vms: Mutex<HashMap<String, Arc<Vm>>>,
 }
 
 fn key(namespace: &str, name: &str) -> String {
@@ -65,7 +71,49 @@ impl Storage {
             dir,
             use_loop: is_root(),
             volumes: Mutex::new(HashMap::new()),
+            plugged: Mutex::new(HashMap::new()),
+            vms: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Registers a real VM whose plugged disks grow with their claims.
+    pub fn add_vm(&self, vm: Arc<Vm>) {
+        self.vms
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(vm.name.clone(), vm);
+    }
+
+    /// Claim `name` is plugged into VM `vm` as QMP node `node`.
+    pub fn mark_plugged(&self, namespace: &str, name: &str, vm: &str, node: &str) {
+        self.plugged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key(namespace, name), (vm.to_string(), node.to_string()));
+    }
+
+    pub fn mark_unplugged(&self, namespace: &str, name: &str) {
+        self.plugged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key(namespace, name));
+    }
+
+    /// The VM and QMP node a claim is plugged into.
+    fn plugged_into(&self, namespace: &str, name: &str) -> Option<(Arc<Vm>, String)> {
+        let (vm, node) = self
+            .plugged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key(namespace, name))
+            .cloned()?;
+        let vm = self
+            .vms
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&vm)
+            .cloned()?;
+        Some((vm, node))
     }
 
     pub fn uses_loop_devices(&self) -> bool {
@@ -276,7 +324,14 @@ async fn bind(
     if bound && current.is_some_and(|c| c >= size) && storage.get(&ns, &name).is_some() {
         return Ok(());
     }
+    let before = storage.get(&ns, &name).map(|b| b.size);
     let backing = storage.ensure(&ns, &name, size)?;
+    if before.is_some_and(|b| b < backing.size)
+        && let Some((vm, node)) = storage.plugged_into(&ns, &name)
+    {
+        // The loop device has grown (losetup -c); QEMU and the guest learn it from block_resize.
+        vm.resize(&node, backing.size).await?;
+    }
     let access_modes = pvc.spec.as_ref().and_then(|s| s.access_modes.clone());
     api.patch_status(
         &name,
