@@ -501,6 +501,25 @@ async fn csi_sanity(bed: &TestBed, vm: &Vm, ctrl: &Driver, access_type: &str) {
     }
 }
 
+/// Prints the VM's hot-plug measurements.
+fn report_hotplugs(vm: &Vm) {
+    let s = vm.hotplug_stats();
+    let mut ms: Vec<u128> = s.plug_to_guest.iter().map(|d| d.as_millis()).collect();
+    ms.sort_unstable();
+    let deleted = s.unplug_seen_by.iter().filter(|w| **w == "DEVICE_DELETED").count();
+    say(&format!(
+        "{}: {} hot-plugs, QMP plug to disk in the guest (ms) min {:?} median {:?} max {:?}; \
+         {} unplugs, {deleted} seen by DEVICE_DELETED, {} by the qom-list fallback",
+        vm.name,
+        ms.len(),
+        ms.first(),
+        ms.get(ms.len() / 2),
+        ms.last(),
+        s.unplug_seen_by.len(),
+        s.unplug_seen_by.len() - deleted
+    ));
+}
+
 fn start_ccm(bed: &TestBed) -> harvester_cloud_provider::Running {
     let cloud_config = bed.cloud_config.to_string_lossy().to_string();
     let kubeconfig = bed.guest.kubeconfig.to_string_lossy().to_string();
@@ -562,6 +581,7 @@ async fn guest_vm_with_udev_and_agent_root() {
     csi_sanity(&bed, &vm, &ctrl, "mount").await;
     csi_sanity(&bed, &vm, &ctrl, "block").await;
     ctrl.stop().await;
+    report_hotplugs(&vm);
     vm.stop().await;
     say(&format!(
         "guest_vm_with_udev_and_agent_root took {:.0}s (boot {:.1}s)",
@@ -645,6 +665,7 @@ async fn guest_vm_without_udev_or_agent_root() {
         .expect("DeleteVolume");
     node.kill(&vm).await;
     ctrl.stop().await;
+    report_hotplugs(&vm);
     vm.stop().await;
     say(&format!(
         "guest_vm_without_udev_or_agent_root took {:.0}s (boot {:.1}s)",

@@ -520,7 +520,13 @@ async fn plug_into_vm(
         .wait_for_disk(serial, GUEST_DISK_WAIT)
         .await
         .map_err(|e| e.to_string())?;
-    tracing::info!(vm = %vm.name, %serial, %target, "hot-plugged in {:?}", t0.elapsed());
+    let took = t0.elapsed();
+    vm.stats
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .plug_to_guest
+        .push(took);
+    tracing::info!(vm = %vm.name, %serial, %target, "hot-plugged in {took:?}");
     Ok(target)
 }
 

@@ -101,6 +101,15 @@ pub struct Vm {
     next_lun: AtomicU32,
     plugged: Mutex<HashMap<String, String>>,
     qemu: Mutex<Proc>,
+    /// Measurements: `device_add` to the guest kernel showing the disk, per hot-plug; how each
+    /// unplug's completion was seen (`DEVICE_DELETED` or the `qom-list` fallback).
+    pub stats: Mutex<HotplugStats>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct HotplugStats {
+    pub plug_to_guest: Vec<Duration>,
+    pub unplug_seen_by: Vec<&'static str>,
 }
 
 /// The guest image directory (`tests/scripts/guest.sh --print-dir`), or `$HARVESTER_TESTBED_GUEST`.
@@ -319,6 +328,7 @@ impl Vm {
             next_lun: AtomicU32::new(0),
             plugged: Mutex::new(HashMap::new()),
             qemu: Mutex::new(proc),
+            stats: Mutex::new(HotplugStats::default()),
         })
     }
 
@@ -435,6 +445,11 @@ impl Vm {
             .contains_key(id)
     }
 
+    /// A copy of the measurements so far.
+    pub fn hotplug_stats(&self) -> HotplugStats {
+        self.stats.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     /// Waits until the guest kernel has a SCSI disk with `serial` (its unit serial number page,
     /// `/sys/block/*/device/vpd_pg80`) and returns its name (`sdb`).
     pub async fn wait_for_disk(&self, serial: &str, timeout: Duration) -> Result<String, BedError> {
@@ -497,13 +512,31 @@ impl Vm {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
-        q.execute("blockdev-del", json!({"node-name": id})).await?;
-        q.execute("blockdev-del", json!({"node-name": format!("{id}-file")}))
-            .await?;
+        // The device lets go of its drive when it is finalised, which QEMU may do a moment
+        // after DEVICE_DELETED: until then blockdev-del says the node "is in use".
+        for node in [id.to_string(), format!("{id}-file")] {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                match q.execute("blockdev-del", json!({"node-name": node})).await {
+                    Ok(_) => break,
+                    Err(qmp::QmpError::Command { desc, .. })
+                        if desc.contains("in use") && Instant::now() < deadline =>
+                    {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
         self.plugged
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(id);
+        self.stats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .unplug_seen_by
+            .push(seen);
         Ok(seen)
     }
 
@@ -549,7 +582,8 @@ async fn shell_once(port: u16, script: &str, timeout: Duration) -> Result<ShellO
         let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .map_err(|e| format!("connecting to 127.0.0.1:{port}: {e}"))?;
-        let text = format!("{{\n{script}\n}} </dev/null 2>&1; echo \"{MARK}$?\"\nexit\n");
+        // A subshell, so that `exit` in the script still leaves the exit code to report.
+        let text = format!("(\n{script}\n) </dev/null 2>&1; echo \"{MARK}$?\"\nexit\n");
         s.write_all(text.as_bytes())
             .await
             .map_err(|e| format!("writing: {e}"))?;
