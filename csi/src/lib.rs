@@ -179,7 +179,10 @@ pub enum ServeError {
 pub enum Endpoint {
     Unix(PathBuf),
     /// `host:port` as given after `tcp://`; the host may be an IP address or a name.
-    Tcp { host: String, port: u16 },
+    Tcp {
+        host: String,
+        port: u16,
+    },
 }
 
 /// Parses `unix:///path`, `unix:/path`, an absolute path, or `tcp://host:port`

@@ -81,14 +81,11 @@ struct GuestPlugin {
 /// Starts `harvester-csi-driver --mode node` in the guest (binary and cloud-config through the 9p
 /// share; the cloud-config points at the Harvester API server as the guest reaches it) and waits
 /// until it answers Probe through the forwarded port.
-async fn start_plugin(bed: &TestBed, vm: &Vm, run: usize, extra: &str) -> GuestPlugin {
+async fn start_plugin(bed: &TestBed, vm: &Vm, run: usize, mode: &str, extra: &str) -> GuestPlugin {
     let bin = vm.share.join("harvester-csi-driver");
     if !bin.exists() {
-        std::fs::copy(
-            testbed::process::built_binary("harvester-csi-driver"),
-            &bin,
-        )
-        .expect("copying the driver into the share");
+        std::fs::copy(testbed::process::built_binary("harvester-csi-driver"), &bin)
+            .expect("copying the driver into the share");
     }
     let cloud_config = std::fs::read_to_string(&bed.cloud_config)
         .expect("cloud-config")
@@ -98,7 +95,7 @@ async fn start_plugin(bed: &TestBed, vm: &Vm, run: usize, extra: &str) -> GuestP
     let log = format!("{GUEST_SHARE}/node-plugin-{run}.log");
     let pid = vm
         .run(&format!(
-            "setsid {GUEST_SHARE}/harvester-csi-driver --mode=node --nodeid={NODE} \
+            "setsid {GUEST_SHARE}/harvester-csi-driver --mode={mode} --nodeid={NODE} \
              --endpoint=tcp://0.0.0.0:{CSI_PORT} --kubeconfig={GUEST_SHARE}/cloud-config {extra} \
              >{log} 2>&1 </dev/null & echo $!"
         ))
@@ -146,9 +143,12 @@ async fn start_plugin(bed: &TestBed, vm: &Vm, run: usize, extra: &str) -> GuestP
 
 impl GuestPlugin {
     async fn kill(&self, vm: &Vm) {
-        vm.run(&format!("kill -9 {}; sleep 0.2; ! kill -0 {} 2>/dev/null", self.pid, self.pid))
-            .await
-            .expect("killing the node plugin");
+        vm.run(&format!(
+            "kill -9 {}; sleep 0.2; ! kill -0 {} 2>/dev/null",
+            self.pid, self.pid
+        ))
+        .await
+        .expect("killing the node plugin");
     }
 }
 
@@ -246,10 +246,14 @@ async fn hotplug_cycle(vm: &Vm, ctrl: &Driver, node: &GuestPlugin, fs: &str) {
         "[{fs}] CreateVolume + ControllerPublishVolume (hot-plug into the guest) in {:.2}s",
         t0.elapsed().as_secs_f64()
     ));
-    assert!(guest_has_serial(vm, &serial).await, "published: the guest has {serial}");
+    assert!(
+        guest_has_serial(vm, &serial).await,
+        "published: the guest has {serial}"
+    );
     if vm.options.udev {
+        // udev names the disk a moment after the kernel has it.
         vm.run(&format!(
-            "test -L /dev/disk/by-id/scsi-0QEMU_QEMU_HARDDISK_{serial}"
+            "udevadm settle -t 20; test -L /dev/disk/by-id/scsi-0QEMU_QEMU_HARDDISK_{serial}"
         ))
         .await
         .expect("udev made the by-id link");
@@ -278,8 +282,15 @@ async fn hotplug_cycle(vm: &Vm, ctrl: &Driver, node: &GuestPlugin, fs: &str) {
     ));
     stage(node, &v, &cap).await.expect("NodeStageVolume again");
     let again = guest_mount(vm, &v.staging).await;
-    assert_eq!(again[0], first[0], "the same filesystem (never reformatted)");
-    assert_eq!(guest_md5(vm, &data).await, sum, "the data survived unplug and replug");
+    assert_eq!(
+        again[0], first[0],
+        "the same filesystem (never reformatted)"
+    );
+    assert_eq!(
+        guest_md5(vm, &data).await,
+        sum,
+        "the data survived unplug and replug"
+    );
 
     // Online expansion: publish, grow on Harvester (loop device + QMP block_resize), grow the
     // mounted filesystem in the guest.
@@ -311,17 +322,21 @@ async fn hotplug_cycle(vm: &Vm, ctrl: &Driver, node: &GuestPlugin, fs: &str) {
         .into_inner();
     assert!(grown.capacity_bytes >= bigger as i64, "{grown:?}");
     let dev = guest_mount(vm, &v.staging).await[2].clone();
-    let seen = wait::until("the guest sees the bigger disk", Duration::from_secs(30), || {
-        let dev = dev.clone();
-        async move {
-            let out = vm
-                .run(&format!("blockdev --getsize64 {dev}"))
-                .await
-                .map_err(|e| e.to_string())?;
-            let n: u64 = out.trim().parse().map_err(|_| out.clone())?;
-            Ok(if n >= bigger { Ok(n) } else { Err(n) })
-        }
-    })
+    let seen = wait::until(
+        "the guest sees the bigger disk",
+        Duration::from_secs(30),
+        || {
+            let dev = dev.clone();
+            async move {
+                let out = vm
+                    .run(&format!("blockdev --getsize64 {dev}"))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let n: u64 = out.trim().parse().map_err(|_| out.clone())?;
+                Ok(if n >= bigger { Ok(n) } else { Err(n) })
+            }
+        },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
     assert!(seen >= bigger);
@@ -349,7 +364,11 @@ async fn hotplug_cycle(vm: &Vm, ctrl: &Driver, node: &GuestPlugin, fs: &str) {
         after > before + size / 2,
         "{fs} grew while mounted: {before} -> {after} bytes"
     );
-    assert_eq!(guest_mount(vm, &v.staging).await[0], first[0], "still one filesystem");
+    assert_eq!(
+        guest_mount(vm, &v.staging).await[0],
+        first[0],
+        "still one filesystem"
+    );
     assert_eq!(guest_md5(vm, &data).await, sum, "data intact after growing");
 
     NodeClient::new(node.channel.clone())
@@ -379,7 +398,12 @@ async fn df_bytes(vm: &Vm, path: &Path) -> u64 {
 
 /// The node plugin SIGKILLed while NodeStageVolume formats: restarted and staged again, the
 /// disk holds one filesystem and keeps what is written to it.
-async fn kill_during_stage(bed: &TestBed, vm: &Vm, ctrl: &Driver, node: GuestPlugin) -> GuestPlugin {
+async fn kill_during_stage(
+    bed: &TestBed,
+    vm: &Vm,
+    ctrl: &Driver,
+    node: GuestPlugin,
+) -> GuestPlugin {
     let cap = mount_cap("ext4");
     let v = create_and_publish(ctrl, "killed-stage", 256 * MIB, &cap, &guest_paths("")).await;
     let req_node = node.channel.clone();
@@ -397,13 +421,17 @@ async fn kill_during_stage(bed: &TestBed, vm: &Vm, ctrl: &Driver, node: GuestPlu
         })
     };
     // Kill while mkfs runs (seen in the guest's process list), or as soon as stage is under way.
-    let caught = wait::until("mkfs running in the guest", Duration::from_secs(20), || async {
-        let o = vm
-            .shell("ps -o args | grep '[m]kfs'")
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(if o.code == 0 { Ok(()) } else { Err(o.output) })
-    })
+    let caught = wait::until(
+        "mkfs running in the guest",
+        Duration::from_secs(20),
+        || async {
+            let o = vm
+                .shell("ps -o args | grep '[m]kfs'")
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(if o.code == 0 { Ok(()) } else { Err(o.output) })
+        },
+    )
     .await;
     node.kill(vm).await;
     say(&format!(
@@ -416,8 +444,10 @@ async fn kill_during_stage(bed: &TestBed, vm: &Vm, ctrl: &Driver, node: GuestPlu
     ));
     let cut = staging.await.expect("stage task");
     assert!(cut.is_err(), "the stage call was cut by the kill: {cut:?}");
-    let node = start_plugin(bed, vm, 2, "").await;
-    stage(&node, &v, &cap).await.expect("NodeStageVolume after restart");
+    let node = start_plugin(bed, vm, 2, "node", "").await;
+    stage(&node, &v, &cap)
+        .await
+        .expect("NodeStageVolume after restart");
     let m = guest_mount(vm, &v.staging).await;
     assert_eq!(m[1], "ext4", "{m:?}");
     // One filesystem on the whole disk: no second signature, and a clean check.
@@ -440,7 +470,11 @@ async fn kill_during_stage(bed: &TestBed, vm: &Vm, ctrl: &Driver, node: GuestPlu
     let sum = guest_md5(vm, &data).await;
     unstage(&node, &v).await;
     stage(&node, &v, &cap).await.expect("stage again");
-    assert_eq!(guest_mount(vm, &v.staging).await[0], m[0], "not reformatted");
+    assert_eq!(
+        guest_mount(vm, &v.staging).await[0],
+        m[0],
+        "not reformatted"
+    );
     assert_eq!(guest_md5(vm, &data).await, sum, "data intact");
     unstage(&node, &v).await;
     detach_and_delete(ctrl, &v).await;
@@ -455,21 +489,73 @@ impl AsRef<Channel> for ChannelRef {
     }
 }
 
+/// csi-sanity's path commands (`--csi.createmountpathcmd` etc.): each runs its one-line script
+/// with the path in the guest through the command channel (bash's /dev/tcp), so the directories
+/// csi-sanity makes, removes and checks are the node plugin's, not the host's.
+struct PathCommands {
+    mkdir: PathBuf,
+    rmdir: PathBuf,
+    check: PathBuf,
+}
+
+fn path_commands(bed: &TestBed, vm: &Vm) -> PathCommands {
+    use std::os::unix::fs::PermissionsExt;
+    let port = vm.shell_port();
+    let write = |name: &str, script: &str| {
+        let path = bed.dir.path().join(name);
+        let text = format!(
+            "#!/bin/bash\n# {name} PATH: runs in guest {vm}\nset -e\nexec 3<>/dev/tcp/127.0.0.1/{port}\n\
+             printf '%s\\n' \"p=$1\" '{script}' exit >&3\ncat <&3\n",
+            vm = vm.name
+        );
+        std::fs::write(&path, text).expect("path command");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        path
+    };
+    PathCommands {
+        mkdir: write("guest-mkdir", r#"mkdir -p "$p" && echo "$p""#),
+        rmdir: write("guest-rmdir", r#"rmdir "$p" 2>/dev/null || rm -f "$p""#),
+        check: write(
+            "guest-checkpath",
+            r#"if [ -f "$p" ]; then echo file; elif [ -d "$p" ]; then echo directory; elif [ -e "$p" ]; then echo other; else echo not_found; fi"#,
+        ),
+    }
+}
+
 /// csi-sanity with the node plugin in the guest and the controller on the host.
 async fn csi_sanity(bed: &TestBed, vm: &Vm, ctrl: &Driver, access_type: &str) {
     let bin = testbed::tools::tool("csi-sanity").unwrap_or_else(|e| panic!("{e}"));
     let port = vm.host_port(CSI_PORT).expect("port");
-    let work = format!("/tmp/guest-sanity-{access_type}");
+    // The staging and target paths are made in the guest (path commands); their parent exists
+    // on the host too, where csi-sanity's own code looks.
+    let work = bed.dir.path().join(format!("guest-sanity-{access_type}"));
+    std::fs::create_dir_all(&work).expect("csi-sanity work dir");
+    let work = work.display().to_string();
+    let cmds = path_commands(bed, vm);
     let t0 = Instant::now();
     let out = tokio::process::Command::new(&bin)
         .arg(format!("--csi.endpoint=127.0.0.1:{port}"))
-        .arg(format!("--csi.controllerendpoint=unix://{}", ctrl.socket.display()))
+        .arg(format!(
+            "--csi.controllerendpoint=unix://{}",
+            ctrl.socket.display()
+        ))
         .arg(format!("--csi.stagingdir={work}/staging"))
         .arg(format!("--csi.mountdir={work}/mount"))
         .arg(format!("--csi.testvolumeaccesstype={access_type}"))
         .arg(format!("--csi.testvolumesize={}", 64 * MIB))
         .arg(format!("--csi.testvolumeexpandsize={}", 128 * MIB))
         .arg("--csi.testnodevolumeattachlimit")
+        .arg(format!("--csi.createmountpathcmd={}", cmds.mkdir.display()))
+        .arg(format!(
+            "--csi.createstagingpathcmd={}",
+            cmds.mkdir.display()
+        ))
+        .arg(format!("--csi.removemountpathcmd={}", cmds.rmdir.display()))
+        .arg(format!(
+            "--csi.removestagingpathcmd={}",
+            cmds.rmdir.display()
+        ))
+        .arg(format!("--csi.checkpathcmd={}", cmds.check.display()))
         .arg("--ginkgo.no-color")
         .kill_on_drop(true)
         .output()
@@ -480,15 +566,16 @@ async fn csi_sanity(bed: &TestBed, vm: &Vm, ctrl: &Driver, access_type: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let log = bed.dir.path().join(format!("csi-sanity-guest-{access_type}.log"));
+    let log = std::env::temp_dir().join(format!("csi-sanity-guest-{access_type}.log"));
     let _ = std::fs::write(&log, &text);
     let summary: Vec<&str> = text
         .lines()
         .filter(|l| l.starts_with("Ran ") || l.contains(" Passed | "))
         .collect();
     say(&format!(
-        "csi-sanity {access_type} against the guest in {:.0}s: {summary:?}",
-        t0.elapsed().as_secs_f64()
+        "csi-sanity {access_type} against the guest in {:.0}s: {summary:?} (log {})",
+        t0.elapsed().as_secs_f64(),
+        log.display()
     ));
     let _ = std::fs::remove_dir_all(&work);
     if !out.status.success() || !summary.iter().any(|l| l.contains(" 0 Failed ")) {
@@ -506,7 +593,11 @@ fn report_hotplugs(vm: &Vm) {
     let s = vm.hotplug_stats();
     let mut ms: Vec<u128> = s.plug_to_guest.iter().map(|d| d.as_millis()).collect();
     ms.sort_unstable();
-    let deleted = s.unplug_seen_by.iter().filter(|w| **w == "DEVICE_DELETED").count();
+    let deleted = s
+        .unplug_seen_by
+        .iter()
+        .filter(|w| **w == "DEVICE_DELETED")
+        .count();
     say(&format!(
         "{}: {} hot-plugs, QMP plug to disk in the guest (ms) min {:?} median {:?} max {:?}; \
          {} unplugs, {deleted} seen by DEVICE_DELETED, {} by the qom-list fallback",
@@ -540,7 +631,11 @@ fn node_addresses(n: &Node) -> Vec<String> {
     n.status
         .as_ref()
         .and_then(|s| s.addresses.as_ref())
-        .map(|a| a.iter().map(|a| format!("{}={}", a.type_, a.address)).collect())
+        .map(|a| {
+            a.iter()
+                .map(|a| format!("{}={}", a.type_, a.address))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -554,30 +649,55 @@ async fn guest_vm_with_udev_and_agent_root() {
     bed.sim.create_guest_node(NODE).await.expect("guest Node");
     let ccm = start_ccm(&bed);
     let nodes: Api<Node> = Api::all(bed.guest.client.clone());
-    let node = wait::until("Node initialised with the agent's address", Duration::from_secs(60), || {
-        let nodes = nodes.clone();
-        async move {
-            let n = nodes.get(NODE).await.map_err(|e| e.to_string())?;
-            let addrs = node_addresses(&n);
-            Ok(if addrs.iter().any(|a| a == "InternalIP=10.0.2.15") {
-                Ok(n)
-            } else {
-                Err(addrs)
-            })
-        }
-    })
+    let node = wait::until(
+        "Node initialised with the agent's address",
+        Duration::from_secs(60),
+        || {
+            let nodes = nodes.clone();
+            async move {
+                let n = nodes.get(NODE).await.map_err(|e| e.to_string())?;
+                let addrs = node_addresses(&n);
+                Ok(if addrs.iter().any(|a| a == "InternalIP=10.0.2.15") {
+                    Ok(n)
+                } else {
+                    Err(addrs)
+                })
+            }
+        },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
-    say(&format!("Node addresses from the guest agent: {:?}", node_addresses(&node)));
+    say(&format!(
+        "Node addresses from the guest agent: {:?}",
+        node_addresses(&node)
+    ));
     ccm.stop().await.expect("the cloud provider stops");
 
     let ctrl = controller(&bed).await;
-    let node = start_plugin(&bed, &vm, 1, &format!("--max-volumes-per-node={ATTACH_LIMIT}")).await;
+    let node = start_plugin(
+        &bed,
+        &vm,
+        1,
+        "node",
+        &format!("--max-volumes-per-node={ATTACH_LIMIT}"),
+    )
+    .await;
     hotplug_cycle(&vm, &ctrl, &node, "ext4").await;
     hotplug_cycle(&vm, &ctrl, &node, "xfs").await;
     let node = kill_during_stage(&bed, &vm, &ctrl, node).await;
     node.kill(&vm).await;
-    let _node = start_plugin(&bed, &vm, 3, &format!("--max-volumes-per-node={ATTACH_LIMIT}")).await;
+    // csi-sanity learns whether to call ControllerPublishVolume from GetPluginCapabilities on
+    // the node endpoint (CONTROLLER_SERVICE), and a `--mode node` plugin rightly does not claim
+    // it; so for csi-sanity the plugin in the guest runs in `all` mode. Its controller service
+    // is not called: csi-sanity sends controller RPCs to the host's controller.
+    let _node = start_plugin(
+        &bed,
+        &vm,
+        3,
+        "all",
+        &format!("--max-volumes-per-node={ATTACH_LIMIT}"),
+    )
+    .await;
     csi_sanity(&bed, &vm, &ctrl, "mount").await;
     csi_sanity(&bed, &vm, &ctrl, "block").await;
     ctrl.stop().await;
@@ -594,28 +714,39 @@ async fn guest_vm_with_udev_and_agent_root() {
 async fn guest_vm_without_udev_or_agent_root() {
     let _one = ONE_VM.lock().await;
     let t0 = Instant::now();
-    let (bed, vm) = bed_with_real_vm(VmOptions::new("guest-bare").without_udev().without_agent())
-        .await;
+    let (bed, vm) =
+        bed_with_real_vm(VmOptions::new("guest-bare").without_udev().without_agent()).await;
 
     // No agent: no addresses on the VMI, and the provider's Event names qemu-guest-agent.
     bed.sim.create_guest_node(NODE).await.expect("guest Node");
     let ccm = start_ccm(&bed);
     let events: Api<Event> = Api::namespaced(bed.guest.client.clone(), "default");
-    let event = wait::until("a Warning Event naming qemu-guest-agent", Duration::from_secs(60), || {
-        let events = events.clone();
-        async move {
-            let list = events.list(&Default::default()).await.map_err(|e| e.to_string())?;
-            let seen: Vec<String> = list.items.iter().map(|e| format!("{:?}", e.reason)).collect();
-            Ok(list
-                .items
-                .into_iter()
-                .find(|e| {
-                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(NODE)
-                        && e.reason.as_deref() == Some("NoGuestAgentAddresses")
-                })
-                .ok_or(seen))
-        }
-    })
+    let event = wait::until(
+        "a Warning Event naming qemu-guest-agent",
+        Duration::from_secs(60),
+        || {
+            let events = events.clone();
+            async move {
+                let list = events
+                    .list(&Default::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let seen: Vec<String> = list
+                    .items
+                    .iter()
+                    .map(|e| format!("{:?}", e.reason))
+                    .collect();
+                Ok(list
+                    .items
+                    .into_iter()
+                    .find(|e| {
+                        e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(NODE)
+                            && e.reason.as_deref() == Some("NoGuestAgentAddresses")
+                    })
+                    .ok_or(seen))
+            }
+        },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
     let note = event.note.unwrap_or_default();
@@ -625,7 +756,7 @@ async fn guest_vm_without_udev_or_agent_root() {
 
     // No udev: no by-id links; stage finds the disk by its SCSI serial in sysfs.
     let ctrl = controller(&bed).await;
-    let node = start_plugin(&bed, &vm, 1, "").await;
+    let node = start_plugin(&bed, &vm, 1, "node", "").await;
     let cap = mount_cap("ext4");
     let v = create_and_publish(&ctrl, "no-udev", 64 * MIB, &cap, &guest_paths("")).await;
     let serial = harvester_csi_driver::naming::disk_serial(&v.id);
@@ -633,21 +764,33 @@ async fn guest_vm_without_udev_or_agent_root() {
         .shell("ls /dev/disk/by-id 2>&1")
         .await
         .expect("ls in the guest");
-    assert_ne!(links.code, 0, "no udev, no by-id directory: {}", links.output);
-    stage(&node, &v, &cap).await.expect("NodeStageVolume by sysfs serial");
+    assert_ne!(
+        links.code, 0,
+        "no udev, no by-id directory: {}",
+        links.output
+    );
+    stage(&node, &v, &cap)
+        .await
+        .expect("NodeStageVolume by sysfs serial");
     let m = guest_mount(&vm, &v.staging).await;
     let disk = m[2].trim_start_matches("/dev/").to_string();
     let page = vm
         .run(&format!("tail -c +5 /sys/block/{disk}/device/vpd_pg80"))
         .await
         .expect("vpd_pg80");
-    assert_eq!(page.trim_end_matches(['\0', ' ', '\n']), serial, "staged the disk with the serial");
+    assert_eq!(
+        page.trim_end_matches(['\0', ' ', '\n']),
+        serial,
+        "staged the disk with the serial"
+    );
     unstage(&node, &v).await;
     controller_unpublish(&ctrl, &v).await;
 
     // A disk that is not in the guest: NOT_FOUND within the device wait, naming the serial.
     let t = Instant::now();
-    let err = stage(&node, &v, &cap).await.expect_err("no disk in the guest");
+    let err = stage(&node, &v, &cap)
+        .await
+        .expect_err("no disk in the guest");
     assert_eq!(err.code(), tonic::Code::NotFound, "{err:?}");
     assert!(err.message().contains(&serial), "{}", err.message());
     say(&format!(

@@ -468,15 +468,13 @@ async fn attach(
         return Ok(());
     }
     let target = match ctx.vm(node) {
-        Some(vm) => {
-            match plug_into_vm(ctx, &vm, ns, claim, name, serial, &backing.device).await {
-                Ok(t) => t,
-                Err(e) => {
-                    set_phase(&vmis, vm_name, name, "AttachedToNode", Some(&e)).await?;
-                    return Err(e);
-                }
+        Some(vm) => match plug_into_vm(ctx, &vm, ns, claim, name, serial, &backing.device).await {
+            Ok(t) => t,
+            Err(e) => {
+                set_phase(&vmis, vm_name, name, "AttachedToNode", Some(&e)).await?;
+                return Err(e);
             }
-        }
+        },
         None => {
             let dir = ctx.by_id_dir(node);
             link_disk(&dir, serial, &backing.device).map_err(|e| e.to_string())?;

@@ -156,9 +156,7 @@ impl Sim {
             .set_vm_status(&vm.name, true, "Running")
             .await
             .or(Ok::<_, BedError>(created))?;
-        let vmi = self
-            .start_vmi(vm, networks, interfaces, conditions)
-            .await?;
+        let vmi = self.start_vmi(vm, networks, interfaces, conditions).await?;
         Ok((created, vmi))
     }
 
@@ -296,7 +294,7 @@ impl Sim {
             vec![listed_interface(vm)],
             None,
         )
-            .await
+        .await
     }
 
     /// Deletes the VMI and the VM.

@@ -149,8 +149,11 @@ pub fn accelerator() -> &'static str {
     }
 }
 
-/// A QMP / device id for a volume name: letters, digits, `-`, `.`, `_`, starting with a letter.
+/// A QMP node / device id for a volume name: `hp-<name>` with letters, digits, `-`, `.`, `_`
+/// only; a name too long for QMP's 31-character node names (with the `-file` suffix
+/// [`Vm::plug`] adds) becomes `hp-<16 hex digits of its FNV-1a hash>`.
 pub fn device_id(volume: &str) -> String {
+    const MAX: usize = 31 - "-file".len();
     let clean: String = volume
         .chars()
         .map(|c| {
@@ -161,7 +164,14 @@ pub fn device_id(volume: &str) -> String {
             }
         })
         .collect();
-    format!("hp-{clean}")
+    let id = format!("hp-{clean}");
+    if id.len() <= MAX {
+        return id;
+    }
+    let hash = volume.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("hp-{hash:016x}")
 }
 
 /// The QEMU command line (pure: no I/O), for [`Vm::start`] and its unit test.
@@ -261,7 +271,9 @@ impl Vm {
             forwards.push((*g, free_port()?));
         }
         let mut cmd = Command::new(qemu_bin);
-        cmd.args(qemu_args(&image, &dir, &share, &opts, shell_port, &forwards));
+        cmd.args(qemu_args(
+            &image, &dir, &share, &opts, shell_port, &forwards,
+        ));
         let component = format!("qemu-{}", opts.name);
         let console = dir.join("console.log");
         let t0 = Instant::now();
@@ -338,6 +350,12 @@ impl Vm {
             .iter()
             .find(|(g, _)| *g == guest_port)
             .map(|(_, h)| *h)
+    }
+
+    /// The host port (on 127.0.0.1) of the command channel: one `sh` per connection, reading
+    /// the script until the connection's write side closes or the script says `exit`.
+    pub fn shell_port(&self) -> u16 {
+        self.shell_port
     }
 
     /// The console log's last `n` lines.
@@ -482,6 +500,10 @@ impl Vm {
         let mut q = self.qmp.lock().await;
         q.execute("device_del", json!({"id": dev})).await?;
         let deadline = Instant::now() + Duration::from_secs(30);
+        // QEMU takes the device out of the QOM tree first and emits DEVICE_DELETED once it is
+        // finalised; qom-list (which also reads the events queued before its reply) notices a
+        // removal whose event never comes.
+        let mut gone_since: Option<Instant> = None;
         let seen = loop {
             let deleted = q.take_events().iter().any(|e| {
                 e["event"] == "DEVICE_DELETED" && e["data"]["device"].as_str() == Some(&dev)
@@ -489,20 +511,17 @@ impl Vm {
             if deleted {
                 break "DEVICE_DELETED";
             }
+            if gone_since.is_some_and(|t| t.elapsed() > Duration::from_secs(2)) {
+                break "qom-list";
+            }
             let peripherals = q
                 .execute("qom-list", json!({"path": "/machine/peripheral"}))
                 .await?;
             let present = peripherals
                 .as_array()
                 .is_some_and(|a| a.iter().any(|p| p["name"].as_str() == Some(&dev)));
-            if !present {
-                // Read the event too if it came with the reply; else the fallback saw it.
-                if q.take_events().iter().any(|e| {
-                    e["event"] == "DEVICE_DELETED" && e["data"]["device"].as_str() == Some(&dev)
-                }) {
-                    break "DEVICE_DELETED";
-                }
-                break "qom-list";
+            if !present && gone_since.is_none() {
+                gone_since = Some(Instant::now());
             }
             if Instant::now() > deadline {
                 return Err(BedError::Setup(format!(
@@ -510,7 +529,7 @@ impl Vm {
                     self.name
                 )));
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         };
         // The device lets go of its drive when it is finalised, which QEMU may do a moment
         // after DEVICE_DELETED: until then blockdev-del says the node "is in use".
@@ -567,8 +586,8 @@ impl Vm {
     /// Stops QEMU (QMP `quit`, then kill) and reaps it.
     pub async fn stop(&self) {
         if let Ok(mut q) = tokio::time::timeout(Duration::from_secs(2), self.qmp.lock()).await {
-            let _ = tokio::time::timeout(Duration::from_secs(2), q.execute("quit", json!({})))
-                .await;
+            let _ =
+                tokio::time::timeout(Duration::from_secs(2), q.execute("quit", json!({}))).await;
         }
         self.qemu.lock().unwrap_or_else(|p| p.into_inner()).stop();
     }
@@ -618,6 +637,12 @@ mod tests {
     fn device_ids_are_qmp_ids() {
         assert_eq!(device_id("pvc-1a2b"), "hp-pvc-1a2b");
         assert_eq!(device_id("a b/c"), "hp-a_b_c");
+        let long = device_id("sanity-max-attach-limit-vol-0-d9454532-ed5503f5-baaa9f87c8");
+        assert!(long.len() + "-file".len() <= 31, "{long}");
+        assert_ne!(
+            long,
+            device_id("sanity-max-attach-limit-vol-1-d9454532-ed5503f5-baaa9f87c8")
+        );
     }
 
     #[test]
