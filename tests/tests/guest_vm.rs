@@ -816,3 +816,33 @@ async fn guest_vm_without_udev_or_agent_root() {
         vm.booted_in.as_secs_f64()
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_that_does_not_come_up_fails_with_its_console() {
+    let _one = ONE_VM.lock().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut opts = VmOptions::new("too-slow");
+    opts.boot_timeout = Duration::from_secs(2);
+    let t0 = Instant::now();
+    let err = match Vm::start(dir.path(), opts).await {
+        Ok(_) => panic!("a guest cannot be up within 2s under TCG"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("did not come up within 2s") && err.contains("console's last lines"),
+        "{err}"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(30),
+        "bounded: {:?}",
+        t0.elapsed()
+    );
+    // QEMU was killed and reaped: its pidfile names no live process.
+    let pid = std::fs::read_to_string(dir.path().join("vm-too-slow/qemu.pid")).expect("pidfile");
+    assert!(
+        !Path::new(&format!("/proc/{}", pid.trim())).exists()
+            || std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()))
+                .is_ok_and(|s| s.contains(") Z ")),
+        "QEMU {pid} still running"
+    );
+}
