@@ -5,7 +5,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test tools proto-check fmt-check clippy unit-and-integration help-check bench charts-check fuzz
+.PHONY: demo test tools node-tools proto-check fmt-check clippy unit-and-integration help-check bench charts-check fuzz
 
 demo: tools
 	$(CARGO) run --quiet -p testbed --bin testbed -- demo
@@ -15,9 +15,15 @@ test: tools proto-check fmt-check clippy help-check charts-check unit-and-integr
 tools:
 	@bash tests/scripts/tools.sh
 
+# Not part of `make test` (yet): kubelet, kube-controller-manager, kube-scheduler, the CSI sidecars
+# (Go module proxy) and containerd/runc/CNI plugins (Debian) for a real guest node (issue 15).
+node-tools:
+	@bash tests/scripts/node-tools.sh
+
 proto-check:
-	@echo "[test] csi.proto sha256"
+	@echo "[test] csi.proto and the kubelet's pluginregistration api.proto sha256"
 	@echo "5b81236a3809f3ff0b877ff9b82215d0b74a8e291d7f3ec6ee1a44f537c0f86a  proto/csi/v1.12.0/csi.proto" | sha256sum --check --quiet
+	@echo "7a67a0000a1a167c155286834bc9ccb489f8bcdb394e006daba270189c272afa  proto/pluginregistration/v0.34.4/api.proto" | sha256sum --check --quiet
 
 fmt-check:
 	@echo "[test] cargo fmt --check"

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use harvester_common::api_error::Describe;
 
-use crate::addresses::AddressError;
 use crate::config::ConfigError;
+use crate::node::addresses::AddressError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -2,25 +2,21 @@
 //! Harvester HCI.
 //!
 //! [`run`] starts every controller as its own future and joins them:
-//! - [`node`]: initialises tainted guest Nodes from their VMs, keeps their addresses true;
-//! - [`lifecycle`]: deletes Nodes whose VM is gone, taints Nodes whose VM is stopped;
-//! - [`topology`]: moves region/zone labels with a live-migrated VM;
+//! - [`node`]: the node-side controllers ([`node::init`] initialises tainted guest Nodes from
+//!   their VMs and keeps their addresses true; [`node::lifecycle`] deletes Nodes whose VM is gone
+//!   and taints Nodes whose VM is stopped; [`node::topology`] moves region/zone labels with a
+//!   live-migrated VM);
 //! - [`service`]: LoadBalancer Services with addresses from Harvester IP pools.
 //!
-//! The node-side controllers share one watch per resource ([`inventory`]). Each reconcile
-//! computes a pure `plan` and writes it with at most two patches ([`patch`]); errors become
-//! Warning Events on the Node and a per-Node backoff ([`controller`]).
+//! The node-side controllers share one watch per resource ([`node::inventory`]). Each reconcile
+//! computes a pure `plan` and writes it with at most two patches ([`node::patch`]); errors become
+//! Warning Events on the Node and a per-Node backoff ([`node`]).
 
-pub mod addresses;
 pub mod config;
-pub mod controller;
 pub mod error;
-pub mod inventory;
-pub mod lifecycle;
+pub mod network;
 pub mod node;
-pub mod patch;
 pub mod service;
-pub mod topology;
 
 use std::future::Future;
 use std::path::Path;
@@ -85,7 +81,12 @@ impl Context {
     pub async fn new(config: Config, telemetry: Telemetry) -> Result<Context, Error> {
         let harvester =
             Harvester::load_with_metrics(&config.cloud_config, Some(&telemetry.metrics)).await?;
-        let guest = guest_client(config.kubeconfig.as_deref(), Some(&telemetry.metrics)).await?;
+        let guest = guest_client(
+            config.kubeconfig.as_deref(),
+            config.master.as_ref(),
+            Some(&telemetry.metrics),
+        )
+        .await?;
         telemetry.readiness.set(READY_CLIENTS, Ok(()));
         let recorder = Recorder::new(
             guest.clone(),
@@ -112,13 +113,14 @@ impl Context {
 /// The guest cluster's client: `path`, or in-cluster config (then `KUBECONFIG`, `~/.kube/config`).
 pub async fn guest_client(
     path: Option<&Path>,
+    master: Option<&http::Uri>,
     metrics: Option<&Metrics>,
 ) -> Result<kube::Client, Error> {
     let fail = |reason: String| Error::GuestConfig {
         path: path.map(Path::to_path_buf),
         reason,
     };
-    let config = match path {
+    let mut config = match path {
         Some(p) => {
             let kubeconfig = Kubeconfig::read_from(p).map_err(|e| fail(e.to_string()))?;
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
@@ -129,6 +131,9 @@ pub async fn guest_client(
             .await
             .map_err(|e| fail(e.to_string()))?,
     };
+    if let Some(master) = master {
+        config.cluster_url = master.clone();
+    }
     harvester_common::telemetry::kube_client(config, metrics).map_err(|e| fail(e.to_string()))
 }
 
@@ -160,14 +165,14 @@ pub async fn run_with(
     );
     let shutdown: Shutdown = shutdown.boxed().shared();
 
-    let (nodes, watches) = controller::NodeCtx::start(&ctx, shutdown.clone());
+    let (nodes, watches) = node::NodeCtx::start(&ctx, shutdown.clone());
     let node_caches = report_node_caches(&ctx, &nodes, shutdown.clone());
     // One future per controller; each returns at once when `--controllers` disables it.
     tokio::join!(
         watches,
-        node::run(nodes.clone(), shutdown.clone()),
-        lifecycle::run(nodes.clone(), shutdown.clone()),
-        topology::run(nodes.clone(), shutdown.clone()),
+        node::init::run(nodes.clone(), shutdown.clone()),
+        node::lifecycle::run(nodes.clone(), shutdown.clone()),
+        node::topology::run(nodes.clone(), shutdown.clone()),
         run_service_controller(&ctx, shutdown.clone()),
         node_caches,
     );
@@ -177,8 +182,8 @@ pub async fn run_with(
 
 /// The `node-caches` readiness check: false until the Node, VM and VMI caches have listed
 /// (absent when no node-side controller runs).
-async fn report_node_caches(ctx: &Context, nodes: &controller::NodeCtx, shutdown: Shutdown) {
-    if !controller::node_side_enabled(ctx) {
+async fn report_node_caches(ctx: &Context, nodes: &node::NodeCtx, shutdown: Shutdown) {
+    if !node::node_side_enabled(ctx) {
         return;
     }
     let readiness = &ctx.telemetry.readiness;
@@ -255,6 +260,7 @@ async fn run_service_controller(ctx: &Context, shutdown: Shutdown) {
         load_balancer_class: ctx.config.service.load_balancer_class.clone(),
         dhcp_mode: ctx.config.service.dhcp_mode.clone(),
         dhcp_interface: ctx.config.service.dhcp_interface.clone(),
+        concurrency: ctx.config.service.concurrency,
     };
     service::run(
         ctx.guest.clone(),

@@ -5,24 +5,62 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::Parser;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
-use harvester_cloud_provider::config::{Config, Flags, OpsFlags, parse_go_duration};
+use harvester_cloud_provider::config::{Config, ConfigError, OpsFlags, parse_go_duration};
 use harvester_cloud_provider::error::one_line;
 use harvester_cloud_provider::{
     READY_CLIENTS, READY_HARVESTER, Telemetry, guest_client, token_expiry_event,
 };
 use harvester_common::cloud_config::{CREDENTIALS_CHECK_PERIOD, Harvester};
+use harvester_common::flags::Outcome;
 use harvester_common::telemetry::{self, LeaderConfig};
 
+/// Exit code of a refused command line (a flag or a flag's value), as pflag programs use.
+const BAD_FLAG: u8 = 2;
+
 fn main() -> ExitCode {
-    let flags = Flags::parse();
+    let parsed = match harvester_cloud_provider::config::parse_args(std::env::args_os()) {
+        Ok(p) => p,
+        Err(Outcome::Print(text)) => {
+            print!("{text}");
+            return ExitCode::SUCCESS;
+        }
+        Err(Outcome::Refused(line)) => {
+            eprintln!("harvester-cloud-provider: {line}");
+            return ExitCode::from(BAD_FLAG);
+        }
+    };
+    let flags = parsed.flags;
+    if flags.ops.version == Some(true) {
+        println!("harvester-cloud-provider {}", env!("CARGO_PKG_VERSION"));
+        return ExitCode::SUCCESS;
+    }
     telemetry::init_logging(
-        flags.ops.log_format,
+        flags.ops.logging_format.unwrap_or(flags.ops.log_format),
         Config::log_filter(flags.common.verbosity),
     );
-    match start(flags) {
+    if !parsed.without_effect.is_empty() {
+        tracing::info!(
+            "upstream flags accepted without effect here (docs/ccm.md): {}",
+            parsed.without_effect.join(" ")
+        );
+    }
+    let checked = (|| -> Result<_, String> {
+        let config = Config::from_flags(flags.clone()).map_err(|e| e.to_string())?;
+        let leader = leader_config(&flags.ops).map_err(|e| e.to_string())?;
+        let metrics_address =
+            telemetry::server::parse_address("--metrics-address", &flags.ops.metrics_address)?;
+        Ok((config, leader, metrics_address))
+    })();
+    let (config, leader, metrics_address) = match checked {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("harvester-cloud-provider: {e}");
+            return ExitCode::from(BAD_FLAG);
+        }
+    };
+    match start(config, leader, metrics_address) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("harvester-cloud-provider: {}", one_line(e.as_ref()));
@@ -31,13 +69,11 @@ fn main() -> ExitCode {
     }
 }
 
-fn start(flags: Flags) -> anyhow::Result<()> {
-    let ops = flags.ops.clone();
-    let config = Config::from_flags(flags)?;
-    let leader = leader_config(&ops)?;
-    let metrics_address =
-        telemetry::server::parse_address("--metrics-address", &ops.metrics_address)
-            .map_err(anyhow::Error::msg)?;
+fn start(
+    config: Config,
+    leader: Option<LeaderConfig>,
+    metrics_address: Option<std::net::SocketAddr>,
+) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     let shutdown = telemetry::shutdown_signal().boxed().shared();
     let stop_waiting = shutdown.clone();
@@ -79,7 +115,12 @@ async fn serve(
     let harvester = Harvester::load_with_metrics(&config.cloud_config, Some(&telemetry.metrics))
         .await
         .map_err(harvester_cloud_provider::Error::from)?;
-    let guest = guest_client(config.kubeconfig.as_deref(), Some(&telemetry.metrics)).await?;
+    let guest = guest_client(
+        config.kubeconfig.as_deref(),
+        config.master.as_ref(),
+        Some(&telemetry.metrics),
+    )
+    .await?;
     telemetry.readiness.set(READY_CLIENTS, Ok(()));
     let warn_before = Duration::from_secs(u64::from(config.token_expiry_warning_days) * 86_400);
     tokio::spawn({
@@ -115,16 +156,15 @@ async fn serve(
     Ok(())
 }
 
-fn leader_config(ops: &OpsFlags) -> anyhow::Result<Option<LeaderConfig>> {
-    if !ops.leader_elect {
-        return Ok(None);
-    }
-    let duration = |flag: &str, v: &str| {
-        parse_go_duration(v).map_err(|e| anyhow::anyhow!("invalid value {v:?} for {flag}: {e}"))
+fn leader_config(ops: &OpsFlags) -> Result<Option<LeaderConfig>, ConfigError> {
+    let duration = |flag: &'static str, v: &str| {
+        parse_go_duration(v).map_err(|e| ConfigError {
+            flag,
+            value: v.to_string(),
+            reason: e,
+        })
     };
-    let identity = std::env::var("POD_NAME")
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| format!("harvester-cloud-provider-{}", std::process::id()));
+    let identity = std::env::var("POD_NAME").unwrap_or_else(|_| unique_identity());
     let cfg = LeaderConfig {
         lease_duration: duration(
             "--leader-elect-lease-duration",
@@ -145,11 +185,28 @@ fn leader_config(ops: &OpsFlags) -> anyhow::Result<Option<LeaderConfig>> {
         )
     };
     if cfg.renew_deadline >= cfg.lease_duration {
-        anyhow::bail!(
-            "--leader-elect-renew-deadline {:?} must be shorter than --leader-elect-lease-duration {:?}",
-            ops.leader_elect_renew_deadline,
-            ops.leader_elect_lease_duration
-        );
+        return Err(ConfigError {
+            flag: "--leader-elect-renew-deadline",
+            value: ops.leader_elect_renew_deadline.clone(),
+            reason: format!(
+                "must be shorter than --leader-elect-lease-duration {:?}",
+                ops.leader_elect_lease_duration
+            ),
+        });
     }
-    Ok(Some(cfg))
+    // Checked even without --leader-elect, as upstream validates every flag.
+    Ok(ops.leader_elect.then_some(cfg))
+}
+
+/// A leader identity like client-go's `<hostname>_<uuid>`: unique even for two pods on one host
+/// (upstream's chart runs with hostNetwork, so the hostname is the Node's).
+fn unique_identity() -> String {
+    use std::hash::{BuildHasher, RandomState};
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "harvester-cloud-provider".into());
+    // RandomState is seeded from the OS per process: a fresh 64-bit suffix.
+    let suffix = RandomState::new().hash_one(std::process::id());
+    format!("{host}_{suffix:016x}")
 }

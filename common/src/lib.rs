@@ -5,12 +5,14 @@
 //! - [`cloud_config`]: the Harvester kubeconfig ("cloud-config") -> client + VM namespace.
 //! - [`ipam`]: a pure IP pool allocator with Harvester IPPool semantics.
 //! - [`dhcp`]: a DHCPv4 client leasing addresses for synthetic MACs (LoadBalancer `ipam: dhcp`).
+//! - [`flags`]: command lines parsed the way upstream's Go programs parse them.
 //! - [`quantity`]: Kubernetes quantities as bytes.
 //! - [`telemetry`]: logs, metrics, health endpoints, API request counts, shutdown signal.
 
 pub mod api_error;
 pub mod cloud_config;
 pub mod dhcp;
+pub mod flags;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod harvester;

@@ -3,15 +3,20 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context;
-use clap::Parser;
+use std::process::ExitCode;
+
+use clap::{CommandFactory, FromArgMatches, Parser};
+use harvester_common::flags::{self, Outcome, Syntax};
 use harvester_csi_driver::{Config, Mode};
 
-/// Flags compatible with the upstream harvester-csi-driver where they exist.
+/// Flags compatible with the upstream harvester-csi-driver where they exist. Read as upstream's
+/// urfave/cli v1 (Go `flag`) reads them: `-name` or `--name`, `=value` or a separate value, a
+/// bare bool, the last of a repeated flag; `-v`/`--version` prints the version.
 #[derive(Parser, Debug)]
 #[command(
     version,
-    about = "CSI driver passing Harvester storage through to guest clusters"
+    about = "CSI driver passing Harvester storage through to guest clusters",
+    args_override_self = true
 )]
 struct Cli {
     /// CSI endpoint, `unix:///path/csi.sock`.
@@ -36,7 +41,8 @@ struct Cli {
     #[arg(long)]
     max_volumes_per_node: Option<u32>,
     /// Debug logging (as upstream's `--debug`).
-    #[arg(long, env = "DEBUG")]
+    #[arg(long, env = "DEBUG", default_value = "false", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = flags::parse_go_bool)]
     debug: bool,
     /// Log format: text or json.
     #[arg(long, default_value = "text")]
@@ -53,12 +59,71 @@ struct Cli {
     shutdown_grace_seconds: u16,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+/// Exit code of a refused command line, as Go flag programs use.
+const BAD_FLAG: u8 = 2;
+
+/// Reads a command line (program name first) as upstream's urfave/cli does.
+fn parse_cli<I, T>(args: I) -> Result<Cli, Outcome>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString>,
+{
+    // urfave/cli's `-v, --version` (clap's own is `-V`).
+    let version = clap::Arg::new("version")
+        .short('v')
+        .long("version")
+        .action(clap::ArgAction::Version)
+        .help("Print version");
+    let command = Cli::command().disable_version_flag(true).arg(version);
+    flags::take_hyphen_values(command)
+        .try_get_matches_from(flags::normalize_args(args, Syntax::GoFlag))
+        .and_then(|m| Cli::from_arg_matches(&m))
+        .map_err(|e| flags::clap_outcome(&e))
+}
+
+fn main() -> ExitCode {
+    let cli = match parse_cli(std::env::args_os()) {
+        Ok(cli) => cli,
+        Err(Outcome::Print(text)) => {
+            print!("{text}");
+            return ExitCode::SUCCESS;
+        }
+        Err(Outcome::Refused(line)) => {
+            eprintln!("harvester-csi-driver: {line}");
+            return ExitCode::from(BAD_FLAG);
+        }
+    };
     let default_filter = if cli.debug { "debug" } else { "info" };
     harvester_common::telemetry::init_logging(cli.log_format, default_filter);
-    let mut config = Config::new(cli.endpoint, cli.kubeconfig);
+    let config = match config(cli) {
+        Ok(c) => c,
+        Err(line) => {
+            eprintln!("harvester-csi-driver: {line}");
+            return ExitCode::from(BAD_FLAG);
+        }
+    };
+    let served = tokio::runtime::Runtime::new()
+        .map_err(|e| format!("starting the runtime: {e}"))
+        .and_then(|runtime| {
+            runtime
+                .block_on(harvester_csi_driver::serve(
+                    config,
+                    harvester_common::telemetry::shutdown_signal(),
+                ))
+                .map_err(|e| harvester_common::api_error::one_line(&e))
+        });
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(line) => {
+            eprintln!("harvester-csi-driver: {line}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The driver's configuration from the flags; a value that does not parse is named.
+fn config(cli: Cli) -> Result<Config, String> {
+    let mut config = Config::new(cli.endpoint, cloud_config_path(cli.kubeconfig));
     config.mode = cli.mode;
     config.node_id = cli.nodeid;
     config.host_storage_class = cli.host_storage_class;
@@ -67,12 +132,102 @@ async fn main() -> anyhow::Result<()> {
     config.metrics_address = harvester_common::telemetry::server::parse_address(
         "--metrics-address",
         &cli.metrics_address,
-    )
-    .map_err(anyhow::Error::msg)?;
+    )?;
     config.token_expiry_warning =
         Duration::from_secs(u64::from(cli.token_expiry_warning_days) * 86_400);
     config.shutdown_grace = Duration::from_secs(u64::from(cli.shutdown_grace_seconds));
-    harvester_csi_driver::serve(config, harvester_common::telemetry::shutdown_signal())
-        .await
-        .context("harvester-csi-driver")
+    Ok(config)
+}
+
+/// `--kubeconfig`, or `/etc/kubernetes/cloud-config` when that file is missing and the default
+/// exists (upstream's fallback: a chart that mounts the cloud-config elsewhere keeps working).
+fn cloud_config_path(given: PathBuf) -> PathBuf {
+    let fallback = PathBuf::from(harvester_common::cloud_config::DEFAULT_PATH);
+    if !given.exists() && given != fallback && fallback.exists() {
+        tracing::info!(
+            "--kubeconfig {} does not exist; using {} as upstream does",
+            given.display(),
+            fallback.display()
+        );
+        return fallback;
+    }
+    given
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, Outcome> {
+        parse_cli(std::iter::once("harvester-csi-driver").chain(args.iter().copied()))
+    }
+
+    /// What upstream's node DaemonSet renders (harvester/charts
+    /// charts/harvester-csi-driver/templates/daemonset.yaml), the kubelet having expanded $(VARS).
+    #[test]
+    fn upstream_chart_args() {
+        let cli = parse(&[
+            "--nodeid=worker-1",
+            "--endpoint=unix:///csi/csi.sock",
+            "--kubeconfig=/var/lib/harvester/cloud-provider-config",
+            "--host-storage-class=longhorn-single",
+        ])
+        .unwrap();
+        assert_eq!(cli.nodeid.as_deref(), Some("worker-1"));
+        assert_eq!(cli.endpoint, "unix:///csi/csi.sock");
+        assert_eq!(
+            cli.kubeconfig,
+            PathBuf::from("/var/lib/harvester/cloud-provider-config")
+        );
+        assert_eq!(cli.host_storage_class.as_deref(), Some("longhorn-single"));
+        assert!(
+            matches!(cli.mode, Mode::All),
+            "one process serves all, as upstream"
+        );
+    }
+
+    #[test]
+    fn go_flag_spellings() {
+        let cli = parse(&[
+            "-nodeid",
+            "n1",
+            "-endpoint=unix:///a.sock",
+            "-debug",
+            "--endpoint",
+            "unix:///b.sock",
+        ])
+        .unwrap();
+        assert_eq!(cli.nodeid.as_deref(), Some("n1"));
+        assert_eq!(
+            cli.endpoint, "unix:///b.sock",
+            "the last of a repeated flag"
+        );
+        assert!(cli.debug, "a bare bool");
+        assert!(!parse(&["--debug=false"]).unwrap().debug);
+        assert!(
+            matches!(parse(&["-v"]), Err(Outcome::Print(_))),
+            "-v prints the version"
+        );
+        assert!(matches!(parse(&["-h"]), Err(Outcome::Print(_))));
+    }
+
+    #[test]
+    fn bad_flags_are_one_line_naming_them() {
+        for (args, names) in [
+            (&["--no-such"][..], &["--no-such"][..]),
+            (&["--debug=maybe"], &["--debug", "maybe"]),
+            (&["--mode=sideways"], &["--mode", "sideways"]),
+        ] {
+            match parse(args) {
+                Err(Outcome::Refused(line)) => {
+                    assert!(!line.contains('\n'), "{line}");
+                    for n in names {
+                        assert!(line.contains(n), "{line:?} names {n}");
+                    }
+                }
+                Err(Outcome::Print(p)) => panic!("{args:?} printed {p}"),
+                Ok(_) => panic!("{args:?} must be refused"),
+            }
+        }
+    }
 }

@@ -58,3 +58,34 @@ pub async fn lease_held_by(
     })
     .await
 }
+
+/// Waits (30 s) until guest Node `name` has a providerID, i.e. a cloud provider initialised it;
+/// on timeout the error shows the Node's annotations and spec as last seen.
+pub async fn node_initialised(
+    guest: &kube::Client,
+    name: &str,
+) -> Result<k8s_openapi::api::core::v1::Node, String> {
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(guest.clone());
+    until(
+        &format!("Node {name} initialised"),
+        Duration::from_secs(30),
+        || {
+            let nodes = nodes.clone();
+            async move {
+                let n = nodes.get(name).await.map_err(|e| e.to_string())?;
+                Ok(
+                    if n.spec
+                        .as_ref()
+                        .and_then(|s| s.provider_id.as_ref())
+                        .is_some()
+                    {
+                        Ok(n)
+                    } else {
+                        Err((n.metadata.annotations, n.spec))
+                    },
+                )
+            }
+        },
+    )
+    .await
+}

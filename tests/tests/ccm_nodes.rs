@@ -5,9 +5,12 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use harvester_cloud_provider::patch::{SHUTDOWN_TAINT, UNINITIALIZED_TAINT};
+use harvester_cloud_provider::node::patch::{SHUTDOWN_TAINT, UNINITIALIZED_TAINT};
 use harvester_cloud_provider::{Config, Running};
-use harvester_common::harvester::{TOPOLOGY_REGION, TOPOLOGY_ZONE, VirtualMachineInstance};
+use harvester_common::harvester::{
+    FAILURE_DOMAIN_REGION, FAILURE_DOMAIN_ZONE, TOPOLOGY_REGION, TOPOLOGY_ZONE,
+    VirtualMachineInstance,
+};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
@@ -211,6 +214,9 @@ async fn tainted_node_is_initialised_from_its_vm_within_seconds() {
     );
     assert_eq!(label(&node, TOPOLOGY_REGION), Some("region-a"));
     assert_eq!(label(&node, TOPOLOGY_ZONE), Some("zone-1"));
+    // Upstream's framework sets the deprecated beta labels too; old manifests select on them.
+    assert_eq!(label(&node, FAILURE_DOMAIN_REGION), Some("region-a"));
+    assert_eq!(label(&node, FAILURE_DOMAIN_ZONE), Some("zone-1"));
     assert!(
         taint_keys(&node).is_empty(),
         "no taint left: {:?}",
@@ -250,6 +256,8 @@ async fn migration_moves_the_node_to_the_zone_of_its_new_host() {
     })
     .await;
     assert_eq!(label(&node, TOPOLOGY_REGION), Some("region-b"));
+    assert_eq!(label(&node, FAILURE_DOMAIN_REGION), Some("region-b"));
+    assert_eq!(label(&node, FAILURE_DOMAIN_ZONE), Some("zone-2"));
     assert!(
         taint_keys(&node).is_empty(),
         "no re-taint: {:?}",

@@ -13,7 +13,7 @@ mod common;
 use std::time::Duration;
 
 use common::{LIMIT, bed, etcd_put, start_provider};
-use harvester_cloud_provider::patch::{SHUTDOWN_TAINT, UNINITIALIZED_TAINT};
+use harvester_cloud_provider::node::patch::{SHUTDOWN_TAINT, UNINITIALIZED_TAINT};
 use harvester_common::harvester::TOPOLOGY_ZONE;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;

@@ -5,13 +5,9 @@
 mod deploy_common;
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use deploy_common::*;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::Api;
 use serde_json::{Value, json};
-use testbed::{BedOptions, TestBed, wait};
 
 fn strs(v: &Value) -> Vec<String> {
     v.as_array()
@@ -103,7 +99,7 @@ fn cloud_provider_chart_renders_the_upstream_shape_with_our_needs() {
         [
             "--cloud-config=/etc/kubernetes/cloud-config",
             "--leader-elect-resource-namespace=kube-system",
-            "--leader-elect-resource-name=harvester-cloud-provider",
+            "--leader-elect-resource-name=cloud-controller-manager",
             "--metrics-address=0.0.0.0:10268",
         ],
         "no cluster name given: the flag's default applies"
@@ -154,6 +150,47 @@ fn cloud_provider_chart_renders_the_upstream_shape_with_our_needs() {
         );
     }
     assert_eq!(kv["spec"]["template"]["spec"]["hostNetwork"], true);
+    // Upstream's placement and capabilities: rancher/rke2-charts
+    // charts/harvester-cloud-provider/harvester-cloud-provider/0.2.1600/values.yaml (commit
+    // 256663cc) `kube-vip.affinity`; the kube-vip sub-chart's values.yaml of 0.2.1500 (commit
+    // 25c8c2fb) `securityContext` and `updateStrategy`.
+    assert_eq!(
+        kv["spec"]["template"]["spec"]["affinity"],
+        json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "node-role.kubernetes.io/controlplane", "operator": "Exists"}]},
+                {"matchExpressions": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]}]}}})
+    );
+    assert!(kv["spec"]["template"]["spec"]["nodeSelector"].is_null());
+    assert_eq!(
+        kvc["securityContext"],
+        json!({"capabilities": {"add": ["NET_ADMIN", "NET_RAW"], "drop": ["ALL"]}})
+    );
+    assert_eq!(
+        kv["spec"]["updateStrategy"],
+        json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}})
+    );
+    assert_eq!(
+        kv["spec"]["selector"]["matchLabels"],
+        json!({"app.kubernetes.io/name": "kube-vip", "app.kubernetes.io/instance": "harvester-cloud-provider"})
+    );
+    // kube-vip's RBAC as its chart has it: nodes patch (it labels Nodes), secrets in its
+    // namespace (kube-vip/helm-charts pull request 102).
+    let kv_role = grants(find(&docs, "ClusterRole", "kube-vip"));
+    assert!(
+        kv_role.contains(&grant("", "nodes", "patch")),
+        "{kv_role:?}"
+    );
+    let secrets = find(&docs, "Role", "kube-vip");
+    assert_eq!(secrets["metadata"]["namespace"], RELEASE_NAMESPACE);
+    assert_eq!(
+        grants(secrets),
+        [grant("", "secrets", "get"), grant("", "secrets", "list")].into()
+    );
+    assert_eq!(
+        find(&docs, "RoleBinding", "kube-vip")["roleRef"]["name"],
+        "kube-vip"
+    );
 
     // Guest RBAC: the Events API, not core events; nothing the code does not call.
     let role = grants(find(&docs, "ClusterRole", "harvester-cloud-provider"));
@@ -189,7 +226,7 @@ fn cloud_provider_chart_takes_every_cloud_config_source_and_the_cluster_name() {
         [
             "--cloud-config=/etc/kubernetes/cloud-config",
             "--leader-elect-resource-namespace=kube-system",
-            "--leader-elect-resource-name=harvester-cloud-provider",
+            "--leader-elect-resource-name=cloud-controller-manager",
             "--metrics-address=0.0.0.0:10268",
             "--cluster-name=rke2-prod",
             "--management-network=default/vlan-100",
@@ -236,7 +273,7 @@ fn cloud_provider_chart_takes_every_cloud_config_source_and_the_cluster_name() {
     )
     .expect_err("no cloud-config source must not render");
     assert!(
-        err.contains("cloudConfigPath, cloudConfig.secretName or cloudConfig.hostPath"),
+        err.contains("cloudConfig.secretName, cloudConfigPath or cloudConfig.hostPath"),
         "{err}"
     );
 }
@@ -280,6 +317,36 @@ fn csi_chart_renders_controller_with_driver_node_plugin_csidriver_and_classes() 
         ]
     );
     assert_eq!(ctrl["spec"]["replicas"], 3, "upstream's default");
+    // Sidecar images no older than upstream's: harvester/charts charts/harvester-csi-driver
+    // values.yaml at master 48a577b7 (../shared/reference/upstream-charts-facts.md).
+    for (name, image) in [
+        (
+            "csi-provisioner",
+            "rancher/mirrored-longhornio-csi-provisioner:v5.3.0-20260428",
+        ),
+        (
+            "csi-attacher",
+            "rancher/mirrored-longhornio-csi-attacher:v4.11.0-20260428",
+        ),
+        (
+            "csi-resizer",
+            "rancher/mirrored-longhornio-csi-resizer:v2.1.0-20260428",
+        ),
+        (
+            "csi-snapshotter",
+            "rancher/mirrored-longhornio-csi-snapshotter:v8.5.0-20260428",
+        ),
+    ] {
+        assert_eq!(container(ctrl, name)["image"], image);
+    }
+    // The controllers only on control-plane nodes (required), as upstream's deployment.yaml
+    // (harvester/charts charts/harvester-csi-driver/templates/deployment.yaml, 05a56a9e).
+    assert_eq!(
+        ctrl["spec"]["template"]["spec"]["affinity"]["nodeAffinity"],
+        json!({"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "node-role.kubernetes.io/controlplane", "operator": "Exists"}]},
+            {"matchExpressions": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]}]}})
+    );
     let driver = container(ctrl, "harvester-csi-driver");
     assert!(args(driver).contains(&"--mode=controller".to_string()));
     assert_eq!(
@@ -315,6 +382,10 @@ fn csi_chart_renders_controller_with_driver_node_plugin_csidriver_and_classes() 
             "liveness-probe",
             "harvester-csi-driver"
         ]
+    );
+    assert_eq!(
+        container(node, "node-driver-registrar")["image"],
+        "rancher/mirrored-longhornio-csi-node-driver-registrar:v2.16.0-20260428"
     );
     let driver = container(node, "harvester-csi-driver");
     assert_eq!(driver["securityContext"]["privileged"], true);
@@ -398,7 +469,7 @@ fn csi_chart_takes_secret_host_class_kubelet_dir_and_storage_class_parameters() 
     );
     assert_eq!(
         mount(container(node, "harvester-csi-driver"), "kubelet-dir")["mountPath"],
-        "/var/lib/rancher/k3s/agent/kubelet"
+        "/var/lib/kubelet-custom"
     );
     let ctrl = find(&docs, "Deployment", "harvester-csi-driver-controllers");
     assert!(
@@ -484,49 +555,6 @@ fn csi_chart_passes_only_flags_the_driver_defines() {
     }
 }
 
-async fn bed() -> TestBed {
-    TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("the test bed must start for this test: {e}"))
-}
-
-/// The guest cluster of RKE2 has the snapshot CRDs (rke2-snapshot-controller-crd); install the
-/// bed's copy so the VolumeSnapshotClass can be validated.
-async fn install_snapshot_crds(client: &kube::Client) {
-    let path = repo().join("tests/crds/snapshot.yaml");
-    let text = std::fs::read_to_string(&path).expect("tests/crds/snapshot.yaml");
-    let mut names = Vec::new();
-    for doc in parse(&text) {
-        names.push(doc["metadata"]["name"].as_str().expect("name").to_string());
-        apply(client, &doc, "default", false)
-            .await
-            .unwrap_or_else(|e| panic!("installing snapshot CRDs: {e}"));
-    }
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for name in names {
-        wait::until(
-            &format!("CRD {name} established"),
-            Duration::from_secs(30),
-            || {
-                let crds = crds.clone();
-                let name = name.clone();
-                async move {
-                    let crd = crds.get(&name).await.map_err(|e| e.to_string())?;
-                    let ok = crd
-                        .status
-                        .and_then(|s| s.conditions)
-                        .unwrap_or_default()
-                        .iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True");
-                    Ok(if ok { Ok(()) } else { Err(name) })
-                }
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    }
-}
-
 #[tokio::test]
 async fn every_rendered_object_is_accepted_by_the_api_servers() {
     let bed = bed().await;
@@ -557,4 +585,81 @@ async fn every_rendered_object_is_accepted_by_the_api_servers() {
         refused.join("\n")
     );
     eprintln!("{accepted} objects accepted (server-side apply, dryRun=All)");
+}
+
+#[test]
+fn kube_vip_takes_the_sub_chart_keys_users_set() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let values = tmp.path().join("kube-vip.yaml");
+    std::fs::write(
+        &values,
+        r#"
+kube-vip:
+  config: {address: 192.168.10.5}
+  env: {cp_enable: "true", vip_interface: enp1s0}
+  envFrom: [{secretRef: {name: bgp}}]
+  envValueFrom: {bgp_routerid: {fieldRef: {fieldPath: status.podIP}}}
+  hostAliases: [{ip: 127.0.0.1, hostnames: [kubernetes]}]
+  volumes: [{name: kubeconfig, hostPath: {path: /etc/rancher/k3s/k3s.yaml, type: File}}]
+  volumeMounts: [{name: kubeconfig, mountPath: /etc/kubernetes/admin.conf}]
+  podSecurityContext: {runAsUser: 0}
+  updateStrategy: {rollingUpdate: {maxUnavailable: 2}}
+  nameOverride: vip
+  namespaceOverride: kube-vip
+  serviceAccount: {annotations: {a: b}}
+  podMonitor: {enabled: true, labels: {release: prom}}
+  priorityClassName: system-node-critical
+"#,
+    )
+    .expect("write");
+    let docs = template(CCM_CHART, Some(&values), &[]);
+    let ds = find(&docs, "DaemonSet", "vip");
+    assert_eq!(ds["metadata"]["namespace"], "kube-vip");
+    assert_eq!(
+        ds["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"],
+        "vip"
+    );
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "vip");
+    assert_eq!(pod["securityContext"], json!({"runAsUser": 0}));
+    assert_eq!(pod["hostAliases"][0]["ip"], "127.0.0.1");
+    assert_eq!(pod["volumes"][0]["name"], "kubeconfig");
+    assert_eq!(pod["priorityClassName"], "system-node-critical");
+    assert_eq!(
+        ds["spec"]["updateStrategy"],
+        json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 2}})
+    );
+    let c = container(ds, "kube-vip");
+    assert_eq!(
+        c["volumeMounts"][0]["mountPath"],
+        "/etc/kubernetes/admin.conf"
+    );
+    assert_eq!(c["envFrom"], json!([{"secretRef": {"name": "bgp"}}]));
+    let env = c["env"].as_array().expect("env");
+    assert_eq!(
+        env[0],
+        json!({"name": "vip_address", "value": "192.168.10.5"})
+    );
+    assert!(env.contains(&json!({"name": "bgp_routerid",
+        "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})));
+    assert!(env.contains(&json!({"name": "vip_interface", "value": "enp1s0"})));
+    assert_eq!(
+        c["ports"],
+        json!([{"name": "monitoring", "containerPort": 2112, "protocol": "TCP"}])
+    );
+    let pm = find(&docs, "PodMonitor", "vip");
+    assert_eq!(pm["metadata"]["labels"]["release"], "prom");
+    assert_eq!(
+        find(&docs, "ServiceAccount", "vip")["metadata"]["annotations"],
+        json!({"a": "b"})
+    );
+    assert_eq!(
+        find(&docs, "Role", "vip")["metadata"]["namespace"],
+        "kube-vip"
+    );
+
+    // cp_enable without an address: refused naming the key.
+    let err = try_template(CCM_CHART, None, &["kube-vip.env.cp_enable=true"])
+        .expect_err("cp_enable without config.address must not render");
+    assert!(err.contains("kube-vip.config.address"), "{err}");
 }

@@ -471,3 +471,102 @@ pub async fn refusals(bed: &testbed::TestBed) -> (u64, u64) {
         .unwrap_or_else(|e| panic!("Harvester metrics: {e}"));
     (guest, harvester)
 }
+
+// ---- helm against the test bed's guest API server ----
+
+/// A test bed for the deployment suites; fails the test when it cannot start.
+pub async fn bed() -> testbed::TestBed {
+    testbed::TestBed::start(testbed::BedOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("the test bed must start for this test: {e}"))
+}
+
+/// The guest cluster of RKE2 has the snapshot CRDs (rke2-snapshot-controller-crd); install the
+/// bed's copy so the VolumeSnapshotClass can be validated.
+pub async fn install_snapshot_crds(client: &kube::Client) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let path = repo().join("tests/crds/snapshot.yaml");
+    let text = std::fs::read_to_string(&path).expect("tests/crds/snapshot.yaml");
+    let mut names = Vec::new();
+    for doc in parse(&text) {
+        names.push(doc["metadata"]["name"].as_str().expect("name").to_string());
+        apply(client, &doc, "default", false)
+            .await
+            .unwrap_or_else(|e| panic!("installing snapshot CRDs: {e}"));
+    }
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for name in names {
+        testbed::wait::until(
+            &format!("CRD {name} established"),
+            std::time::Duration::from_secs(30),
+            || {
+                let crds = crds.clone();
+                let name = name.clone();
+                async move {
+                    let crd = crds.get(&name).await.map_err(|e| e.to_string())?;
+                    let ok = crd
+                        .status
+                        .and_then(|s| s.conditions)
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True");
+                    Ok(if ok { Ok(()) } else { Err(name) })
+                }
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+/// helm with the bed's guest admin kubeconfig, and its cache, config and data in the bed's
+/// directory (nothing written to the user's home).
+pub struct BedHelm {
+    kubeconfig: PathBuf,
+    home: PathBuf,
+}
+
+impl BedHelm {
+    pub fn new(bed: &testbed::TestBed) -> Self {
+        let home = bed.dir.path().join("helm");
+        std::fs::create_dir_all(&home).unwrap_or_else(|e| panic!("{}: {e}", home.display()));
+        BedHelm {
+            kubeconfig: bed.guest.kubeconfig.clone(),
+            home,
+        }
+    }
+
+    /// Runs helm with `args`; Ok(stdout) or Err(the command and helm's output).
+    pub fn run(&self, args: &[&str]) -> Result<String, String> {
+        let out = Command::new(helm())
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("HELM_CACHE_HOME", self.home.join("cache"))
+            .env("HELM_CONFIG_HOME", self.home.join("config"))
+            .env("HELM_DATA_HOME", self.home.join("data"))
+            .output()
+            .unwrap_or_else(|e| panic!("running helm: {e}"));
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).to_string())
+        } else {
+            Err(format!(
+                "helm {}:\n{}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+
+    /// Like [`BedHelm::run`], panicking with helm's output on failure.
+    pub fn ok(&self, args: &[&str]) -> String {
+        self.run(args).unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+/// The fixture chart standing in for upstream's `chart` (tests/fixtures/upstream-<chart>).
+pub fn fixture_dir(chart: &str) -> PathBuf {
+    repo()
+        .join("tests/fixtures")
+        .join(format!("upstream-{chart}"))
+}

@@ -16,7 +16,7 @@ use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume}
 use csi_proto::csi::v1::*;
 use deploy_common::*;
 use harvester_cloud_provider::Config;
-use harvester_cloud_provider::patch::SHUTDOWN_TAINT;
+use harvester_cloud_provider::node::patch::SHUTDOWN_TAINT;
 use harvester_cloud_provider::service::annotations::{
     ANN_NETWORK, ANN_PRIMARY_SERVICE, KUBE_VIP_INTERFACE,
 };

@@ -12,7 +12,7 @@ use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume}
 use csi_proto::csi::v1::*;
 use deploy_common::*;
 use harvester_cloud_provider::Config;
-use harvester_cloud_provider::patch::UNINITIALIZED_TAINT;
+use harvester_cloud_provider::node::patch::UNINITIALIZED_TAINT;
 use harvester_common::harvester::IPPool;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::events::v1::Event;

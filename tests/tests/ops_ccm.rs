@@ -110,8 +110,9 @@ async fn the_binary_serves_probes_and_metrics_leads_with_a_lease_and_stops_on_si
     testbed::process::json_log(&logs.join().unwrap(), &credentials);
 }
 
-/// The provider's Lease (`--leader-elect-resource-name`'s default).
-const LEASE: &str = "harvester-cloud-provider";
+/// The provider's Lease (`--leader-elect-resource-name`'s default): upstream's, so that upstream
+/// pods and ours share one election during a rolling switch.
+const LEASE: &str = "cloud-controller-manager";
 
 /// A provider binary with a short lease, for the hand-over test.
 fn provider(bed: &TestBed, name: &str, port: u16) -> std::process::Child {
@@ -151,21 +152,9 @@ fn writes(port: u16) -> u64 {
 }
 
 async fn wait_initialised(bed: &TestBed, node: &str) {
-    let nodes: Api<Node> = Api::all(bed.guest.client.clone());
-    wait::until(
-        &format!("Node {node} initialised"),
-        Duration::from_secs(30),
-        || {
-            let nodes = nodes.clone();
-            async move {
-                let n = nodes.get(node).await.map_err(|e| e.to_string())?;
-                let id = n.spec.as_ref().and_then(|s| s.provider_id.clone());
-                Ok(if id.is_some() { Ok(()) } else { Err(n.spec) })
-            }
-        },
-    )
-    .await
-    .unwrap();
+    wait::node_initialised(&bed.guest.client, node)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -344,4 +333,120 @@ subjects: [{{kind: ServiceAccount, name: ccm-expiring, namespace: {ns}}}]
     );
     child.kill().unwrap();
     let _ = child.wait();
+}
+
+/// A rolling switch from upstream: an upstream (client-go) pod holds and renews the default Lease
+/// `kube-system/cloud-controller-manager`. Ours, started with upstream's defaults, stays a
+/// standby that writes nothing (the Node stays tainted), and takes over within the lease once the
+/// holder stops renewing.
+#[tokio::test]
+async fn a_lease_held_by_upstream_keeps_ours_standby_until_it_expires() {
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    use kube::api::{ObjectMeta, PostParams};
+
+    let bed = TestBed::start(BedOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("bed: {e}"));
+    bed.sim
+        .create_host("h1", Some("r1"), Some("z1"))
+        .await
+        .unwrap();
+    bed.sim
+        .create_vm(&GuestVm::new("w1").on_host("h1").ip("10.0.0.7"))
+        .await
+        .unwrap();
+    bed.sim.create_guest_node("w1").await.unwrap();
+    // What client-go's LeaseLock writes for upstream's pod: identity `<hostname>_<uuid>`, 15 s.
+    const UPSTREAM: &str =
+        "harvester-cloud-provider-7d4b9c-x2x9q_5f0c7c1e-6a1b-4a4e-9b59-1b1f3b2c9d10";
+    let leases: Api<Lease> = Api::namespaced(bed.guest.client.clone(), "kube-system");
+    let now = || MicroTime(jiff::Timestamp::now());
+    let held = Lease {
+        metadata: ObjectMeta {
+            name: Some(LEASE.into()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(UPSTREAM.into()),
+            lease_duration_seconds: Some(15),
+            acquire_time: Some(now()),
+            renew_time: Some(now()),
+            lease_transitions: Some(0),
+            ..Default::default()
+        }),
+    };
+    leases.create(&PostParams::default(), &held).await.unwrap();
+    let renewing = tokio::spawn({
+        let leases = leases.clone();
+        async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let Ok(mut l) = leases.get(LEASE).await else {
+                    continue;
+                };
+                if let Some(spec) = l.spec.as_mut() {
+                    spec.renew_time = Some(now());
+                }
+                let _ = leases.replace(LEASE, &PostParams::default(), &l).await;
+            }
+        }
+    });
+
+    // Upstream's chart args: no Lease flags at all, so the default Lease is the one above.
+    let port = testbed::process::free_port().unwrap();
+    let mut ours = Command::new(testbed::process::built_binary("harvester-cloud-provider"))
+        .args(["--cloud-config", &bed.cloud_config.to_string_lossy()])
+        .args(["--kubeconfig", &bed.guest.kubeconfig.to_string_lossy()])
+        .args(["--cluster-name=switch", "--leader-elect"])
+        .args(["--metrics-address", &format!("127.0.0.1:{port}")])
+        .env("POD_NAME", "ours-0")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the binary");
+    scrape::wait_for_200(port, "/readyz", Duration::from_secs(30))
+        .await
+        .unwrap();
+    // Well past a lease duration of renewals by upstream: ours must not have moved.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(
+        wait::lease_holder(&leases, LEASE).await.as_deref(),
+        Some(UPSTREAM),
+        "upstream keeps the Lease while it renews"
+    );
+    assert_eq!(writes(port), 0, "a standby writes nothing");
+    let samples = scrape::metrics(port).unwrap();
+    let lease_writes: f64 = ["create", "update", "patch"]
+        .iter()
+        .map(|verb| {
+            scrape::sum(
+                &samples,
+                "harvester_kube_api_requests_total",
+                &[("verb", verb), ("resource", "leases")],
+            )
+        })
+        .sum();
+    assert_eq!(lease_writes, 0.0, "not even a write to the held Lease");
+    let nodes: Api<Node> = Api::all(bed.guest.client.clone());
+    let w1 = nodes.get("w1").await.unwrap();
+    assert!(
+        w1.spec.and_then(|s| s.provider_id).is_none(),
+        "the standby initialised nothing"
+    );
+
+    // Upstream's pod is gone: ours takes over once 15 s pass without a renewal.
+    renewing.abort();
+    let stopped = tokio::time::Instant::now();
+    wait::lease_held_by(&leases, LEASE, "ours-0", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let took = stopped.elapsed();
+    assert!(
+        took <= Duration::from_secs(15 + 2 + 2 + 3),
+        "took over {took:?} after renewals stopped (lease 15 s, renewals and retries every 2 s)"
+    );
+    wait_initialised(&bed, "w1").await;
+    ours.kill().unwrap();
+    let _ = ours.wait();
 }

@@ -34,6 +34,8 @@ pub struct LbSettings {
     pub dhcp_mode: super::dhcp::DhcpMode,
     /// `--dhcp-interface`: where to lease when the Service's network maps to no interface.
     pub dhcp_interface: Option<String>,
+    /// `--concurrent-service-syncs`: at most this many reconciles at once; `None`: unbounded.
+    pub concurrency: Option<u16>,
 }
 
 /// Whether this controller serves the Service.

@@ -143,7 +143,9 @@ pub async fn run(
     let (wake, woken) = tokio::sync::mpsc::unbounded_channel();
     let leases = (settings.dhcp_mode == DhcpMode::Ccm)
         .then(|| Leases::new(Default::default(), wake, metrics.clone()));
-    let controller = Controller::new(services.clone(), watcher::Config::default());
+    let concurrency = settings.concurrency.unwrap_or(0); // 0: kube-runtime's "unbounded"
+    let controller = Controller::new(services.clone(), watcher::Config::default())
+        .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
     let store = controller.store();
     let reporter = Reporter {
         controller: MANAGER.into(),

@@ -16,3 +16,7 @@ pub type Rest = serde_json::Map<String, serde_json::Value>;
 /// Annotation keys Harvester copies from the host Node's labels onto a guest VMI.
 pub const TOPOLOGY_ZONE: &str = "topology.kubernetes.io/zone";
 pub const TOPOLOGY_REGION: &str = "topology.kubernetes.io/region";
+/// The deprecated (beta) twins of the topology labels. The cloud-provider framework upstream
+/// builds on sets both on a guest Node; old manifests still select on these.
+pub const FAILURE_DOMAIN_ZONE: &str = "failure-domain.beta.kubernetes.io/zone";
+pub const FAILURE_DOMAIN_REGION: &str = "failure-domain.beta.kubernetes.io/region";

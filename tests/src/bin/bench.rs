@@ -23,7 +23,7 @@ use csi_proto::csi::v1::volume_capability::access_mode::Mode;
 use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
 use csi_proto::csi::v1::*;
 use futures::{StreamExt, TryStreamExt};
-use harvester_cloud_provider::patch::UNINITIALIZED_TAINT;
+use harvester_cloud_provider::node::patch::UNINITIALIZED_TAINT;
 use harvester_cloud_provider::service::plan::LABEL_SERVICE_NAME;
 use harvester_cloud_provider::service::plan::ingress_ip;
 use harvester_cloud_provider::{Config, Telemetry};

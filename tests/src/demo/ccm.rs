@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use harvester_cloud_provider::patch::UNINITIALIZED_TAINT;
+use harvester_cloud_provider::node::patch::UNINITIALIZED_TAINT;
 use harvester_common::harvester::{TOPOLOGY_REGION, TOPOLOGY_ZONE};
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;

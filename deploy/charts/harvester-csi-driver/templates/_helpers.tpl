@@ -1,10 +1,14 @@
-{{/* Name of the chart's objects (upstream names them after the chart, not the release). */}}
+{{- /*
+Every key this chart reads that upstream's chart lacks is read with `dig` and a default equal to
+values.yaml's: `helm upgrade --reuse-values` from an upstream release renders this chart with the
+old release's values only (none of values.yaml), and must neither fail nor change a default.
+tests/tests/deploy_upgrade.rs proves both.
+*/ -}}
+
+{{/* Name of the chart's objects: the chart name or nameOverride (fullnameOverride renames
+nothing, as upstream). */}}
 {{- define "harvester-csi-driver.name" -}}
-{{- if .Values.fullnameOverride -}}
-{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
-{{- else -}}
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
-{{- end -}}
 {{- end -}}
 
 {{- define "harvester-csi-driver.selectorLabels" -}}
@@ -21,20 +25,40 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* "registry/" when Rancher's global.cattle.systemDefaultRegistry is set. */}}
 {{- define "system_default_registry" -}}
-{{- with .Values.global.cattle.systemDefaultRegistry -}}
+{{- with dig "global" "cattle" "systemDefaultRegistry" "" .Values.AsMap | default (dig "global" "systemDefaultRegistry" "" .Values.AsMap) -}}
 {{- printf "%s/" . -}}
 {{- end -}}
 {{- end -}}
 
 {{/* An image reference: (dict "ctx" $ "image" .Values.image.csi.provisioner). */}}
 {{- define "harvester-csi-driver.image" -}}
-{{- printf "%s%s:%s" (include "system_default_registry" .ctx) .image.repository (.image.tag | default .ctx.Chart.AppVersion) | quote -}}
+{{- printf "%s%s:%s" (include "system_default_registry" .ctx) .image.repository (toString .image.tag | default .ctx.Chart.AppVersion) | quote -}}
+{{- end -}}
+
+{{/* A sidecar's image: (dict "ctx" $ "name" "provisioner"), from image.csi.<name>. The
+defaults (values.yaml's) serve a release whose values lack the entry: livenessProbe is ours,
+snapshotter came later to the upstream chart. */}}
+{{- define "harvester-csi-driver.sidecarImage" -}}
+{{- $defaults := dict
+  "nodeDriverRegistrar" (dict "repository" "rancher/mirrored-longhornio-csi-node-driver-registrar" "tag" "v2.16.0-20260428")
+  "provisioner" (dict "repository" "rancher/mirrored-longhornio-csi-provisioner" "tag" "v5.3.0-20260428")
+  "attacher" (dict "repository" "rancher/mirrored-longhornio-csi-attacher" "tag" "v4.11.0-20260428")
+  "resizer" (dict "repository" "rancher/mirrored-longhornio-csi-resizer" "tag" "v2.1.0-20260428")
+  "snapshotter" (dict "repository" "rancher/mirrored-longhornio-csi-snapshotter" "tag" "v8.5.0-20260428")
+  "livenessProbe" (dict "repository" "rancher/mirrored-sig-storage-livenessprobe" "tag" "v2.15.0") -}}
+{{- $image := dig "image" "csi" .name (index $defaults .name) .ctx.Values.AsMap -}}
+{{- include "harvester-csi-driver.image" (dict "ctx" .ctx "image" $image) -}}
+{{- end -}}
+
+{{/* metricsPort (not in the upstream chart); 0 turns the endpoint off. */}}
+{{- define "harvester-csi-driver.metricsPortNumber" -}}
+{{- dig "metricsPort" 9810 .Values.AsMap -}}
 {{- end -}}
 
 {{/* imagePullSecrets from global.cattle.imagePullSecrets (names or {name: ...}). */}}
 {{- define "harvester-csi-driver.imagePullSecrets" -}}
 {{- $names := list -}}
-{{- range .Values.global.cattle.imagePullSecrets -}}
+{{- range dig "global" "cattle" "imagePullSecrets" list .Values.AsMap -}}
 {{- if kindIs "map" . -}}
 {{- with .name -}}{{- $names = append $names . -}}{{- end -}}
 {{- else if . -}}
@@ -57,14 +81,14 @@ imagePullSecrets:
 {{/* The cloud-config volume, shared by the controller and node pods. */}}
 {{- define "harvester-csi-driver.cloudConfigVolume" -}}
 - name: cloud-config
-{{- if .Values.cloudConfig.secretName }}
+{{- with dig "cloudConfig" "secretName" "" .Values.AsMap }}
   secret:
-    secretName: {{ .Values.cloudConfig.secretName }}
+    secretName: {{ . }}
     items:
-      - key: {{ .Values.cloudConfig.secretKey | default "cloud-provider-config" }}
+      - key: {{ dig "cloudConfig" "secretKey" "" $.Values.AsMap | default "cloud-provider-config" }}
         path: cloud-provider-config
 {{- else }}
-{{- $path := required "cloudConfig.hostPath or cloudConfig.secretName is required" .Values.cloudConfig.hostPath | trimSuffix "/" }}
+{{- $path := required "cloudConfig.hostPath or cloudConfig.secretName is required" (dig "cloudConfig" "hostPath" "" .Values.AsMap) | trimSuffix "/" }}
 {{- if eq (base $path) "cloud-provider-config" }}
 {{- $path = dir $path }}
 {{- end }}
@@ -81,20 +105,20 @@ imagePullSecrets:
 {{- with .Values.hostStorageClass }}
 - --host-storage-class={{ . }}
 {{- end }}
-{{- with .Values.metricsPort }}
+{{- with include "harvester-csi-driver.metricsPortNumber" . | atoi }}
 - --metrics-address=:{{ . }}
 {{- end }}
 {{- end -}}
 
 {{/* The driver's /metrics port and its /readyz probe (when metricsPort is set). */}}
 {{- define "harvester-csi-driver.metricsPort" -}}
-{{- with .Values.metricsPort }}
+{{- with include "harvester-csi-driver.metricsPortNumber" . | atoi }}
 - name: metrics
   containerPort: {{ . }}
 {{- end }}
 {{- end -}}
 {{- define "harvester-csi-driver.readinessProbe" -}}
-{{- if .Values.metricsPort }}
+{{- if include "harvester-csi-driver.metricsPortNumber" . | atoi }}
 readinessProbe:
   httpGet:
     path: /readyz

@@ -25,10 +25,10 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use crate::Shutdown;
-use crate::controller::{NodeCtx, node_controller, run_node_controller};
 use crate::error::Error;
-use crate::inventory::{Lookup, is_ours, provider_uid};
-use crate::patch::{self, NodeChange, SHUTDOWN_TAINT, has_taint, is_ready};
+use crate::node::inventory::{Lookup, is_ours, provider_uid};
+use crate::node::patch::{self, NodeChange, SHUTDOWN_TAINT, has_taint, is_ready};
+use crate::node::{NodeCtx, node_controller, run_node_controller};
 
 pub const NAME: &str = crate::config::CLOUD_NODE_LIFECYCLE_CONTROLLER;
 const ACTION: &str = "NodeLifecycle";

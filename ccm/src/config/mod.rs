@@ -5,16 +5,25 @@
 //! that read them: [`CommonFlags`] for everything, [`NodeFlags`] for the node-side controllers.
 //! A new controller adds its own `#[command(flatten)]` group to [`Flags`] and its own typed
 //! section to [`Config`].
+//!
+//! The command line is read as upstream's pflag/cobra reads it ([`parse_args`]): a repeated flag
+//! keeps its last value, bools may be bare, `_` in a name is `-`, and every flag of upstream's
+//! binary is accepted; those that mean nothing here are listed in [`upstream`].
+
+pub mod upstream;
 
 use std::collections::BTreeSet;
-use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser};
+use clap::{Args, CommandFactory, FromArgMatches, Parser};
+use harvester_common::flags::{self, Outcome, Syntax};
 use ipnetwork::IpNetwork;
 
-use crate::addresses::AddressRules;
+pub use crate::network::NetworkName;
+use crate::network::is_dns1123_label;
+use crate::node::addresses::AddressRules;
+pub use crate::node::addresses::parse_prefix;
 
 /// Names accepted by `--controllers`, as the upstream cloud-provider framework spells them.
 pub const CLOUD_NODE_CONTROLLER: &str = "cloud-node-controller";
@@ -28,13 +37,27 @@ const KNOWN_CONTROLLERS: [&str; 4] = [
     SERVICE_LB_CONTROLLER,
     NODE_ROUTE_CONTROLLER,
 ];
+/// Short names `--controllers` also takes (k8s.io/cloud-provider `names.CCMControllerAliases`).
+const CONTROLLER_ALIASES: [(&str, &str); 4] = [
+    ("cloud-node", CLOUD_NODE_CONTROLLER),
+    ("cloud-node-lifecycle", CLOUD_NODE_LIFECYCLE_CONTROLLER),
+    ("service", SERVICE_LB_CONTROLLER),
+    ("route", NODE_ROUTE_CONTROLLER),
+];
+/// The Lease upstream's framework elects with (k8s.io/cloud-provider options); the same one, so
+/// that old and new pods never lead at once during a rolling switch.
+pub const DEFAULT_LEASE_NAME: &str = "cloud-controller-manager";
 
 /// The command line.
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "harvester-cloud-provider",
     version,
-    about = "Cloud controller manager for Kubernetes guest clusters on Harvester HCI"
+    about = "Cloud controller manager for Kubernetes guest clusters on Harvester HCI",
+    // pflag: a repeated flag keeps its last value (a slice flag appends).
+    args_override_self = true,
+    // `--version[=true|false|raw]` is upstream's (component-base verflag), not clap's.
+    disable_version_flag = true
 )]
 pub struct Flags {
     #[command(flatten)]
@@ -54,16 +77,28 @@ pub struct OpsFlags {
     /// Log format: text or json.
     #[arg(long, default_value = "text")]
     pub log_format: harvester_common::telemetry::LogFormat,
+    /// Upstream's name for --log-format (component-base): text or json; wins when given.
+    #[arg(long)]
+    pub logging_format: Option<harvester_common::telemetry::LogFormat>,
+    /// Print the version and exit (`raw` as well; upstream's verflag).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          value_parser = parse_version_flag)]
+    pub version: Option<bool>,
     /// Address of the /healthz, /readyz and /metrics endpoints; empty disables them.
     #[arg(long, default_value = "0.0.0.0:10268")]
     pub metrics_address: String,
     /// Run the controllers only while holding a Lease (needed with more than one replica).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, default_value = "true", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = go_bool)]
     pub leader_elect: bool,
     #[arg(long, default_value = "kube-system")]
     pub leader_elect_resource_namespace: String,
-    #[arg(long, default_value = "harvester-cloud-provider")]
+    /// The Lease's name: upstream's default, so old and new pods share one election.
+    #[arg(long, default_value = DEFAULT_LEASE_NAME)]
     pub leader_elect_resource_name: String,
+    /// Only `leases` (what upstream defaults to; client-go has no other lock any more).
+    #[arg(long, default_value = "leases", value_parser = ["leases"])]
+    pub leader_elect_resource_lock: String,
     /// How long a Lease holds without renewal (Go duration).
     #[arg(long, default_value = "15s")]
     pub leader_elect_lease_duration: String,
@@ -91,6 +126,10 @@ pub struct ServiceFlags {
     /// Interface to lease DHCP addresses on when the Service's network maps to no interface.
     #[arg(long)]
     pub dhcp_interface: Option<String>,
+    /// How many Services are reconciled at once; unbounded when not given (upstream's flag:
+    /// given, it bounds the service controller as upstream's does).
+    #[arg(long)]
+    pub concurrent_service_syncs: Option<u16>,
 }
 
 /// Flags every controller reads.
@@ -102,6 +141,9 @@ pub struct CommonFlags {
     /// Kubeconfig of the guest cluster (in-cluster config when unset).
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
+    /// Address of the guest API server; overrides the kubeconfig's (upstream's `--master`).
+    #[arg(long)]
+    pub master: Option<String>,
     /// Name of the guest cluster (labels and names of Harvester LoadBalancers).
     #[arg(long, default_value = "kubernetes")]
     pub cluster_name: String,
@@ -109,29 +151,33 @@ pub struct CommonFlags {
     /// supplies the node addresses and which LoadBalancers announce on.
     #[arg(long)]
     pub management_network: Option<String>,
-    /// Controllers to run: `*` for all, `name` to add one, `-name` to remove one.
+    /// Controllers to run: `*` for all, `name` to add one, `-name` to remove one; upstream's
+    /// short names (`cloud-node`, `cloud-node-lifecycle`, `service`, `route`) too.
     #[arg(long, value_delimiter = ',', default_value = "*")]
     pub controllers: Vec<String>,
     /// Log verbosity as klog counts it (2 = info, 4 = debug, 6 = trace); RUST_LOG overrides it.
-    #[arg(long = "v", default_value_t = 2)]
+    #[arg(long = "v", short = 'v', default_value_t = 2)]
     pub verbosity: u8,
 }
 
 /// Flags of the node-side controllers (node, lifecycle, topology).
 #[derive(Args, Debug, Clone)]
 pub struct NodeFlags {
-    /// At most one IPv4 and one IPv6 prefix (or address): the node's InternalIPs are chosen inside them.
-    #[arg(long, value_delimiter = ',')]
-    pub node_ip_cidr: Vec<String>,
+    /// At most one IPv4 and one IPv6 prefix (or address), comma-separated: the node's
+    /// InternalIPs are chosen inside them. One string upstream: given twice, the last counts.
+    #[arg(long, default_value = "")]
+    pub node_ip_cidr: String,
     /// With --node-ip-cidr: ExternalIPs inside these prefixes (or addresses) are not reported.
     #[arg(long, value_delimiter = ',')]
     pub node_exclude_ip_ranges: Vec<String>,
     /// Ignore the Node annotations `alpha.kubernetes.io/provided-node-ip` and
     /// `cloudprovider.harvesterhci.io/additional-internal-ips`.
-    #[arg(long)]
+    #[arg(long, default_value = "false", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = go_bool)]
     pub disable_annotation_alpha_provided_ip_addr: bool,
     /// Do not follow VMIs after initialisation: no topology resync after live migration.
-    #[arg(long)]
+    #[arg(long, default_value = "false", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = go_bool)]
     pub disable_vmi_controller: bool,
     /// How many Nodes each node-side controller reconciles at once.
     #[arg(long, default_value_t = 1)]
@@ -166,6 +212,8 @@ impl ConfigError {
 pub struct Config {
     pub cloud_config: PathBuf,
     pub kubeconfig: Option<PathBuf>,
+    /// `--master`: the guest API server's address, overriding the kubeconfig's.
+    pub master: Option<http::Uri>,
     /// Normalised: quotes, backticks and whitespace trimmed.
     pub cluster_name: String,
     pub management_network: Option<NetworkName>,
@@ -179,6 +227,8 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ServiceConfig {
     pub load_balancer_class: Option<String>,
+    /// `--concurrent-service-syncs`; `None`: unbounded.
+    pub concurrency: Option<u16>,
     pub dhcp_mode: crate::service::dhcp::DhcpMode,
     pub dhcp_interface: Option<String>,
 }
@@ -199,20 +249,24 @@ impl Config {
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
-        let flags = Flags::try_parse_from(args)
-            .map_err(|e| ConfigError::new("command line", "", e.to_string().trim().to_string()))?;
-        Config::from_flags(flags)
+        match parse_args(args) {
+            Ok(parsed) => Config::from_flags(parsed.flags),
+            Err(Outcome::Refused(line) | Outcome::Print(line)) => {
+                Err(ConfigError::new("command line", "", line))
+            }
+        }
     }
 
     pub fn from_flags(flags: Flags) -> Result<Config, ConfigError> {
         let CommonFlags {
             cloud_config,
             kubeconfig,
+            master: _,
             cluster_name,
             management_network,
             controllers,
             verbosity: _,
-        } = flags.common;
+        } = flags.common.clone();
         let management_network = match management_network.as_deref().map(str::trim) {
             None | Some("") => None,
             Some(raw) => Some(
@@ -222,6 +276,24 @@ impl Config {
         };
         let n = flags.node;
         let node_ip_cidr = parse_node_ip_cidr(&n.node_ip_cidr)?;
+        if flags.service.concurrent_service_syncs == Some(0) {
+            return Err(ConfigError::new(
+                "--concurrent-service-syncs",
+                "0",
+                "must be at least 1",
+            ));
+        }
+        let master = match flags.common.master.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(raw) => Some(
+                raw.parse::<http::Uri>()
+                    .ok()
+                    .filter(|u| u.host().is_some())
+                    .ok_or_else(|| {
+                        ConfigError::new("--master", raw, "not a URL like https://10.0.0.1:6443")
+                    })?,
+            ),
+        };
         let exclude_ranges = n
             .node_exclude_ip_ranges
             .iter()
@@ -255,6 +327,7 @@ impl Config {
         Ok(Config {
             cloud_config,
             kubeconfig,
+            master,
             cluster_name: normalize_cluster_name(&cluster_name),
             controllers: Controllers::parse(&controllers)?,
             node: NodeConfig {
@@ -271,6 +344,7 @@ impl Config {
             management_network,
             token_expiry_warning_days: flags.ops.token_expiry_warning_days,
             service: ServiceConfig {
+                concurrency: flags.service.concurrent_service_syncs,
                 dhcp_mode: flags.service.dhcp_mode.clone(),
                 dhcp_interface: flags
                     .service
@@ -311,49 +385,6 @@ impl Config {
     }
 }
 
-/// `namespace/name` of a Harvester VM network (a NetworkAttachmentDefinition).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NetworkName {
-    pub namespace: String,
-    pub name: String,
-}
-
-impl NetworkName {
-    /// `ns/name`, or a bare `name` in namespace `default` (as upstream normalises the flag).
-    pub fn parse(raw: &str) -> Result<NetworkName, String> {
-        Self::parse_in(raw, "default")
-    }
-
-    /// `ns/name`, or a bare `name` in `namespace`.
-    pub fn parse_in(raw: &str, namespace: &str) -> Result<NetworkName, String> {
-        let raw = raw.trim();
-        let (ns, name) = match raw.split_once('/') {
-            Some((ns, name)) => (ns, name),
-            None => (namespace, raw),
-        };
-        if !is_dns1123_label(ns) {
-            return Err(format!(
-                "namespace {ns:?} is not a DNS-1123 label (expected namespace/name)"
-            ));
-        }
-        if !is_dns1123_subdomain(name) {
-            return Err(format!(
-                "network name {name:?} is not a DNS-1123 subdomain (expected namespace/name)"
-            ));
-        }
-        Ok(NetworkName {
-            namespace: ns.to_string(),
-            name: name.to_string(),
-        })
-    }
-}
-
-impl fmt::Display for NetworkName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
-
 /// The set of controllers to run, from `--controllers`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Controllers {
@@ -382,13 +413,18 @@ impl Controllers {
                 Some(name) => (true, name),
                 None => (false, v),
             };
-            let Some(known) = KNOWN_CONTROLLERS.iter().find(|k| **k == name) else {
+            let canonical = CONTROLLER_ALIASES
+                .iter()
+                .find(|(alias, _)| *alias == name)
+                .map_or(name, |(_, full)| *full);
+            let Some(known) = KNOWN_CONTROLLERS.iter().find(|k| **k == canonical) else {
                 return Err(ConfigError::new(
                     "--controllers",
                     v,
                     format!(
-                        "unknown controller; known: *, {}",
-                        KNOWN_CONTROLLERS.join(", ")
+                        "unknown controller; known: *, {}, or their short names {}",
+                        KNOWN_CONTROLLERS.join(", "),
+                        CONTROLLER_ALIASES.map(|(a, _)| a).join(", ")
                     ),
                 ));
             };
@@ -412,12 +448,12 @@ impl Controllers {
 
 /// `--node-ip-cidr`: at most one IPv4 and one IPv6 prefix; no loopback, link-local, multicast,
 /// unspecified or broadcast.
-fn parse_node_ip_cidr(values: &[String]) -> Result<Vec<IpNetwork>, ConfigError> {
+fn parse_node_ip_cidr(value: &str) -> Result<Vec<IpNetwork>, ConfigError> {
     const FLAG: &str = "--node-ip-cidr";
     let mut out: Vec<IpNetwork> = Vec::new();
-    for v in values.iter().map(|v| v.trim()).filter(|v| !v.is_empty()) {
+    for v in value.split(',').map(str::trim).filter(|v| !v.is_empty()) {
         let net = parse_prefix(v).map_err(|r| ConfigError::new(FLAG, v, r))?;
-        if let Some(why) = crate::addresses::unusable(net.ip()) {
+        if let Some(why) = crate::node::addresses::unusable(net.ip()) {
             return Err(ConfigError::new(
                 FLAG,
                 v,
@@ -437,74 +473,54 @@ fn parse_node_ip_cidr(values: &[String]) -> Result<Vec<IpNetwork>, ConfigError> 
     Ok(out)
 }
 
-/// An address or a prefix (`10.0.0.0/24`, `10.0.0.5`, `fd00::/64`).
-pub fn parse_prefix(s: &str) -> Result<IpNetwork, String> {
-    let s = s.trim();
-    if s.contains('/') {
-        s.parse::<IpNetwork>()
-            .map_err(|e| format!("not an IP prefix: {e}"))
-    } else {
-        s.parse::<std::net::IpAddr>()
-            .map(IpNetwork::from)
-            .map_err(|_| "not an IP address or prefix".to_string())
-    }
+pub use harvester_common::flags::parse_go_duration;
+
+/// A command line read as upstream reads it.
+#[derive(Debug, Clone)]
+pub struct Parsed {
+    pub flags: Flags,
+    /// Upstream flags that were given but mean nothing here, as given (`--name=value`), for
+    /// the one info line at start.
+    pub without_effect: Vec<String>,
 }
 
-/// A Go duration: `300ms`, `30s`, `5m`, `1h30m`, `1.5h`, `0`.
-pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if s == "0" {
-        return Ok(Duration::ZERO);
+/// Parses a command line (program name first) with upstream's pflag semantics: every flag of
+/// upstream's binary is accepted, a repeated flag keeps its last value, a bool may be bare,
+/// `_` in a flag name reads as `-`. `Err(Print)` for `--help`, `Err(Refused)` with one line
+/// naming the flag and the value otherwise.
+pub fn parse_args<I, T>(args: I) -> Result<Parsed, Outcome>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString>,
+{
+    let args = flags::normalize_args(args, Syntax::Pflag);
+    let command = flags::take_hyphen_values(Flags::command().args(upstream::args()));
+    let matches = command
+        .try_get_matches_from(args)
+        .map_err(|e| flags::clap_outcome(&e))?;
+    let flags = Flags::from_arg_matches(&matches).map_err(|e| flags::clap_outcome(&e))?;
+    Ok(Parsed {
+        without_effect: upstream::given(&matches),
+        flags,
+    })
+}
+
+/// A bool flag's value as pflag reads it (`strconv.ParseBool`).
+fn go_bool(s: &str) -> Result<bool, String> {
+    flags::parse_go_bool(s)
+}
+
+/// `--version[=true|false|raw]`: whether to print the version.
+fn parse_version_flag(s: &str) -> Result<bool, String> {
+    match s {
+        "raw" => Ok(true),
+        other => flags::parse_go_bool(other),
     }
-    if s.is_empty() {
-        return Err("empty duration".into());
-    }
-    let mut total = 0f64;
-    let mut rest = s;
-    while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        let (num, tail) = rest.split_at(num_len);
-        let value: f64 = num
-            .parse()
-            .map_err(|_| format!("{s:?} is not a duration like 30s, 5m or 1h30m"))?;
-        let unit_len = tail
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(tail.len());
-        let (unit, next) = tail.split_at(unit_len);
-        let seconds = match unit {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            "" => return Err(format!("{s:?} lacks a unit (ns, us, ms, s, m, h)")),
-            other => return Err(format!("unknown unit {other:?} in {s:?}")),
-        };
-        total += value * seconds;
-        rest = next;
-    }
-    Duration::try_from_secs_f64(total).map_err(|e| format!("{s:?}: {e}"))
 }
 
 fn normalize_cluster_name(raw: &str) -> String {
     raw.trim_matches(|c: char| c == '"' || c == '\'' || c == '`' || c.is_whitespace())
         .to_string()
-}
-
-fn is_dns1123_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-fn is_dns1123_subdomain(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns1123_label)
 }
 
 #[cfg(test)]
@@ -655,10 +671,21 @@ mod tests {
                 "/mgmt",
             ),
             (
-                &["--controllers", "cloud-node"],
+                &["--controllers", "cloud-nod"],
                 "--controllers",
-                "cloud-node",
+                "cloud-nod",
             ),
+            (
+                &["--controllers", "-route-controller"],
+                "--controllers",
+                "-route-controller",
+            ),
+            (
+                &["--concurrent-service-syncs", "0"],
+                "--concurrent-service-syncs",
+                "0",
+            ),
+            (&["--master", "not a url"], "--master", "not a url"),
             (
                 &["--concurrent-node-syncs", "0"],
                 "--concurrent-node-syncs",

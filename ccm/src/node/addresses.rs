@@ -23,7 +23,7 @@ use harvester_common::harvester::VirtualMachineInstance;
 use ipnetwork::IpNetwork;
 use k8s_openapi::api::core::v1::NodeAddress;
 
-use crate::config::NetworkName;
+use crate::network::NetworkName;
 
 /// Node annotation kubelet sets from `--node-ip` when a cloud provider is external.
 pub const PROVIDED_NODE_IP: &str = "alpha.kubernetes.io/provided-node-ip";
@@ -322,6 +322,19 @@ fn address(type_: &str, address: String) -> NodeAddress {
     }
 }
 
+/// An address or a prefix (`10.0.0.0/24`, `10.0.0.5`, `fd00::/64`).
+pub fn parse_prefix(s: &str) -> Result<IpNetwork, String> {
+    let s = s.trim();
+    if s.contains('/') {
+        s.parse::<IpNetwork>()
+            .map_err(|e| format!("not an IP prefix: {e}"))
+    } else {
+        s.parse::<std::net::IpAddr>()
+            .map(IpNetwork::from)
+            .map_err(|_| "not an IP address or prefix".to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -375,7 +388,7 @@ mod tests {
 
     fn cidr(list: &[&str]) -> Vec<IpNetwork> {
         list.iter()
-            .map(|s| crate::config::parse_prefix(s).expect("test prefix"))
+            .map(|s| parse_prefix(s).expect("test prefix"))
             .collect()
     }
 

@@ -26,12 +26,12 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use crate::Shutdown;
-use crate::addresses::{AddressRules, node_addresses};
-use crate::controller::{NodeCtx, node_controller, run_node_controller};
 use crate::error::Error;
-use crate::inventory::{Lookup, is_ours, provider_id};
-use crate::patch::{self, NodeChange, UNINITIALIZED_TAINT, addresses, has_taint};
-use crate::topology::{self, Topology};
+use crate::node::addresses::{AddressRules, node_addresses};
+use crate::node::inventory::{Lookup, is_ours, provider_id};
+use crate::node::patch::{self, NodeChange, UNINITIALIZED_TAINT, addresses, has_taint};
+use crate::node::topology::{self, Topology};
+use crate::node::{NodeCtx, node_controller, run_node_controller};
 
 pub const NAME: &str = crate::config::CLOUD_NODE_CONTROLLER;
 const ACTION: &str = "InitializeNode";
@@ -182,7 +182,9 @@ fn describe(vm: &VirtualMachine, change: &NodeChange) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use harvester_common::harvester::{TOPOLOGY_REGION, TOPOLOGY_ZONE};
+    use harvester_common::harvester::{
+        FAILURE_DOMAIN_REGION, FAILURE_DOMAIN_ZONE, TOPOLOGY_REGION, TOPOLOGY_ZONE,
+    };
     use serde_json::{Value, json};
 
     fn node(spec: Value, status: Value) -> Node {
@@ -255,6 +257,11 @@ mod tests {
             BTreeMap::from([
                 (TOPOLOGY_REGION.to_string(), Some("region-a".to_string())),
                 (TOPOLOGY_ZONE.to_string(), Some("zone-1".to_string())),
+                (
+                    FAILURE_DOMAIN_REGION.to_string(),
+                    Some("region-a".to_string())
+                ),
+                (FAILURE_DOMAIN_ZONE.to_string(), Some("zone-1".to_string())),
             ])
         );
         assert_eq!(change.remove_taints, [UNINITIALIZED_TAINT]);
@@ -287,7 +294,7 @@ mod tests {
         );
         let mut bad = tainted();
         bad.metadata.annotations = Some(BTreeMap::from([(
-            crate::addresses::PROVIDED_NODE_IP.to_string(),
+            crate::node::addresses::PROVIDED_NODE_IP.to_string(),
             "10.52.0.99".to_string(),
         )]));
         let err = run(&bad, Some(&vmi(&["10.52.0.11"]))).expect_err("provided IP elsewhere");

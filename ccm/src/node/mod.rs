@@ -1,5 +1,19 @@
-//! What the node-side controllers share: their context, the wiring of a `Controller<Node>` on the
-//! shared inventory, and the error edge (Warning Event with a stable reason, per-Node backoff).
+//! The node-side controllers and what they share: their context, the wiring of a
+//! `Controller<Node>` on the shared inventory, and the error edge (Warning Event with a stable
+//! reason, per-Node backoff).
+//!
+//! - [`init`]: initialises tainted guest Nodes from their VMs and keeps their addresses true;
+//! - [`lifecycle`]: deletes Nodes whose VM is gone, taints Nodes whose VM is stopped;
+//! - [`topology`]: moves region/zone labels with a live-migrated VM;
+//! - [`inventory`]: the shared watches and the VM/VMI lookup of a Node;
+//! - [`patch`]: the Node writes; [`addresses`]: upstream's address rules.
+
+pub mod addresses;
+pub mod init;
+pub mod inventory;
+pub mod lifecycle;
+pub mod patch;
+pub mod topology;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -19,7 +33,7 @@ use tokio_stream::wrappers::IntervalStream;
 
 use crate::config::{CLOUD_NODE_CONTROLLER, CLOUD_NODE_LIFECYCLE_CONTROLLER};
 use crate::error::{Error, one_line};
-use crate::inventory::Inventory;
+use crate::node::inventory::Inventory;
 use crate::{Context, Shutdown};
 
 /// First and longest retry delay after a failed reconcile (doubling in between).

@@ -17,7 +17,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use harvester_common::harvester::{TOPOLOGY_REGION, TOPOLOGY_ZONE, VirtualMachineInstance};
+use harvester_common::harvester::{
+    FAILURE_DOMAIN_REGION, FAILURE_DOMAIN_ZONE, TOPOLOGY_REGION, TOPOLOGY_ZONE,
+    VirtualMachineInstance,
+};
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::Api;
@@ -25,10 +28,10 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use crate::Shutdown;
-use crate::controller::{NodeCtx, node_controller, run_node_controller};
 use crate::error::Error;
-use crate::inventory::{Lookup, is_ours};
-use crate::patch::{self, NodeChange, UNINITIALIZED_TAINT, has_taint};
+use crate::node::inventory::{Lookup, is_ours};
+use crate::node::patch::{self, NodeChange, UNINITIALIZED_TAINT, has_taint};
+use crate::node::{NodeCtx, node_controller, run_node_controller};
 
 /// Log and metrics name; enabled with the cloud-node controller unless `--disable-vmi-controller`.
 pub const NAME: &str = "topology";
@@ -60,14 +63,21 @@ impl Topology {
         }
     }
 
-    /// The label writes that make `node` carry this topology (a missing value removes the label).
+    /// The label writes that make `node` carry this topology (a missing value removes the label),
+    /// on the `topology.kubernetes.io/*` labels and their deprecated `failure-domain.beta.*`
+    /// twins alike, so that both always agree (as k8s.io/cloud-provider's node controller keeps them).
     pub fn label_changes(&self, node: &Node) -> BTreeMap<String, Option<String>> {
         let labels = node.labels();
-        [(TOPOLOGY_REGION, &self.region), (TOPOLOGY_ZONE, &self.zone)]
-            .into_iter()
-            .filter(|(k, want)| labels.get(*k) != want.as_ref())
-            .map(|(k, want)| (k.to_string(), want.clone()))
-            .collect()
+        [
+            (TOPOLOGY_REGION, &self.region),
+            (FAILURE_DOMAIN_REGION, &self.region),
+            (TOPOLOGY_ZONE, &self.zone),
+            (FAILURE_DOMAIN_ZONE, &self.zone),
+        ]
+        .into_iter()
+        .filter(|(k, want)| labels.get(*k) != want.as_ref())
+        .map(|(k, want)| (k.to_string(), want.clone()))
+        .collect()
     }
 }
 
@@ -228,38 +238,55 @@ mod tests {
         Vec<(String, Option<String>)>,
     );
 
+    /// Node labels: region and zone, under both the GA keys and their deprecated twins.
+    fn both(region: &str, zone: &str) -> Value {
+        json!({TOPOLOGY_REGION: region, FAILURE_DOMAIN_REGION: region,
+               TOPOLOGY_ZONE: zone, FAILURE_DOMAIN_ZONE: zone})
+    }
+
     #[test]
     fn topology_plan() {
-        let z1 = json!({TOPOLOGY_REGION: "r1", TOPOLOGY_ZONE: "z1"});
-        let z2 = json!({TOPOLOGY_REGION: "r1", TOPOLOGY_ZONE: "z2"});
+        let z1 = both("r1", "z1");
+        let a1 = json!({TOPOLOGY_REGION: "r1", TOPOLOGY_ZONE: "z1"});
+        let a2 = json!({TOPOLOGY_REGION: "r1", TOPOLOGY_ZONE: "z2"});
         let ours = "harvester://u1";
         let uninit = json!([{"key": UNINITIALIZED_TAINT, "effect": "NoSchedule"}]);
         let s = |v: &str| Some(v.to_string());
+        let zone = |v: Option<String>| {
+            vec![
+                (FAILURE_DOMAIN_ZONE.into(), v.clone()),
+                (TOPOLOGY_ZONE.into(), v),
+            ]
+        };
         #[rustfmt::skip]
         let table: Vec<Row> = vec![
-            ("host changed zone: zone label follows",
-             node(z1.clone(), json!([]), ours), vmi(z2.clone(), Some(json!({"completed": true}))),
-             vec![(TOPOLOGY_ZONE.into(), s("z2"))]),
+            ("host changed zone: both zone labels follow",
+             node(z1.clone(), json!([]), ours), vmi(a2.clone(), Some(json!({"completed": true}))),
+             zone(s("z2"))),
             ("same topology: nothing",
-             node(z2.clone(), json!([]), ours), vmi(z2.clone(), None),
+             node(both("r1", "z2"), json!([]), ours), vmi(a2.clone(), None),
              vec![]),
-            ("region and zone both follow",
+            ("region and zone both follow, GA and deprecated keys alike",
              node(z1.clone(), json!([]), ours), vmi(json!({TOPOLOGY_REGION: "r2", TOPOLOGY_ZONE: "z9"}), None),
-             vec![(TOPOLOGY_REGION.into(), s("r2")), (TOPOLOGY_ZONE.into(), s("z9"))]),
-            ("host lost its zone label: Harvester dropped the annotation, the label goes",
+             vec![(FAILURE_DOMAIN_REGION.into(), s("r2")), (FAILURE_DOMAIN_ZONE.into(), s("z9")),
+                  (TOPOLOGY_REGION.into(), s("r2")), (TOPOLOGY_ZONE.into(), s("z9"))]),
+            ("Node with the GA labels only: the deprecated twins are added",
+             node(a1.clone(), json!([]), ours), vmi(a1.clone(), None),
+             vec![(FAILURE_DOMAIN_REGION.into(), s("r1")), (FAILURE_DOMAIN_ZONE.into(), s("z1"))]),
+            ("host lost its zone label: Harvester dropped the annotation, both labels go",
              node(z1.clone(), json!([]), ours), vmi(json!({TOPOLOGY_REGION: "r1"}), None),
-             vec![(TOPOLOGY_ZONE.into(), None)]),
+             zone(None)),
             ("VMI without topology annotations: labels left alone",
              node(z1.clone(), json!([]), ours), vmi(json!({}), None),
              vec![]),
             ("migration in flight: wait for it to complete",
-             node(z1.clone(), json!([]), ours), vmi(z2.clone(), Some(json!({"completed": false}))),
+             node(z1.clone(), json!([]), ours), vmi(a2.clone(), Some(json!({"completed": false}))),
              vec![]),
             ("uninitialised Node: the node controller's job",
-             node(z1.clone(), uninit, ours), vmi(z2.clone(), None),
+             node(z1.clone(), uninit, ours), vmi(a2.clone(), None),
              vec![]),
             ("Node of another provider: left alone",
-             node(z1.clone(), json!([]), "aws:///i-1"), vmi(z2.clone(), None),
+             node(z1.clone(), json!([]), "aws:///i-1"), vmi(a2.clone(), None),
              vec![]),
         ];
         for (what, n, v, want) in table {

@@ -1,0 +1,435 @@
+//! Prototype (issue 15): a real guest node for the bed: containerd (Debian) and a kubelet 1.34.4
+//! (`tests/scripts/node-tools.sh`) registering against the bed's guest API server with
+//! `--cloud-provider=external`, so the Node appears tainted `uninitialized` for the cloud
+//! provider to initialise. Not yet a `BedOptions` field; no CNI, pause image, control-plane
+//! controllers or sidecars yet.
+//!
+//! Pitfalls of `../shared/reference/real-node.md` handled here: containerd runs with
+//! `restrict_oom_score_adj = true` (CAP_SYS_RESOURCE is not in the bounding set); the kernel
+//! sysctls the kubelet rewrites are saved before and restored on drop; mounts under the node's
+//! directory are swept, containerd's tasks killed before containerd stops, and the `kubepods`
+//! cgroups removed on drop.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+
+use crate::BedError;
+use crate::mounts::MountSweeper;
+use crate::process::{Proc, free_port};
+
+/// The taint the kubelet puts on a Node with `--cloud-provider=external`
+/// (k8s.io/cloud-provider v0.34.4 `api/well_known_taints.go`, `TaintExternalCloudProvider`).
+pub const TAINT_UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
+
+/// The kernel tunables the kubelet sets (kubernetes v1.34.4
+/// `pkg/kubelet/cm/container_manager_linux.go`, `setupKernelTunables`), as `/proc/sys` paths.
+pub const KUBELET_SYSCTLS: &[&str] = &[
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+];
+
+/// The pause image containerd is told about (imported by a later step; not pulled).
+pub const SANDBOX_IMAGE: &str = "localhost/pause:3.10";
+
+/// Where the node tools are: `$HARVESTER_TESTBED_NODE_TOOLS` or `node-tools.sh --print-dir`.
+pub fn node_tools_dir() -> Result<PathBuf, BedError> {
+    if let Some(dir) = std::env::var_os("HARVESTER_TESTBED_NODE_TOOLS") {
+        return Ok(PathBuf::from(dir));
+    }
+    let script = node_tools_script();
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg("--print-dir")
+        .output()
+        .map_err(|e| BedError::Setup(format!("running {} --print-dir: {e}", script.display())))?;
+    if !out.status.success() {
+        return Err(BedError::Setup(format!(
+            "{} --print-dir failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+fn node_tools_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/node-tools.sh")
+}
+
+/// `path` if it is a file, else an error naming the tool and the script that provides it.
+fn need(path: PathBuf, tool: &str) -> Result<PathBuf, BedError> {
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(BedError::MissingTool {
+            tool: tool.to_string(),
+            path,
+            script: node_tools_script(),
+        })
+    }
+}
+
+/// The node's directories, all under one root.
+#[derive(Debug, Clone)]
+pub struct NodeDirs {
+    pub root: PathBuf,
+    pub containerd_root: PathBuf,
+    pub containerd_state: PathBuf,
+    pub containerd_socket: PathBuf,
+    pub cni_conf: PathBuf,
+    pub kubelet_root: PathBuf,
+}
+
+impl NodeDirs {
+    pub fn under(root: &Path) -> NodeDirs {
+        NodeDirs {
+            root: root.to_path_buf(),
+            containerd_root: root.join("containerd/root"),
+            containerd_state: root.join("containerd/state"),
+            containerd_socket: root.join("containerd/containerd.sock"),
+            cni_conf: root.join("cni/net.d"),
+            kubelet_root: root.join("kubelet"),
+        }
+    }
+}
+
+/// containerd 1.6's config: own root, state and socket; cgroupfs; no AppArmor; CNI from Debian;
+/// `restrict_oom_score_adj` (pitfall 1).
+pub fn containerd_config(d: &NodeDirs) -> String {
+    format!(
+        r#"version = 2
+root = "{root}"
+state = "{state}"
+
+[grpc]
+  address = "{socket}"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{SANDBOX_IMAGE}"
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{cni}"
+"#,
+        root = d.containerd_root.display(),
+        state = d.containerd_state.display(),
+        socket = d.containerd_socket.display(),
+        cni = d.cni_conf.display(),
+    )
+}
+
+/// The kubelet's configuration file: cgroupfs on cgroup v1, no swap check, containerd's socket,
+/// serving on loopback, no read-only port, webhook authn/authz against the guest API server.
+pub fn kubelet_config(d: &NodeDirs, ca: &Path, port: u16, healthz_port: u16) -> String {
+    let sock = d.containerd_socket.display();
+    format!(
+        r#"apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+cgroupDriver: cgroupfs
+failCgroupV1: false
+failSwapOn: false
+containerRuntimeEndpoint: unix://{sock}
+imageServiceEndpoint: unix://{sock}
+address: 127.0.0.1
+port: {port}
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: {healthz_port}
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: true
+  x509:
+    clientCAFile: {ca}
+authorization:
+  mode: Webhook
+"#,
+        ca = ca.display()
+    )
+}
+
+/// The kernel tunables as they were before the kubelet ran (pitfall 2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SysctlSnapshot(pub Vec<(PathBuf, String)>);
+
+impl SysctlSnapshot {
+    pub fn save(proc_sys: &Path, names: &[&str]) -> Result<SysctlSnapshot, BedError> {
+        names
+            .iter()
+            .map(|n| {
+                let p = proc_sys.join(n);
+                std::fs::read_to_string(&p)
+                    .map(|v| (p.clone(), v.trim().to_string()))
+                    .map_err(|e| BedError::Setup(format!("reading {}: {e}", p.display())))
+            })
+            .collect::<Result<_, _>>()
+            .map(SysctlSnapshot)
+    }
+
+    /// Writes back every value that changed; returns the ones that could not be restored.
+    pub fn restore(&self) -> Vec<String> {
+        let mut failed = Vec::new();
+        for (p, v) in &self.0 {
+            let now = std::fs::read_to_string(p).unwrap_or_default();
+            if now.trim() != v
+                && let Err(e) = std::fs::write(p, v)
+            {
+                failed.push(format!("{} = {v}: {e}", p.display()));
+            }
+        }
+        failed
+    }
+}
+
+/// The kubelet's cgroups (`kubepods` in each cgroup v1 hierarchy, cgroupfs driver), deepest
+/// first, so `rmdir` can remove them.
+pub fn kubepods_cgroups(cgroup_root: &Path) -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for e in entries.flatten() {
+                if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    walk(&e.path(), out);
+                }
+            }
+        }
+        out.push(dir.to_path_buf());
+    }
+    let mut out = Vec::new();
+    if let Ok(hierarchies) = std::fs::read_dir(cgroup_root) {
+        for h in hierarchies.flatten() {
+            let pods = h.path().join("kubepods");
+            if pods.is_dir() {
+                walk(&pods, &mut out);
+            }
+        }
+    }
+    out
+}
+
+/// containerd and a kubelet registered as Node `name` in the guest cluster. Dropping it stops
+/// both and undoes what they changed on the host.
+pub struct RealNode {
+    pub name: String,
+    pub dirs: NodeDirs,
+    kubelet: Option<Proc>,
+    containerd: Option<Proc>,
+    sysctls: SysctlSnapshot,
+    sweeper: MountSweeper,
+}
+
+impl RealNode {
+    /// Starts containerd, then the kubelet for Node `name` against the guest API server whose
+    /// admin kubeconfig is `kubeconfig` (CA `ca`); returns once the Node object exists.
+    pub async fn start(
+        dir: &Path,
+        name: &str,
+        kubeconfig: &Path,
+        ca: &Path,
+        client: &kube::Client,
+    ) -> Result<RealNode, BedError> {
+        let tools = node_tools_dir()?;
+        let kubelet_bin = need(tools.join("kubelet"), "kubelet")?;
+        let containerd_bin = need(PathBuf::from("/usr/bin/containerd"), "containerd")?;
+        need(PathBuf::from("/usr/sbin/runc"), "runc")?;
+        let dirs = NodeDirs::under(&dir.join(format!("node-{name}")));
+        for d in [
+            &dirs.containerd_root,
+            &dirs.containerd_state,
+            &dirs.cni_conf,
+            &dirs.kubelet_root,
+        ] {
+            std::fs::create_dir_all(d)
+                .map_err(|e| BedError::Setup(format!("creating {}: {e}", d.display())))?;
+        }
+        let write = |p: PathBuf, text: String| {
+            std::fs::write(&p, text)
+                .map_err(|e| BedError::Setup(format!("writing {}: {e}", p.display())))
+                .map(|()| p)
+        };
+        let sysctls = SysctlSnapshot::save(Path::new("/proc/sys"), KUBELET_SYSCTLS)?;
+        let mut node = RealNode {
+            name: name.to_string(),
+            sweeper: MountSweeper(dirs.root.clone()),
+            dirs: dirs.clone(),
+            kubelet: None,
+            containerd: None,
+            sysctls,
+        };
+
+        let config = write(dirs.root.join("containerd.toml"), containerd_config(&dirs))?;
+        let mut cmd = Command::new(containerd_bin);
+        cmd.arg("--config").arg(&config);
+        let proc = Proc::spawn(&format!("containerd-{name}"), cmd, dir)?;
+        let proc = node.containerd.insert(proc);
+        wait_for(proc, Duration::from_secs(30), "its socket", || {
+            std::os::unix::net::UnixStream::connect(&dirs.containerd_socket).is_ok()
+        })
+        .await?;
+
+        let config = write(
+            dirs.root.join("kubelet.yaml"),
+            kubelet_config(&dirs, ca, free_port()?, free_port()?),
+        )?;
+        let mut cmd = Command::new(kubelet_bin);
+        cmd.arg(format!("--config={}", config.display()))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--root-dir={}", dirs.kubelet_root.display()))
+            .arg(format!(
+                "--cert-dir={}",
+                dirs.root.join("kubelet-pki").display()
+            ))
+            .arg("--cloud-provider=external")
+            .arg(format!("--hostname-override={name}"))
+            .arg("--node-ip=127.0.0.1")
+            .arg("--v=2");
+        let proc = Proc::spawn(&format!("kubelet-{name}"), cmd, dir)?;
+        let nodes = kube::Api::<Node>::all(client.clone());
+        let proc = node.kubelet.insert(proc);
+        let start = Instant::now();
+        loop {
+            proc.check_alive()?;
+            if nodes
+                .get_opt(name)
+                .await
+                .map_err(|e| BedError::Api(e.to_string()))?
+                .is_some()
+            {
+                return Ok(node);
+            }
+            if start.elapsed() > Duration::from_secs(90) {
+                return Err(BedError::Timeout {
+                    component: proc.name.clone(),
+                    log: proc.log.clone(),
+                    what: format!("Node {name} to be registered (90s)"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+async fn wait_for(
+    proc: &mut Proc,
+    bound: Duration,
+    what: &str,
+    mut ready: impl FnMut() -> bool,
+) -> Result<(), BedError> {
+    let start = Instant::now();
+    while !ready() {
+        proc.check_alive()?;
+        if start.elapsed() > bound {
+            return Err(BedError::Timeout {
+                component: proc.name.clone(),
+                log: proc.log.clone(),
+                what: format!("{what} ({bound:?})"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+impl Drop for RealNode {
+    fn drop(&mut self) {
+        if let Some(mut k) = self.kubelet.take() {
+            k.stop();
+        }
+        // Containers outlive a stopped containerd (pitfall 4): kill its tasks first.
+        if let Some(mut c) = self.containerd.take() {
+            let ctr = |args: &[&str]| {
+                Command::new("ctr")
+                    .arg("--address")
+                    .arg(&self.dirs.containerd_socket)
+                    .args(["-n", "k8s.io"])
+                    .args(args)
+                    .output()
+            };
+            if let Ok(out) = ctr(&["tasks", "ls", "-q"]) {
+                for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                    let _ = ctr(&["tasks", "kill", "-s", "SIGKILL", id]);
+                }
+            }
+            c.stop();
+        }
+        let left = self.sweeper.sweep();
+        if !left.is_empty() {
+            eprintln!("real node {}: unmounted leftovers {left:?}", self.name);
+        }
+        for cg in kubepods_cgroups(Path::new("/sys/fs/cgroup")) {
+            let _ = std::fs::remove_dir(&cg);
+        }
+        let failed = self.sysctls.restore();
+        if !failed.is_empty() {
+            eprintln!(
+                "real node {}: could not restore sysctls {failed:?}",
+                self.name
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn containerd_config_handles_the_pitfalls() {
+        let d = NodeDirs::under(Path::new("/t/n"));
+        let c = containerd_config(&d);
+        for line in [
+            "restrict_oom_score_adj = true",
+            "SystemdCgroup = false",
+            "disable_apparmor = true",
+            "address = \"/t/n/containerd/containerd.sock\"",
+            "bin_dir = \"/usr/lib/cni\"",
+            "conf_dir = \"/t/n/cni/net.d\"",
+        ] {
+            assert!(
+                c.lines().any(|l| l.trim() == line),
+                "missing {line:?} in\n{c}"
+            );
+        }
+        let k = kubelet_config(&d, Path::new("/t/ca.crt"), 10250, 10248);
+        for line in [
+            "cgroupDriver: cgroupfs",
+            "failCgroupV1: false",
+            "containerRuntimeEndpoint: unix:///t/n/containerd/containerd.sock",
+            "readOnlyPort: 0",
+            "port: 10250",
+        ] {
+            assert!(
+                k.lines().any(|l| l.trim() == line),
+                "missing {line:?} in\n{k}"
+            );
+        }
+    }
+
+    #[test]
+    fn sysctls_are_restored() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("kernel")).unwrap();
+        std::fs::write(dir.path().join("kernel/panic"), "1\n").unwrap();
+        let snap = SysctlSnapshot::save(dir.path(), &["kernel/panic"]).unwrap();
+        std::fs::write(dir.path().join("kernel/panic"), "10\n").unwrap();
+        assert!(snap.restore().is_empty());
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("kernel/panic")).unwrap(),
+            "1"
+        );
+        let e = SysctlSnapshot::save(dir.path(), &["vm/missing"]).unwrap_err();
+        assert!(e.to_string().contains("vm/missing"), "{e}");
+    }
+}
