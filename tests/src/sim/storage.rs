@@ -31,11 +31,9 @@ pub struct Storage {
     dir: PathBuf,
     use_loop: bool,
     volumes: Mutex<HashMap<String, Backing>>,
-    /// Claims hot-plugged into a real VM: claim key -> (VM name, QMP node name), so a size
+    /// Claims hot-plugged into a real VM: claim key -> (the VM, QMP node name), so a size
     /// increase also grows the disk the guest sees (QMP `block_resize`).
-    plugged: Mutex<HashMap<String, (String, String)>>,
-    /// The real VMs by name (shared with the hot-plug context).
-    vms: Mutex<HashMap<String, Arc<Vm>>>,
+    plugged: Mutex<HashMap<String, (Arc<Vm>, String)>>,
 }
 
 fn key(namespace: &str, name: &str) -> String {
@@ -72,24 +70,15 @@ impl Storage {
             use_loop: is_root(),
             volumes: Mutex::new(HashMap::new()),
             plugged: Mutex::new(HashMap::new()),
-            vms: Mutex::new(HashMap::new()),
         })
     }
 
-    /// Registers a real VM whose plugged disks grow with their claims.
-    pub fn add_vm(&self, vm: Arc<Vm>) {
-        self.vms
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(vm.name.clone(), vm);
-    }
-
     /// Claim `name` is plugged into VM `vm` as QMP node `node`.
-    pub fn mark_plugged(&self, namespace: &str, name: &str, vm: &str, node: &str) {
+    pub fn mark_plugged(&self, namespace: &str, name: &str, vm: Arc<Vm>, node: &str) {
         self.plugged
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(key(namespace, name), (vm.to_string(), node.to_string()));
+            .insert(key(namespace, name), (vm, node.to_string()));
     }
 
     pub fn mark_unplugged(&self, namespace: &str, name: &str) {
@@ -101,19 +90,11 @@ impl Storage {
 
     /// The VM and QMP node a claim is plugged into.
     fn plugged_into(&self, namespace: &str, name: &str) -> Option<(Arc<Vm>, String)> {
-        let (vm, node) = self
-            .plugged
+        self.plugged
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&key(namespace, name))
-            .cloned()?;
-        let vm = self
-            .vms
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&vm)
-            .cloned()?;
-        Some((vm, node))
+            .cloned()
     }
 
     pub fn uses_loop_devices(&self) -> bool {

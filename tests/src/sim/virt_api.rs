@@ -71,7 +71,6 @@ pub struct HotplugCall {
 impl HotplugCtx {
     /// Backs guest node `node` with the real VM `vm`.
     pub fn back_with_vm(&self, node: &str, vm: Arc<Vm>) {
-        self.storage.add_vm(vm.clone());
         self.vms
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -501,7 +500,7 @@ async fn attach(
 /// target is the guest's disk name.
 async fn plug_into_vm(
     ctx: &HotplugCtx,
-    vm: &Vm,
+    vm: &Arc<Vm>,
     ns: &str,
     claim: &str,
     name: &str,
@@ -513,7 +512,7 @@ async fn plug_into_vm(
     vm.plug(&id, device, serial)
         .await
         .map_err(|e| e.to_string())?;
-    ctx.storage.mark_plugged(ns, claim, vm.name.as_str(), &id);
+    ctx.storage.mark_plugged(ns, claim, vm.clone(), &id);
     let target = vm
         .wait_for_disk(serial, GUEST_DISK_WAIT)
         .await

@@ -114,25 +114,7 @@ pub struct HotplugStats {
 
 /// The guest image directory (`tests/scripts/guest.sh --print-dir`), or `$HARVESTER_TESTBED_GUEST`.
 pub fn guest_dir() -> Result<PathBuf, BedError> {
-    if let Some(dir) = std::env::var_os("HARVESTER_TESTBED_GUEST") {
-        return Ok(PathBuf::from(dir));
-    }
-    let script = guest_script();
-    let out = Command::new("bash")
-        .arg(&script)
-        .arg("--print-dir")
-        .output()
-        .map_err(|e| BedError::Setup(format!("running {} --print-dir: {e}", script.display())))?;
-    if !out.status.success() {
-        return Err(BedError::Setup(format!(
-            "{} --print-dir failed: {}",
-            script.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    Ok(PathBuf::from(
-        String::from_utf8_lossy(&out.stdout).trim().to_string(),
-    ))
+    crate::tools::print_dir("HARVESTER_TESTBED_GUEST", &guest_script())
 }
 
 fn guest_script() -> PathBuf {
