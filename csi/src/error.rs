@@ -77,12 +77,27 @@ pub enum ControllerError {
     },
     #[error("node {node} has {used} hot-plugged volumes, its limit ({limit}); unpublish one first")]
     TooManyVolumes { node: String, used: i64, limit: i64 },
+    #[error(
+        "volume {volume} is still published to node {node} (VM {namespace}/{node} has it); \
+         unpublish it (ControllerUnpublishVolume) before deleting it"
+    )]
+    StillPublished {
+        volume: String,
+        namespace: String,
+        node: String,
+    },
     #[error("{0}")]
     Precondition(String),
     #[error("timed out after {after:?} waiting for {what}")]
     Timeout { what: String, after: Duration },
     #[error("Harvester API: {action}: {source}")]
     Api {
+        action: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    #[error("guest API: {action}: {source}")]
+    GuestApi {
         action: String,
         #[source]
         source: Box<kube::Error>,
@@ -98,6 +113,17 @@ impl ControllerError {
     pub fn api(action: impl Into<String>) -> impl FnOnce(kube::Error) -> ControllerError {
         let action = action.into();
         move |source| ControllerError::Api {
+            action,
+            source: Box::new(source),
+        }
+    }
+}
+
+impl ControllerError {
+    /// A closure turning a guest-cluster `kube::Error` into [`ControllerError::GuestApi`].
+    pub fn guest_api(action: impl Into<String>) -> impl FnOnce(kube::Error) -> ControllerError {
+        let action = action.into();
+        move |source| ControllerError::GuestApi {
             action,
             source: Box::new(source),
         }
@@ -120,12 +146,14 @@ impl From<ControllerError> for Status {
             ControllerError::NotReady(_) => Code::Unavailable,
             ControllerError::BadToken(_) => Code::Aborted,
             ControllerError::AlreadyExists { .. } => Code::AlreadyExists,
-            ControllerError::AttachedElsewhere { .. } | ControllerError::Precondition(_) => {
-                Code::FailedPrecondition
-            }
+            ControllerError::AttachedElsewhere { .. }
+            | ControllerError::StillPublished { .. }
+            | ControllerError::Precondition(_) => Code::FailedPrecondition,
             ControllerError::TooManyVolumes { .. } => Code::ResourceExhausted,
             ControllerError::Timeout { .. } => Code::DeadlineExceeded,
-            ControllerError::Api { source, .. } => kube_code(source),
+            ControllerError::Api { source, .. } | ControllerError::GuestApi { source, .. } => {
+                kube_code(source)
+            }
             ControllerError::Hotplug(h) => match h.as_ref() {
                 harvester_common::harvester::HotplugError::Request { source, .. } => {
                     kube_code(source)
@@ -181,6 +209,19 @@ pub enum NodeError {
     },
     #[error("operation on volume {0} is already in progress")]
     Busy(String),
+    #[error("volume {volume}: another operation on {path} is in progress")]
+    PathBusy { path: PathBuf, volume: String },
+    #[error(
+        "{device} is {size} bytes, too small for {fs}: it needs at least {min} bytes \
+         ({min_mib} MiB); the volume must be created at least that large"
+    )]
+    TooSmall {
+        device: PathBuf,
+        size: u64,
+        fs: &'static str,
+        min: u64,
+        min_mib: u64,
+    },
 }
 
 impl NodeError {
@@ -204,10 +245,11 @@ impl From<NodeError> for Status {
             NodeError::DeviceNotFound { .. } | NodeError::PathNotFound { .. } => Code::NotFound,
             NodeError::NotStaged { .. }
             | NodeError::WillNotFormat { .. }
-            | NodeError::Unsupported { .. } => Code::FailedPrecondition,
+            | NodeError::Unsupported { .. }
+            | NodeError::TooSmall { .. } => Code::FailedPrecondition,
             NodeError::OtherMount { .. } => Code::AlreadyExists,
             NodeError::Command { .. } | NodeError::Io { .. } => Code::Internal,
-            NodeError::Busy(_) => Code::Aborted,
+            NodeError::Busy(_) | NodeError::PathBusy { .. } => Code::Aborted,
         };
         Status::new(code, e.to_string())
     }

@@ -111,6 +111,9 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// How often Harvester is asked for the `harvester` readiness check.
     pub harvester_check_period: Duration,
+    /// The guest cluster's kubeconfig for the controller (it reads Nodes for the out-of-service
+    /// taint); `None`: the in-cluster config, else `KUBECONFIG`.
+    pub guest_kubeconfig: Option<PathBuf>,
 }
 
 /// Readiness checks: Harvester answers with the cloud-config's credentials; the CSI socket serves.
@@ -136,6 +139,7 @@ impl Config {
             token_expiry_warning: Duration::from_secs(7 * 86_400),
             shutdown_grace: Duration::from_secs(25),
             harvester_check_period: harvester_common::cloud_config::CREDENTIALS_CHECK_PERIOD,
+            guest_kubeconfig: None,
         }
     }
 }
@@ -344,10 +348,16 @@ pub async fn serve_with(
         }
     });
     let identity = identity::IdentityService::new(config.mode);
-    let controller = config
-        .mode
-        .controller()
-        .then(|| controller::ControllerService::new(harvester.clone(), &config));
+    let controller = if config.mode.controller() {
+        let guest = controller::guest_client(config.guest_kubeconfig.as_deref(), &metrics).await;
+        Some(controller::ControllerService::new(
+            harvester.clone(),
+            guest,
+            &config,
+        ))
+    } else {
+        None
+    };
     let node = if config.mode.node() {
         let given = config
             .node_id

@@ -65,7 +65,10 @@ where
         Box::pin(
             async move {
                 let start = Instant::now();
-                let result = response.await;
+                let mut result = response.await;
+                if let Ok(r) = &mut result {
+                    undecodable_request_is_invalid_argument(r.headers_mut());
+                }
                 let code = match &result {
                     Ok(r) => status_code(r.headers()),
                     // The transport failed before a status was sent.
@@ -76,6 +79,30 @@ where
             }
             .instrument(span),
         )
+    }
+}
+
+/// tonic answers a request it cannot decode (say, invalid UTF-8 in a `string` field) with
+/// INTERNAL "failed to decode Protobuf message: <Message>.<field>: ..."; the fault is the
+/// caller's, so the code becomes INVALID_ARGUMENT (the message, naming the field, stays).
+pub fn undecodable_request_is_invalid_argument(headers: &mut http::HeaderMap) {
+    const INTERNAL: &[u8] = b"13";
+    // grpc-message is percent-encoded on the wire; tonic encodes spaces as %20.
+    const PREFIXES: [&[u8]; 2] = [
+        b"failed to decode Protobuf message",
+        b"failed%20to%20decode%20Protobuf%20message",
+    ];
+    let internal = headers
+        .get("grpc-status")
+        .is_some_and(|v| v.as_bytes() == INTERNAL);
+    let undecodable = headers
+        .get("grpc-message")
+        .is_some_and(|m| PREFIXES.iter().any(|p| m.as_bytes().starts_with(p)));
+    if internal && undecodable {
+        headers.insert(
+            "grpc-status",
+            http::HeaderValue::from_static("3"), // INVALID_ARGUMENT
+        );
     }
 }
 
@@ -180,6 +207,36 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn headers(status: &'static str, message: &'static str) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        h.insert("grpc-status", http::HeaderValue::from_static(status));
+        h.insert("grpc-message", http::HeaderValue::from_static(message));
+        h
+    }
+
+    #[test]
+    fn an_undecodable_request_is_the_callers_fault() {
+        // (grpc-status, grpc-message) -> grpc-status after the layer
+        for (status, message, want) in [
+            (
+                "13",
+                "failed%20to%20decode%20Protobuf%20message:%20NodeUnpublishVolumeRequest.target_path",
+                "3",
+            ),
+            ("13", "failed to decode Protobuf message: x", "3"),
+            ("13", "mkfs.xfs failed", "13"),
+            ("5", "failed%20to%20decode%20Protobuf%20message", "5"),
+        ] {
+            let mut h = headers(status, message);
+            undecodable_request_is_invalid_argument(&mut h);
+            assert_eq!(h["grpc-status"], want, "{status} {message}");
+            assert_eq!(h["grpc-message"], message, "the message stays");
+        }
+        let mut ok = http::HeaderMap::new();
+        undecodable_request_is_invalid_argument(&mut ok);
+        assert!(ok.is_empty(), "a success has no status header to change");
+    }
 
     #[test]
     fn methods_come_from_csi_paths_only() {

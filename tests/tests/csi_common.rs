@@ -94,7 +94,8 @@ pub struct Driver {
 }
 
 impl Driver {
-    /// Starts the driver in `all` mode for node [`NODE`]; `tweak` adjusts the config.
+    /// Starts the driver in `all` mode for node [`NODE`], with the bed's guest kubeconfig;
+    /// `tweak` adjusts the config (a second driver sets another `endpoint`).
     pub async fn start(bed: &TestBed, tweak: impl FnOnce(&mut Config)) -> Driver {
         let socket = bed
             .dir
@@ -103,7 +104,10 @@ impl Driver {
         let mut config = Config::new(format!("unix://{}", socket.display()), &bed.cloud_config);
         config.node_id = Some(NODE.into());
         config.disk_by_id_dir = bed.sim.by_id_dir(NODE);
+        config.guest_kubeconfig = Some(bed.guest.kubeconfig.clone());
         tweak(&mut config);
+        let socket = harvester_csi_driver::socket_path(&config.endpoint)
+            .unwrap_or_else(|e| panic!("test driver endpoint: {e}"));
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(harvester_csi_driver::serve(config, async {
             let _ = rx.await;

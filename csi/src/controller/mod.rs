@@ -1,9 +1,9 @@
 //! Controller service: Harvester PVCs for volumes (`volumes`), KubeVirt hot-plug for
 //! publish/unpublish (`publish`).
 //!
-//! Capabilities are exactly what is implemented: create/delete (also from a snapshot),
-//! publish/unpublish, expand, and create/delete/list snapshots (`snapshots`). Cloning,
-//! ListVolumes, GetCapacity, GetSnapshot, ControllerGetVolume and ModifyVolume are not offered
+//! Capabilities are exactly what is implemented: create/delete (also from a snapshot or, as a
+//! clone, from another volume), publish/unpublish, expand, and create/delete/list snapshots
+//! (`snapshots`). ListVolumes, GetCapacity, GetSnapshot, ControllerGetVolume and ModifyVolume are not offered
 //! (the generated stubs answer UNIMPLEMENTED); see docs/csi.md.
 
 mod publish;
@@ -35,20 +35,58 @@ pub struct ControllerService {
     max_volumes_per_node: Option<u32>,
     timeouts: Timeouts,
     inflight: InFlight,
+    /// The guest cluster, for the out-of-service taint of Nodes (non-graceful shutdown); `None`
+    /// when none could be configured: no volume is then ever force-detached.
+    guest: Option<kube::Client>,
 }
 
 /// The controller RPCs this driver implements.
-pub const CAPABILITIES: [rpc::Type; 5] = [
+pub const CAPABILITIES: [rpc::Type; 6] = [
     rpc::Type::CreateDeleteVolume,
     rpc::Type::PublishUnpublishVolume,
     rpc::Type::ExpandVolume,
     rpc::Type::CreateDeleteSnapshot,
     rpc::Type::ListSnapshots,
+    rpc::Type::CloneVolume,
 ];
 
+/// The guest cluster's client: `path`, else the in-cluster config (then `KUBECONFIG`). `None`,
+/// with a warning, when there is none: the controller then never force-detaches a volume from
+/// a stopped VM (it cannot see the out-of-service taint).
+pub async fn guest_client(
+    path: Option<&std::path::Path>,
+    metrics: &harvester_common::telemetry::Metrics,
+) -> Option<kube::Client> {
+    let config = match path {
+        Some(p) => match kube::config::Kubeconfig::read_from(p) {
+            Ok(k) => {
+                kube::Config::from_custom_kubeconfig(k, &kube::config::KubeConfigOptions::default())
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            Err(e) => Err(e.to_string()),
+        },
+        None => kube::Config::infer().await.map_err(|e| e.to_string()),
+    };
+    let client = config.and_then(|c| {
+        harvester_common::telemetry::kube_client(c, Some(metrics)).map_err(|e| e.to_string())
+    });
+    match client {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::warn!(
+                kubeconfig = ?path,
+                "no guest cluster client ({e}): the out-of-service taint of guest Nodes is not seen, so no volume is force-detached from a stopped VM"
+            );
+            None
+        }
+    }
+}
+
 impl ControllerService {
-    pub fn new(harvester: Harvester, config: &Config) -> Self {
+    pub fn new(harvester: Harvester, guest: Option<kube::Client>, config: &Config) -> Self {
         ControllerService {
+            guest,
             harvester,
             host_storage_class: config.host_storage_class.clone(),
             max_volumes_per_node: config.max_volumes_per_node,

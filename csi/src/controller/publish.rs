@@ -11,6 +11,9 @@ use harvester_common::harvester::{
     RemoveVolumeOptions, Rest, VirtualMachine, VirtualMachineInstance,
 };
 
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+
 use super::ControllerService;
 use crate::error::ControllerError;
 use crate::naming;
@@ -58,12 +61,15 @@ pub fn vmi_uses_claim(vmi: &VirtualMachineInstance, claim: &str) -> bool {
     })
 }
 
-/// The VM, other than `node`, that already holds a single-node volume, if any.
+/// The VM, other than `node`, that already holds a single-node volume, if any (`node` empty:
+/// any VM). The VMIs named in `fenced` are ignored: stopped VMs whose guest Node is out of
+/// service (see [`fenced`]), whose disks no guest can use any more.
 pub fn attached_elsewhere(
     claim: &str,
     node: &str,
     vms: &[VirtualMachine],
     vmis: &[VirtualMachineInstance],
+    fenced: &[String],
 ) -> Option<String> {
     let name = |m: &kube::api::ObjectMeta| m.name.clone().unwrap_or_default();
     vms.iter()
@@ -71,10 +77,56 @@ pub fn attached_elsewhere(
         .map(|vm| name(&vm.metadata))
         .chain(
             vmis.iter()
-                .filter(|vmi| name(&vmi.metadata) != node && vmi_uses_claim(vmi, claim))
+                .filter(|vmi| {
+                    let n = name(&vmi.metadata);
+                    n != node && !fenced.contains(&n) && vmi_uses_claim(vmi, claim)
+                })
                 .map(|vmi| name(&vmi.metadata)),
         )
         .next()
+}
+
+/// The taint an administrator puts on a guest Node that is shut down for good (Kubernetes'
+/// non-graceful node shutdown): its pods are force-deleted and its volumes force-detached.
+pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
+
+/// Whether guest Node `node` carries [`OUT_OF_SERVICE_TAINT`] (any value and effect).
+pub fn out_of_service(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == OUT_OF_SERVICE_TAINT))
+}
+
+/// Whether a VMI has stopped for good (phase Failed or Succeeded): KubeVirt never hot-unplugs
+/// from it, so its spec and volumeStatus keep every disk it had.
+pub fn vmi_stopped(vmi: &VirtualMachineInstance) -> bool {
+    matches!(
+        vmi.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Failed" | "Succeeded")
+    )
+}
+
+/// Whether the disks of a VMI may be taken although it still lists them: it has stopped and
+/// the administrator declared its guest Node out of service. A stopped VMI alone is not enough:
+/// KubeVirt also marks the VMIs of an unreachable host Failed while QEMU may still run there.
+pub fn fenced(vmi: &VirtualMachineInstance, node_out_of_service: bool) -> bool {
+    node_out_of_service && vmi_stopped(vmi)
+}
+
+/// The guest Node of VM `vm`: the Node named like the VM, else the one whose providerID is
+/// `harvester://<VM UID>` (guest hostname differs from the VM name).
+pub fn guest_node_of<'a>(vm: &str, vm_uid: Option<&str>, nodes: &'a [Node]) -> Option<&'a Node> {
+    nodes
+        .iter()
+        .find(|n| n.metadata.name.as_deref() == Some(vm))
+        .or_else(|| {
+            let uid = vm_uid?;
+            let want = format!("harvester://{uid}");
+            nodes.iter().find(|n| {
+                n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(want.as_str())
+            })
+        })
 }
 
 /// `(hot-plugged volumes, limit)` of VM `vm` when it cannot take another volume. The limit is
@@ -145,7 +197,8 @@ impl ControllerService {
         self.wait_bound(id).await?;
 
         let (vms, vmis) = self.vms_and_vmis().await?;
-        if let Some(other) = attached_elsewhere(id, node, &vms, &vmis) {
+        let fenced = self.fenced_vmis(id, node, &vms, &vmis).await?;
+        if let Some(other) = attached_elsewhere(id, node, &vms, &vmis, &fenced) {
             return Err(ControllerError::AttachedElsewhere {
                 volume: id.to_string(),
                 node: node.to_string(),
@@ -248,8 +301,59 @@ impl ControllerService {
         Ok(ControllerUnpublishVolumeResponse {})
     }
 
+    /// The VMIs other than `node` holding claim `id` that are [`fenced`]: stopped, on a guest Node
+    /// out of service. Asks the guest API only when such a stopped VMI exists.
+    pub(super) async fn fenced_vmis(
+        &self,
+        id: &str,
+        node: &str,
+        vms: &[VirtualMachine],
+        vmis: &[VirtualMachineInstance],
+    ) -> Result<Vec<String>, ControllerError> {
+        let mut out = Vec::new();
+        for vmi in vmis {
+            let name = vmi.metadata.name.clone().unwrap_or_default();
+            if name == node || !vmi_uses_claim(vmi, id) || !vmi_stopped(vmi) {
+                continue;
+            }
+            let uid = vms
+                .iter()
+                .find(|vm| vm.metadata.name.as_deref() == Some(name.as_str()))
+                .and_then(|vm| vm.metadata.uid.clone());
+            if fenced(vmi, self.node_out_of_service(&name, uid.as_deref()).await?) {
+                out.push(name);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether the guest Node of VM `vm` is tainted [`OUT_OF_SERVICE_TAINT`]. Without a guest
+    /// client (none configured, none in-cluster) no Node is: nothing is ever force-detached.
+    async fn node_out_of_service(
+        &self,
+        vm: &str,
+        vm_uid: Option<&str>,
+    ) -> Result<bool, ControllerError> {
+        let Some(guest) = &self.guest else {
+            return Ok(false);
+        };
+        let nodes: Api<Node> = Api::all(guest.clone());
+        let found = match nodes.get_opt(vm).await {
+            Ok(Some(n)) => Some(n),
+            Ok(None) => {
+                let all = nodes
+                    .list(&Default::default())
+                    .await
+                    .map_err(ControllerError::guest_api("listing Nodes"))?;
+                guest_node_of(vm, vm_uid, &all.items).cloned()
+            }
+            Err(e) => return Err(ControllerError::guest_api(format!("getting Node {vm}"))(e)),
+        };
+        Ok(found.as_ref().is_some_and(out_of_service))
+    }
+
     /// Every VM and VMI of the namespace.
-    async fn vms_and_vmis(
+    pub(super) async fn vms_and_vmis(
         &self,
     ) -> Result<(Vec<VirtualMachine>, Vec<VirtualMachineInstance>), ControllerError> {
         let ns = self.ns();
@@ -276,6 +380,32 @@ impl ControllerService {
             .get_opt(node)
             .await
             .map_err(ControllerError::api(format!("getting VM {node}")))?;
+        let vmi = self
+            .vmis()
+            .get_opt(node)
+            .await
+            .map_err(ControllerError::api(format!("getting VMI {node}")))?;
+        // A stopped VMI keeps its disks: KubeVirt never unplugs from it. Only the administrator's
+        // out-of-service taint on its guest Node says that no guest uses them any more.
+        let stale_vmi = match &vmi {
+            Some(v) if vmi_has_volume(v, id) && vmi_stopped(v) => {
+                let uid = vm.as_ref().and_then(|vm| vm.metadata.uid.as_deref());
+                if !fenced(v, self.node_out_of_service(node, uid).await?) {
+                    return Err(ControllerError::Precondition(format!(
+                        "VM {ns}/{node} is stopped, but its VMI still holds volume {id} and KubeVirt \
+                         cannot unplug a disk from a stopped VMI; if the guest is shut down for \
+                         good, taint its Node {OUT_OF_SERVICE_TAINT}=nodeshutdown:NoExecute"
+                    )));
+                }
+                tracing::info!(
+                    volume = id,
+                    node,
+                    "VM is stopped and its guest Node is out of service: the stopped VMI's disk is released"
+                );
+                true
+            }
+            _ => false,
+        };
         if let Some(vm) = &vm {
             let hotplugged = vm.spec.template.spec.volumes.iter().any(|v| {
                 v.name == id
@@ -301,14 +431,16 @@ impl ControllerService {
                 }
             }
         }
-        self.wait_for(
-            self.vmis(),
-            node,
-            format!("volume {id} to leave VMI {ns}/{node}"),
-            self.timeouts.detach,
-            move |v: Option<&VirtualMachineInstance>| v.is_none_or(|v| !vmi_has_volume(v, id)),
-        )
-        .await?;
+        if !stale_vmi {
+            self.wait_for(
+                self.vmis(),
+                node,
+                format!("volume {id} to leave VMI {ns}/{node}"),
+                self.timeouts.detach,
+                move |v: Option<&VirtualMachineInstance>| v.is_none_or(|v| !vmi_has_volume(v, id)),
+            )
+            .await?;
+        }
         if vm.is_some() {
             self.wait_for(
                 self.vms(),
@@ -360,18 +492,88 @@ mod tests {
     #[test]
     fn a_single_node_volume_held_by_another_vm_is_found() {
         let vms = [vm("w1", &[("v1", "v1", Some("s1"))]), vm("w2", &[])];
-        assert_eq!(attached_elsewhere("v1", "w2", &vms, &[]), Some("w1".into()));
         assert_eq!(
-            attached_elsewhere("v1", "w1", &vms, &[]),
+            attached_elsewhere("v1", "w2", &vms, &[], &[]),
+            Some("w1".into())
+        );
+        assert_eq!(
+            attached_elsewhere("v1", "w1", &vms, &[], &[]),
             None,
             "same node is fine"
         );
-        assert_eq!(attached_elsewhere("v2", "w2", &vms, &[]), None);
-        // A VMI still holding it (VM spec already cleaned up) counts too.
         assert_eq!(
-            attached_elsewhere("v9", "w2", &vms, &[vmi("w3", &["v9"])]),
+            attached_elsewhere("v1", "", &vms, &[], &[]),
+            Some("w1".into()),
+            "no node: any VM (DeleteVolume)"
+        );
+        assert_eq!(attached_elsewhere("v2", "w2", &vms, &[], &[]), None);
+        // A VMI still holding it (VM spec already cleaned up) counts too...
+        assert_eq!(
+            attached_elsewhere("v9", "w2", &vms, &[vmi("w3", &["v9"])], &[]),
             Some("w3".into())
         );
+        // ...unless it is fenced (stopped, guest Node out of service).
+        assert_eq!(
+            attached_elsewhere("v9", "w2", &vms, &[vmi("w3", &["v9"])], &["w3".into()]),
+            None
+        );
+    }
+
+    fn node(name: &str, provider_id: Option<&str>, taints: &[&str]) -> Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"providerID": provider_id,
+                     "taints": taints.iter().map(|k| json!({"key": k, "value": "nodeshutdown", "effect": "NoExecute"})).collect::<Vec<_>>()}
+        }))
+        .expect("node literal")
+    }
+
+    #[test]
+    fn only_a_stopped_vmi_on_an_out_of_service_node_is_fenced() {
+        let with_phase = |phase: &str| {
+            let mut v = vmi("w1", &["v1"]);
+            v.status = Some(serde_json::from_value(json!({"phase": phase})).unwrap());
+            v
+        };
+        // (VMI phase, Node tainted out-of-service) -> fenced
+        for (phase, tainted, want) in [
+            ("Failed", true, true),
+            ("Succeeded", true, true),
+            ("Failed", false, false),
+            ("Running", true, false),
+            ("Scheduled", true, false),
+        ] {
+            assert_eq!(
+                fenced(&with_phase(phase), tainted),
+                want,
+                "{phase} {tainted}"
+            );
+        }
+        assert!(out_of_service(&node("w1", None, &[OUT_OF_SERVICE_TAINT])));
+        assert!(!out_of_service(&node(
+            "w1",
+            None,
+            &["node.kubernetes.io/unreachable"]
+        )));
+    }
+
+    #[test]
+    fn the_guest_node_is_found_by_name_then_provider_id() {
+        let nodes = [
+            node("host-a", Some("harvester://uid-a"), &[]),
+            node("w2", Some("harvester://uid-2"), &[]),
+        ];
+        let name = |n: Option<&Node>| n.and_then(|n| n.metadata.name.clone());
+        assert_eq!(
+            name(guest_node_of("w2", Some("uid-x"), &nodes)),
+            Some("w2".into())
+        );
+        assert_eq!(
+            name(guest_node_of("vm-a", Some("uid-a"), &nodes)),
+            Some("host-a".into())
+        );
+        assert_eq!(name(guest_node_of("vm-b", Some("uid-b"), &nodes)), None);
+        assert_eq!(name(guest_node_of("vm-a", None, &nodes)), None);
     }
 
     #[test]

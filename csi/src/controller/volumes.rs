@@ -84,14 +84,63 @@ impl Params {
     }
 }
 
+/// Where a new volume's data comes from: a Harvester VolumeSnapshot (restore) or another
+/// volume's Harvester PVC (clone). Both become the host PVC's `dataSource`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source<'a> {
+    Snapshot(&'a str),
+    Volume(&'a str),
+}
+
+impl<'a> Source<'a> {
+    /// `(kind, name)` as the host PVC's `dataSource` names it.
+    pub fn kind_and_name(self) -> (&'static str, &'a str) {
+        match self {
+            Source::Snapshot(n) => ("VolumeSnapshot", n),
+            Source::Volume(n) => ("PersistentVolumeClaim", n),
+        }
+    }
+
+    fn reference(self) -> TypedLocalObjectReference {
+        let (kind, name) = self.kind_and_name();
+        TypedLocalObjectReference {
+            api_group: matches!(self, Source::Snapshot(_))
+                .then(|| "snapshot.storage.k8s.io".to_string()),
+            kind: kind.to_string(),
+            name: name.to_string(),
+        }
+    }
+
+    /// The source a CreateVolume request names, if any.
+    pub fn of(req: &'a CreateVolumeRequest) -> Result<Option<Source<'a>>, ArgError> {
+        Ok(
+            match req
+                .volume_content_source
+                .as_ref()
+                .and_then(|s| s.r#type.as_ref())
+            {
+                None => None,
+                Some(volume_content_source::Type::Snapshot(s)) => Some(Source::Snapshot(required(
+                    "volume_content_source.snapshot.snapshot_id",
+                    &s.snapshot_id,
+                )?)),
+                Some(volume_content_source::Type::Volume(v)) => Some(Source::Volume(required(
+                    "volume_content_source.volume.volume_id",
+                    &v.volume_id,
+                )?)),
+            },
+        )
+    }
+}
+
 /// The Harvester PVC for a new volume: RWX (so the VM can live-migrate), block mode unless
-/// `hostVolumeMode: filesystem`, the size already rounded; restored from `snapshot` if given.
+/// `hostVolumeMode: filesystem`, the size already rounded; restored or cloned from `source`.
 pub fn host_pvc(
     pvc_name: &str,
     csi_name: &str,
     size: u64,
     params: &Params,
-    snapshot: Option<&str>,
+    source: Option<Source>,
 ) -> PersistentVolumeClaim {
     let annotations = (pvc_name != csi_name)
         .then(|| BTreeMap::from([(ORIGINAL_NAME_ANNOTATION.to_string(), csi_name.to_string())]));
@@ -105,11 +154,7 @@ pub fn host_pvc(
             access_modes: Some(vec!["ReadWriteMany".into()]),
             volume_mode: Some(params.volume_mode.as_k8s().into()),
             storage_class_name: params.storage_class.clone(),
-            data_source: snapshot.map(|name| TypedLocalObjectReference {
-                api_group: Some("snapshot.storage.k8s.io".into()),
-                kind: "VolumeSnapshot".into(),
-                name: name.to_string(),
-            }),
+            data_source: source.map(Source::reference),
             resources: Some(VolumeResourceRequirements {
                 requests: Some(BTreeMap::from([(
                     "storage".to_string(),
@@ -149,7 +194,7 @@ pub fn existing_matches(
     pvc: &PersistentVolumeClaim,
     size: u64,
     limit: u64,
-    snapshot: Option<&str>,
+    source: Option<Source>,
 ) -> Result<u64, ControllerError> {
     let pvc_name = pvc.metadata.name.clone().unwrap_or_default();
     let clash = |reason: String| ControllerError::AlreadyExists {
@@ -167,16 +212,14 @@ pub fn existing_matches(
     if created_for != csi_name {
         return Err(clash(format!("for another volume name {created_for:?}")));
     }
-    let restored_from = pvc
+    let made_from = pvc
         .spec
         .as_ref()
         .and_then(|s| s.data_source.as_ref())
-        .filter(|d| d.kind == "VolumeSnapshot")
-        .map(|d| d.name.as_str());
-    if restored_from != snapshot {
-        return Err(clash(format!(
-            "restored from snapshot {restored_from:?}, not {snapshot:?}"
-        )));
+        .map(|d| (d.kind.as_str(), d.name.as_str()));
+    let wanted = source.map(Source::kind_and_name);
+    if made_from != wanted {
+        return Err(clash(format!("made from {made_from:?}, not {wanted:?}")));
     }
     let have = requested_bytes(pvc).unwrap_or(0);
     if have < size || (limit > 0 && have > limit) {
@@ -185,6 +228,37 @@ pub fn existing_matches(
         )));
     }
     Ok(have)
+}
+
+/// The size of a clone of a `from_bytes` source: the request `size` (already rounded) when it
+/// holds the source; the source's size when no size was asked for (`asked` 0); OUT_OF_RANGE
+/// when a clone would be smaller than its source or the source is above `limit`.
+pub fn clone_size(
+    size: u64,
+    asked: u64,
+    limit: u64,
+    source: &str,
+    from_bytes: u64,
+) -> Result<u64, ArgError> {
+    let out_of_range = |reason: String| ArgError::OutOfRange {
+        field: "capacity_range",
+        reason,
+    };
+    if size >= from_bytes {
+        return Ok(size);
+    }
+    if asked > 0 {
+        return Err(out_of_range(format!(
+            "required_bytes {asked} is smaller than source volume {source} ({from_bytes} bytes); \
+             a clone holds all of its source"
+        )));
+    }
+    if limit > 0 && from_bytes > limit {
+        return Err(out_of_range(format!(
+            "source volume {source} is {from_bytes} bytes, above limit_bytes {limit}"
+        )));
+    }
+    Ok(from_bytes)
 }
 
 fn volume(id: &str, size: u64, source: Option<VolumeContentSource>) -> Volume {
@@ -203,31 +277,16 @@ impl ControllerService {
         req: CreateVolumeRequest,
     ) -> Result<CreateVolumeResponse, ControllerError> {
         let name = required("name", &req.name)?;
-        request::capabilities("volume_capabilities", &req.volume_capabilities)?;
-        let size = request::volume_size("capacity_range", req.capacity_range.as_ref())?;
-        let limit = req
-            .capacity_range
-            .as_ref()
-            .map_or(0, |r| u64::try_from(r.limit_bytes).unwrap_or(0));
+        let caps = request::capabilities("volume_capabilities", &req.volume_capabilities)?;
+        // A filesystem with a minimum size (xfs) raises the request to it when the limit allows.
+        let size = request::volume_size_at_least(
+            "capacity_range",
+            req.capacity_range.as_ref(),
+            request::caps_floor(&caps),
+        )?;
+        let (asked, limit) = request::range_bytes("capacity_range", req.capacity_range.as_ref())?;
         let mut params = Params::parse(&req.parameters, self.host_storage_class.as_deref())?;
-        let snapshot_id = match req
-            .volume_content_source
-            .as_ref()
-            .and_then(|s| s.r#type.as_ref())
-        {
-            None => None,
-            Some(volume_content_source::Type::Snapshot(s)) => Some(required(
-                "volume_content_source.snapshot.snapshot_id",
-                &s.snapshot_id,
-            )?),
-            Some(volume_content_source::Type::Volume(_)) => {
-                return Err(ArgError::Invalid {
-                    field: "volume_content_source",
-                    reason: "cloning a volume is not supported; restore from a snapshot".into(),
-                }
-                .into());
-            }
-        };
+        let source = Source::of(&req)?;
         let pvc_name = naming::host_volume_name(name);
         let _guard = self.begin(&pvc_name)?;
         let pvcs = self.pvcs();
@@ -236,7 +295,7 @@ impl ControllerService {
                 .await
                 .map_err(ControllerError::api(format!("getting PVC {n}")))
         };
-        let source = req.volume_content_source.clone();
+        let content_source = req.volume_content_source.clone();
         let mut existing = get(pvcs.clone(), pvc_name.clone()).await?;
         if existing
             .as_ref()
@@ -254,13 +313,26 @@ impl ControllerService {
             existing = None;
         }
         if let Some(existing) = existing {
-            let have = existing_matches(name, &existing, size, limit, snapshot_id)?;
+            let have = existing_matches(name, &existing, size, limit, source)?;
             return Ok(CreateVolumeResponse {
-                volume: Some(volume(&pvc_name, have, source)),
+                volume: Some(volume(&pvc_name, have, content_source)),
             });
         }
         let mut size = size;
-        if let Some(snapshot_id) = snapshot_id {
+        if let Some(Source::Volume(source_id)) = source {
+            // Clone like Longhorn does: the source's class and volume mode, at least its size.
+            let from = self.existing(source_id).await?;
+            let from_bytes = requested_bytes(&from).unwrap_or(0);
+            size = clone_size(size, asked, limit, source_id, from_bytes)?;
+            let spec = from.spec.clone().unwrap_or_default();
+            params.storage_class = spec.storage_class_name.filter(|s| !s.is_empty());
+            params.storage_class_from_param = false;
+            params.volume_mode = match spec.volume_mode.as_deref() {
+                Some(m) if m.eq_ignore_ascii_case("filesystem") => HostVolumeMode::Filesystem,
+                _ => HostVolumeMode::Block,
+            };
+        }
+        if let Some(Source::Snapshot(snapshot_id)) = source {
             // Restore like upstream: the snapshot's class and volume mode, at least its size.
             let snap = self.restore_source(snapshot_id).await?;
             size = size.max(
@@ -300,7 +372,7 @@ impl ControllerService {
         {
             self.check_storage_class(class).await?;
         }
-        let pvc = host_pvc(&pvc_name, name, size, &params, snapshot_id);
+        let pvc = host_pvc(&pvc_name, name, size, &params, source);
         match pvcs.create(&PostParams::default(), &pvc).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 409 => {
@@ -310,15 +382,15 @@ impl ControllerService {
                         "PVC {pvc_name} was created and deleted concurrently"
                     ))
                 })?;
-                existing_matches(name, &existing, size, limit, snapshot_id)?;
+                existing_matches(name, &existing, size, limit, source)?;
             }
             Err(e) => {
                 return Err(ControllerError::api(format!("creating PVC {pvc_name}"))(e));
             }
         }
-        tracing::info!(volume = %pvc_name, name, size, class = ?params.storage_class, snapshot = ?snapshot_id, "created Harvester PVC");
+        tracing::info!(volume = %pvc_name, name, size, class = ?params.storage_class, source = ?source, "created Harvester PVC");
         Ok(CreateVolumeResponse {
-            volume: Some(volume(&pvc_name, size, source)),
+            volume: Some(volume(&pvc_name, size, content_source)),
         })
     }
 
@@ -351,6 +423,17 @@ impl ControllerService {
             return Ok(DeleteVolumeResponse {});
         }
         let _guard = self.begin(id)?;
+        // Deleting a published volume would leave its PVC Terminating while the disk stays
+        // hot-plugged (the hot-plug pod holds the claim): refuse, naming the node.
+        let (vms, vmis) = self.vms_and_vmis().await?;
+        let fenced = self.fenced_vmis(id, "", &vms, &vmis).await?;
+        if let Some(node) = super::publish::attached_elsewhere(id, "", &vms, &vmis, &fenced) {
+            return Err(ControllerError::StillPublished {
+                volume: id.to_string(),
+                namespace: self.ns().to_string(),
+                node,
+            });
+        }
         match self.pvcs().delete(id, &DeleteParams::default()).await {
             Ok(_) => {
                 tracing::info!(volume = id, "deleted Harvester PVC");
@@ -520,7 +603,13 @@ mod tests {
             "kept names need no annotation"
         );
         let mapped = naming::host_volume_name("Sanity-X");
-        let pvc = host_pvc(&mapped, "Sanity-X", 64 << 20, &p, Some("snap-1"));
+        let pvc = host_pvc(
+            &mapped,
+            "Sanity-X",
+            64 << 20,
+            &p,
+            Some(Source::Snapshot("snap-1")),
+        );
         let source = pvc
             .spec
             .as_ref()
@@ -541,6 +630,69 @@ mod tests {
     }
 
     #[test]
+    fn a_clone_is_a_pvc_with_its_source_pvc_as_data_source() {
+        let p = Params::parse(&params(&[]), None).unwrap();
+        let pvc = host_pvc(
+            "pvc-2",
+            "pvc-2",
+            64 << 20,
+            &p,
+            Some(Source::Volume("pvc-1")),
+        );
+        let ds = pvc
+            .spec
+            .as_ref()
+            .and_then(|s| s.data_source.clone())
+            .unwrap();
+        // A PVC data source is in the core group: no apiGroup (Kubernetes' TypedLocalObjectReference).
+        assert_eq!(
+            (ds.api_group, ds.kind.as_str(), ds.name.as_str()),
+            (None, "PersistentVolumeClaim", "pvc-1")
+        );
+        // The same name again with the same source is the same volume; another source is not.
+        assert!(
+            existing_matches("pvc-2", &pvc, 64 << 20, 0, Some(Source::Volume("pvc-1"))).is_ok()
+        );
+        for other in [
+            None,
+            Some(Source::Volume("pvc-9")),
+            Some(Source::Snapshot("pvc-1")),
+        ] {
+            assert!(
+                matches!(
+                    existing_matches("pvc-2", &pvc, 64 << 20, 0, other),
+                    Err(ControllerError::AlreadyExists { .. })
+                ),
+                "{other:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_clone_is_at_least_as_large_as_its_source() {
+        const MI: u64 = 1 << 20;
+        // (rounded size, required_bytes, limit_bytes, source bytes) -> size or OUT_OF_RANGE
+        for (size, asked, limit, from, want) in [
+            (64 * MI, 64 * MI, 0, 64 * MI, Some(64 * MI)),
+            (128 * MI, 128 * MI, 0, 64 * MI, Some(128 * MI)),
+            (10 * MI, 0, 0, 64 * MI, Some(64 * MI)),
+            (32 * MI, 32 * MI, 0, 64 * MI, None),
+            (10 * MI, 0, 32 * MI, 64 * MI, None),
+        ] {
+            let got = clone_size(size, asked, limit, "pvc-1", from);
+            assert_eq!(
+                got.as_ref().ok().copied(),
+                want,
+                "{size} {asked} {limit} {from}"
+            );
+            if let Err(e) = got {
+                assert!(matches!(e, ArgError::OutOfRange { .. }), "{e}");
+                assert!(e.to_string().contains("pvc-1"), "{e}");
+            }
+        }
+    }
+
+    #[test]
     fn create_is_idempotent_for_compatible_requests_only() {
         let p = Params::parse(&params(&[]), None).unwrap();
         let mapped = naming::host_volume_name("Vol-A");
@@ -554,7 +706,7 @@ mod tests {
             64 << 20
         );
         assert!(matches!(
-            existing_matches("Vol-A", &pvc, 64 << 20, 0, Some("snap-1")),
+            existing_matches("Vol-A", &pvc, 64 << 20, 0, Some(Source::Snapshot("snap-1"))),
             Err(ControllerError::AlreadyExists { .. })
         ));
         for (name, size, limit) in [

@@ -16,6 +16,10 @@ pub trait Filesystem: Send + Sync {
     fn mount_options(&self) -> &'static [&'static str];
     /// Grows the mounted filesystem to fill its (grown) device.
     fn grow(&self, device: &Path, mount_point: &Path) -> Cmd;
+    /// The smallest device `format` accepts (0: no minimum the driver's own does not cover).
+    fn min_bytes(&self) -> u64 {
+        0
+    }
 }
 
 pub struct Ext4;
@@ -60,6 +64,9 @@ impl Filesystem for Xfs {
     }
     fn grow(&self, _device: &Path, mount_point: &Path) -> Cmd {
         Cmd::new("xfs_growfs").arg(mount_point)
+    }
+    fn min_bytes(&self) -> u64 {
+        crate::request::XFS_MIN_BYTES
     }
 }
 

@@ -44,6 +44,8 @@ pub struct NodeService {
     device_wait: Duration,
     max_volumes: i64,
     inflight: InFlight,
+    /// Staging and target paths in use: two volumes never work on one path at once.
+    paths: InFlight,
     /// Why the node ID could not be looked up when Harvester refused it (RBAC): a misconfiguration
     /// for `/readyz`; other lookup errors only log (the hostname usually is the VM name).
     discovery: Result<(), String>,
@@ -197,6 +199,7 @@ impl NodeService {
             device_wait: config.timeouts.device,
             max_volumes,
             inflight: InFlight::default(),
+            paths: InFlight::default(),
             discovery,
         }
     }
@@ -218,6 +221,27 @@ impl NodeService {
             .ok_or_else(|| NodeError::Busy(volume.to_string()))
     }
 
+    /// Claims `path` for `volume`'s operation until the guard drops: a second volume's call on the
+    /// same path meanwhile is ABORTED instead of stacking a second mount there.
+    fn begin_path(
+        &self,
+        volume: &str,
+        path: &Path,
+    ) -> Result<crate::inflight::Guard<'_>, NodeError> {
+        // The parent resolved, the last name as given: the same key before and after the
+        // call creates the directory.
+        let key = match (path.parent(), path.file_name()) {
+            (Some(parent), Some(name)) => canonical(parent).join(name),
+            _ => path.to_path_buf(),
+        };
+        self.paths
+            .begin(&key.to_string_lossy())
+            .ok_or_else(|| NodeError::PathBusy {
+                path: key,
+                volume: volume.to_string(),
+            })
+    }
+
     async fn find_disk(
         &self,
         volume: &str,
@@ -232,9 +256,14 @@ impl NodeService {
         req: NodeStageVolumeRequest,
     ) -> Result<NodeStageVolumeResponse, NodeError> {
         let id = required("volume_id", &req.volume_id)?;
-        let staging = required("staging_target_path", &req.staging_target_path)?;
+        let staging = request::node_path("staging_target_path", &req.staging_target_path)?;
         let cap = request::capability("volume_capability", req.volume_capability.as_ref())?;
         let _guard = self.begin(id)?;
+        let _path = self.begin_path(id, &staging)?;
+        not_a_symlink("staging_target_path", &staging)?;
+        if !cap.is_block() {
+            directory_or_nothing("staging_target_path", &staging)?;
+        }
         let device = self.find_disk(id, &req.publish_context).await?;
         match &cap.access {
             // A block volume has nothing to stage: NodePublish binds the device itself.
@@ -244,7 +273,7 @@ impl NodeService {
                     field: "volume_capability",
                     reason: format!("fs_type {fs_type} is not supported"),
                 })?;
-                self.stage_filesystem(&device, Path::new(staging), fs, flags, cap.read_only())
+                self.stage_filesystem(&device, &staging, fs, flags, cap.read_only())
                     .await?;
                 Ok(NodeStageVolumeResponse {})
             }
@@ -274,6 +303,16 @@ impl NodeService {
         let probe = filesystem::classify(probe.code, &probe.stdout, &probe.stderr);
         match filesystem::prepare(&probe, fs.name()) {
             Prepare::Format => {
+                let size = device::size_of(device)?;
+                if size < fs.min_bytes() {
+                    return Err(NodeError::TooSmall {
+                        device: device.to_path_buf(),
+                        size,
+                        fs: fs.name(),
+                        min: fs.min_bytes(),
+                        min_mib: fs.min_bytes() >> 20,
+                    });
+                }
                 tracing::info!(device = %device.display(), fs = fs.name(), "formatting blank device");
                 run(&fs.format(device)).await?;
             }
@@ -285,13 +324,50 @@ impl NodeService {
                 });
             }
         }
-        let mut options: Vec<String> = fs.mount_options().iter().map(|s| s.to_string()).collect();
-        options.extend(flags.iter().cloned());
-        if read_only {
-            options.push("ro".into());
+        let options = |flags: &[String]| {
+            let mut options: Vec<String> =
+                fs.mount_options().iter().map(|s| s.to_string()).collect();
+            options.extend(flags.iter().cloned());
+            if read_only {
+                options.push("ro".into());
+            }
+            options
+        };
+        let refused = match run(&mount::mount_cmd(
+            device,
+            &staging,
+            fs.name(),
+            &options(flags),
+        ))
+        .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) if flags.is_empty() => return Err(e),
+            Err(e) => e,
+        };
+        // Whose fault? The same mount without the CO's flags tells: if it works, mount refused
+        // the flags (a bad request), and the trial mount is undone.
+        if run(&mount::mount_cmd(
+            device,
+            &staging,
+            fs.name(),
+            &options(&[]),
+        ))
+        .await
+        .is_err()
+        {
+            return Err(refused);
         }
-        run(&mount::mount_cmd(device, &staging, fs.name(), &options)).await?;
-        Ok(())
+        mount::unmount_all(&staging).await?;
+        let why = match &refused {
+            NodeError::Command { stderr, .. } => stderr.clone(),
+            other => other.to_string(),
+        };
+        Err(ArgError::Invalid {
+            field: "volume_capability",
+            reason: format!("mount refused mount_flags {flags:?}: {why}"),
+        }
+        .into())
     }
 
     async fn unstage(
@@ -299,11 +375,12 @@ impl NodeService {
         req: NodeUnstageVolumeRequest,
     ) -> Result<NodeUnstageVolumeResponse, NodeError> {
         let id = required("volume_id", &req.volume_id)?;
-        let staging = required("staging_target_path", &req.staging_target_path)?;
+        let staging = request::node_path("staging_target_path", &req.staging_target_path)?;
         let _guard = self.begin(id)?;
-        let staging = Path::new(staging);
+        let _path = self.begin_path(id, &staging)?;
+        not_a_symlink("staging_target_path", &staging)?;
         if staging.exists() {
-            mount::unmount_all(staging).await?;
+            mount::unmount_all(&staging).await?;
         }
         Ok(NodeUnstageVolumeResponse {})
     }
@@ -313,15 +390,18 @@ impl NodeService {
         req: NodePublishVolumeRequest,
     ) -> Result<NodePublishVolumeResponse, NodeError> {
         let id = required("volume_id", &req.volume_id)?;
-        let target = required("target_path", &req.target_path)?;
+        let target = request::node_path("target_path", &req.target_path)?;
         let cap = request::capability("volume_capability", req.volume_capability.as_ref())?;
-        let staging = required("staging_target_path", &req.staging_target_path)?;
+        let staging = request::node_path("staging_target_path", &req.staging_target_path)?;
         let read_only = req.readonly || cap.read_only();
         let _guard = self.begin(id)?;
-        let target = Path::new(target);
+        let _path = self.begin_path(id, &target)?;
+        not_a_symlink("target_path", &target)?;
+        let target = target.as_path();
         let source = match cap.access {
             Access::Mount { .. } => {
-                let staging = canonical(Path::new(staging));
+                directory_or_nothing("target_path", target)?;
+                let staging = canonical(&staging);
                 let all = mounts()?;
                 let staged =
                     mount_at(&all, &staging)
@@ -356,6 +436,18 @@ impl NodeService {
                                     .into(),
                         });
                     }
+                    Ok(m) if m.is_file() && m.len() > 0 => {
+                        return Err(ArgError::Invalid {
+                            field: "target_path",
+                            reason: format!(
+                                "{} is a file holding {} bytes; a block volume is published on \
+                                 an empty file, and this driver does not cover data",
+                                target.display(),
+                                m.len()
+                            ),
+                        }
+                        .into());
+                    }
                     Ok(_) => {}
                     Err(_) => {
                         std::fs::OpenOptions::new()
@@ -389,9 +481,21 @@ impl NodeService {
         req: NodeUnpublishVolumeRequest,
     ) -> Result<NodeUnpublishVolumeResponse, NodeError> {
         let id = required("volume_id", &req.volume_id)?;
-        let target = required("target_path", &req.target_path)?;
+        let target = request::node_path("target_path", &req.target_path)?;
         let _guard = self.begin(id)?;
-        let target = Path::new(target);
+        let _path = self.begin_path(id, &target)?;
+        not_a_symlink("target_path", &target)?;
+        let target = target.as_path();
+        match std::fs::symlink_metadata(target) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(NodeUnpublishVolumeResponse {});
+            }
+            Err(e) => return Err(NodeError::io("inspecting", target)(e)),
+        }
+        mount::unmount_all(target).await?;
+        // What is left once unmounted: only an empty directory or an empty file (what publish
+        // creates) is removed. Anything else is someone's data and stays where it is.
         let meta = match std::fs::symlink_metadata(target) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -399,16 +503,21 @@ impl NodeService {
             }
             Err(e) => return Err(NodeError::io("inspecting", target)(e)),
         };
-        mount::unmount_all(target).await?;
-        // Only an empty directory or the file we created goes: never data.
-        let removed = if meta.is_dir() {
-            std::fs::remove_dir(target)
-        } else {
-            std::fs::remove_file(target)
+        let removed = match removable(&meta) {
+            Some(Removable::Dir) => std::fs::remove_dir(target),
+            Some(Removable::EmptyFile) => std::fs::remove_file(target),
+            None => {
+                tracing::warn!(volume = id, target = %target.display(), "unpublished; left the target in place: it is not an empty directory or file");
+                return Ok(NodeUnpublishVolumeResponse {});
+            }
         };
         match removed {
             Ok(()) => Ok(NodeUnpublishVolumeResponse {}),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Ok(NodeUnpublishVolumeResponse {})
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => {
+                tracing::warn!(volume = id, target = %target.display(), "unpublished; left the target directory in place: it is not empty");
                 Ok(NodeUnpublishVolumeResponse {})
             }
             Err(e) => Err(NodeError::io("removing", target)(e)),
@@ -420,7 +529,7 @@ impl NodeService {
         req: NodeGetVolumeStatsRequest,
     ) -> Result<NodeGetVolumeStatsResponse, NodeError> {
         required("volume_id", &req.volume_id)?;
-        let path = Path::new(required("volume_path", &req.volume_path)?);
+        let path = published_path(&req.volume_path)?;
         let meta = std::fs::metadata(path).map_err(|_| NodeError::PathNotFound {
             path: path.to_path_buf(),
         })?;
@@ -479,16 +588,14 @@ impl NodeService {
         req: NodeExpandVolumeRequest,
     ) -> Result<NodeExpandVolumeResponse, NodeError> {
         let id = required("volume_id", &req.volume_id)?;
-        let path = Path::new(required("volume_path", &req.volume_path)?);
+        let path = published_path(&req.volume_path)?;
         let cap = req
             .volume_capability
             .as_ref()
             .map(|c| request::Capability::parse("volume_capability", c))
             .transpose()?;
-        let required_bytes = req
-            .capacity_range
-            .as_ref()
-            .map_or(0, |r| u64::try_from(r.required_bytes).unwrap_or(0));
+        let (required_bytes, _) =
+            request::range_bytes("capacity_range", req.capacity_range.as_ref())?;
         let meta = std::fs::metadata(path).map_err(|_| NodeError::PathNotFound {
             path: path.to_path_buf(),
         })?;
@@ -498,7 +605,7 @@ impl NodeService {
             device::size_of(path)?
         } else {
             let mount_point = Some(req.staging_target_path.as_str())
-                .filter(|s| !s.is_empty() && Path::new(s).exists())
+                .filter(|s| request::path_problem(s).is_none() && Path::new(s).exists())
                 .map(|s| canonical(Path::new(s)))
                 .filter(|s| mount_at(&mounts().unwrap_or_default(), s).is_some())
                 .unwrap_or_else(|| canonical(path));
@@ -532,6 +639,77 @@ impl NodeService {
         Ok(NodeExpandVolumeResponse {
             capacity_bytes: i64::try_from(capacity).unwrap_or(i64::MAX),
         })
+    }
+}
+
+/// A `volume_path` of NodeGetVolumeStats / NodeExpandVolume: required; a path that is not
+/// absolute and clean cannot be one this plugin published, so it is NOT_FOUND (as csi-sanity
+/// expects for `some/path`).
+fn published_path(value: &str) -> Result<&Path, NodeError> {
+    let value = required("volume_path", value)?;
+    match request::path_problem(value) {
+        None => Ok(Path::new(value)),
+        Some(_) => Err(NodeError::PathNotFound {
+            path: PathBuf::from(value),
+        }),
+    }
+}
+
+/// A staging or target path must not be a symbolic link: mounting at it or unmounting it would
+/// act on wherever it points.
+fn not_a_symlink(field: &'static str, path: &Path) -> Result<(), NodeError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => Err(ArgError::Invalid {
+            field,
+            reason: format!("{} is a symbolic link", path.display()),
+        }
+        .into()),
+        _ => Ok(()),
+    }
+}
+
+/// A mount point: a directory, or nothing yet (the plugin creates it). A file there is a bad
+/// request, not an internal error.
+fn directory_or_nothing(field: &'static str, path: &Path) -> Result<(), NodeError> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(m) => Err(ArgError::Invalid {
+            field,
+            reason: format!(
+                "{} is a {}, not a directory",
+                path.display(),
+                if m.is_file() {
+                    "regular file"
+                } else {
+                    "special file"
+                }
+            ),
+        }
+        .into()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(NodeError::io("inspecting", path)(e)),
+    }
+}
+
+/// What NodeUnpublishVolume may remove at an unmounted target.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Removable {
+    /// A directory (removed only if empty: `rmdir`).
+    Dir,
+    /// An empty regular file, as block publishes create.
+    EmptyFile,
+}
+
+/// Whether what is left at a target may go: an (empty) directory or an empty regular file;
+/// never a file with data, a link or a device node.
+pub fn removable(meta: &std::fs::Metadata) -> Option<Removable> {
+    let t = meta.file_type();
+    if t.is_dir() {
+        Some(Removable::Dir)
+    } else if t.is_file() && meta.len() == 0 {
+        Some(Removable::EmptyFile)
+    } else {
+        None
     }
 }
 

@@ -253,3 +253,136 @@ proptest! {
         prop_assert_eq!(volume_size("capacity_range", Some(&range)).unwrap(), size);
     }
 }
+
+/// Paths a CO (or a hostile caller) could send as a staging or target path: absolute clean
+/// ones, relative ones, option-like ones (`-o...`), with `.`/`..` or empty components,
+/// over-long components and paths, NUL bytes, and what a non-UTF-8 path becomes on a UTF-8
+/// wire (protobuf `string` fields refuse invalid UTF-8 before a handler runs, so a lossy
+/// conversion is the closest a request can come).
+fn any_path() -> impl Strategy<Value = String> {
+    let component = prop_oneof![
+        8 => "[a-zA-Z0-9_~@:+=-][a-zA-Z0-9._~@:+= -]{0,15}",
+        1 => Just(".".to_string()),
+        1 => Just("..".to_string()),
+        1 => Just(String::new()),
+        1 => (250usize..262).prop_map(|n| "c".repeat(n)),
+        1 => "[^/\u{0}]{1,8}",
+    ];
+    let absolute = proptest::collection::vec(component.clone(), 1..8)
+        .prop_map(|parts| format!("/{}", parts.join("/")));
+    prop_oneof![
+        4 => absolute.clone(),
+        1 => absolute.clone().prop_map(|p| format!("{p}/")),
+        1 => proptest::collection::vec(component, 1..5).prop_map(|parts| parts.join("/")),
+        1 => "-o[a-z,=]{0,12}",
+        1 => Just(String::new()),
+        1 => Just("/".to_string()),
+        // Around PATH_MAX: 4051 to 4154 bytes.
+        1 => (405usize..415).prop_map(|n| format!("/{}end", "component/".repeat(n))),
+        1 => absolute.prop_map(|p| format!("{p}\u{0}x")),
+        1 => proptest::collection::vec(any::<u8>(), 1..40)
+            .prop_map(|b| format!("/{}", String::from_utf8_lossy(&b))),
+        1 => any::<String>(),
+    ]
+}
+
+/// The rule, written from the kernel's and kubelet's side: non-empty, absolute, at most 4095
+/// bytes, no NUL, not `/` itself, and every component a real name of at most 255 bytes.
+fn acceptable(p: &str) -> bool {
+    !p.is_empty()
+        && p.starts_with('/')
+        && p.len() <= 4095
+        && !p.contains('\0')
+        && p != "/"
+        && p[1..]
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != ".." && c.len() <= 255)
+}
+
+proptest! {
+    /// Any path is accepted exactly when it is absolute and clean, unchanged; every refusal
+    /// names the field and shows the value (cut, for long ones), and nothing panics.
+    #[test]
+    fn node_paths_are_absolute_and_clean(field in field(), path in any_path()) {
+        match node_path(field, &path) {
+            Ok(p) => {
+                prop_assert!(acceptable(&path), "{path:?} accepted");
+                prop_assert_eq!(p.as_os_str(), std::ffi::OsStr::new(&path));
+                // Lexically it is the root then plain names: it cannot climb out of its
+                // parent or resolve against the plugin's working directory.
+                let mut comps = p.components();
+                prop_assert_eq!(comps.next(), Some(std::path::Component::RootDir));
+                prop_assert!(comps.all(|c| matches!(c, std::path::Component::Normal(_))));
+            }
+            Err(e) => {
+                prop_assert!(!acceptable(&path), "{path:?} refused: {e}");
+                let msg = e.to_string();
+                if path.is_empty() {
+                    prop_assert_eq!(msg, format!("{field} is required"));
+                } else {
+                    prop_assert!(msg.starts_with(&format!("{field}: ")), "{msg}");
+                    let head: String = path.chars().take(20).collect();
+                    let shown = format!("{head:?}");
+                    prop_assert!(msg.contains(shown.trim_end_matches('"')), "{msg} shows {head:?}");
+                    prop_assert!(msg.len() < 700, "bounded message: {} bytes", msg.len());
+                }
+            }
+        }
+    }
+
+    /// A NodeStage/NodePublish target that is not absolute and clean is never what the
+    /// stats/expand side calls a published path either: the two agree.
+    #[test]
+    fn path_problem_and_node_path_agree(path in any_path()) {
+        let problem = path_problem(&path);
+        match node_path("target_path", &path) {
+            Ok(_) => prop_assert!(problem.is_none()),
+            Err(ArgError::Missing { .. }) => prop_assert!(path.is_empty()),
+            Err(e) => {
+                let reason = problem.expect("a refused path has a problem");
+                prop_assert!(e.to_string().ends_with(&reason), "{e} / {reason}");
+            }
+        }
+    }
+
+    /// Capacity ranges of NodeExpandVolume: negative bounds are refused naming the field and
+    /// the value; others give the bounds back.
+    #[test]
+    fn range_bytes_refuses_negative_bounds(required in bytes(), limit in bytes()) {
+        let range = capacity(required, limit);
+        match range_bytes("capacity_range", Some(&range)) {
+            Ok((r, l)) => {
+                prop_assert!(required >= 0 && limit >= 0);
+                prop_assert_eq!((r, l), (required as u64, limit as u64));
+            }
+            Err(e) => {
+                prop_assert!(required < 0 || limit < 0);
+                let msg = e.to_string();
+                let bad = if required < 0 { required } else { limit };
+                prop_assert!(msg.starts_with("capacity_range: ") && msg.contains(&bad.to_string()), "{msg}");
+            }
+        }
+    }
+
+    /// xfs: any range gives a size of at least 300 MiB or OUT_OF_RANGE naming mkfs.xfs; the
+    /// same range without xfs never gives less than with it.
+    #[test]
+    fn xfs_sizes_respect_the_mkfs_minimum(required in bytes(), limit in bytes()) {
+        let range = capacity(required, limit);
+        let plain = volume_size("capacity_range", Some(&range));
+        match volume_size_at_least("capacity_range", Some(&range), fs_floor("xfs")) {
+            Ok(size) => {
+                prop_assert!(size >= XFS_MIN_BYTES && size % SIZE_ALIGN == 0);
+                prop_assert!(limit <= 0 || size <= limit as u64);
+                prop_assert_eq!(size, plain.unwrap().max(XFS_MIN_BYTES));
+            }
+            Err(ArgError::OutOfRange { reason, .. }) => {
+                prop_assert!(limit > 0 && required >= 0);
+                if plain.is_ok() {
+                    prop_assert!(reason.contains("mkfs.xfs"), "{reason}");
+                }
+            }
+            Err(e) => prop_assert!(plain.is_err(), "{e}"),
+        }
+    }
+}

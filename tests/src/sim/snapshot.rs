@@ -2,17 +2,16 @@
 //! `VolumeSnapshot` of a PVC gets a copy of the PVC's backing file and is marked `readyToUse`
 //! with its `restoreSize`; a PVC whose `dataSource` is a VolumeSnapshot gets that copy written
 //! onto its volume once the storage stand-in has created it, and is then annotated
-//! [`RESTORED_ANNOTATION`].
+//! [`RESTORED_ANNOTATION`]. A PVC whose `dataSource` is another PVC (a clone) gets the source
+//! volume's data the same way ([`super::storage::clone_volume`]).
 //!
 //! Difference from Harvester, on purpose small: Longhorn binds a restored PVC only after the
 //! restore, while here the storage stand-in binds it at once and the copy follows within
 //! milliseconds. A test that stages a restored volume waits for [`RESTORED_ANNOTATION`] first.
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use futures::StreamExt;
 use harvester_common::quantity;
@@ -22,11 +21,10 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchP
 use kube::runtime::watcher::{self, Event};
 use serde_json::json;
 
-use super::storage::{Backing, Storage};
+use super::storage::{CLONED_ANNOTATION, Storage, backing, clone_volume, flush, write_over};
 
 /// Set on a PVC restored from a snapshot once its data is in place (value: the snapshot).
 pub const RESTORED_ANNOTATION: &str = "sim.harvesterhci.io/restored-from";
-const WAIT: Duration = Duration::from_secs(60);
 
 fn snapshot_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
@@ -116,36 +114,20 @@ pub async fn run(client: kube::Client, storage: Arc<Storage>, dir: PathBuf) {
                         let key = format!("restore/{}/{}", p.namespace().unwrap_or_default(), p.name_any());
                         ctx.once(key, restore(ctx.clone(), p.clone(), snapshot));
                     }
+                    let clone_of = p.spec.as_ref().and_then(|s| s.data_source.as_ref())
+                        .filter(|d| d.kind == "PersistentVolumeClaim").map(|d| d.name.clone());
+                    let cloned = p.annotations().contains_key(CLONED_ANNOTATION);
+                    if let (Some(source), false, None) = (clone_of, cloned, &p.metadata.deletion_timestamp) {
+                        let key = format!("clone/{}/{}", p.namespace().unwrap_or_default(), p.name_any());
+                        let (client, storage) = (ctx.client.clone(), ctx.storage.clone());
+                        ctx.once(key, clone_volume(client, storage, p.clone(), source));
+                    }
                 }
                 Ok(_) => {}
                 Err(e) => tracing::debug!("sim snapshot PVC watch: {e}"),
             },
             else => return,
         }
-    }
-}
-
-/// The backing of PVC `ns/name` once the storage stand-in has created it.
-async fn backing(storage: &Storage, ns: &str, name: &str) -> Result<Backing, String> {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Some(b) = storage.get(ns, name) {
-            return Ok(b);
-        }
-        if tokio::time::Instant::now() > deadline {
-            return Err(format!("PVC {ns}/{name} never got a volume"));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Writes what the device's buffers hold to its backing file (loop devices only).
-fn flush(b: &Backing) {
-    if b.device != b.file {
-        let _ = Command::new("blockdev")
-            .arg("--flushbufs")
-            .arg(&b.device)
-            .status();
     }
 }
 
@@ -212,21 +194,5 @@ async fn restore(
     api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .map_err(|e| format!("annotating restored PVC {ns}/{name}: {e}"))?;
-    Ok(())
-}
-
-/// Copies the snapshot's data onto the start of the volume's backing file (never truncating it),
-/// then drops the device's stale buffers.
-fn write_over(data: &Path, b: &Backing) -> Result<(), String> {
-    let mut src =
-        std::fs::File::open(data).map_err(|e| format!("opening {}: {e}", data.display()))?;
-    let mut dst = std::fs::OpenOptions::new()
-        .write(true)
-        .open(&b.file)
-        .map_err(|e| format!("opening {}: {e}", b.file.display()))?;
-    std::io::copy(&mut src, &mut dst)
-        .map_err(|e| format!("restoring into {}: {e}", b.file.display()))?;
-    dst.sync_all().map_err(|e| e.to_string())?;
-    flush(b);
     Ok(())
 }

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures::StreamExt;
 use harvester_common::harvester::VirtualMachineInstance;
@@ -324,5 +325,78 @@ async fn bind(
         }})),
     )
     .await?;
+    Ok(())
+}
+
+/// The backing of PVC `ns/name` once the storage stand-in has created it.
+pub(crate) async fn backing(storage: &Storage, ns: &str, name: &str) -> Result<Backing, String> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(b) = storage.get(ns, name) {
+            return Ok(b);
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!("PVC {ns}/{name} never got a volume"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Writes what the device's buffers hold to its backing file (loop devices only).
+pub(crate) fn flush(b: &Backing) {
+    if b.device != b.file {
+        let _ = Command::new("blockdev")
+            .arg("--flushbufs")
+            .arg(&b.device)
+            .status();
+    }
+}
+
+/// Copies `data` (a snapshot's or a source volume's) onto the start of the volume's backing file (never truncating it),
+/// then drops the device's stale buffers.
+pub(crate) fn write_over(data: &Path, b: &Backing) -> Result<(), String> {
+    let mut src =
+        std::fs::File::open(data).map_err(|e| format!("opening {}: {e}", data.display()))?;
+    let mut dst = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&b.file)
+        .map_err(|e| format!("opening {}: {e}", b.file.display()))?;
+    std::io::copy(&mut src, &mut dst)
+        .map_err(|e| format!("restoring into {}: {e}", b.file.display()))?;
+    dst.sync_all().map_err(|e| e.to_string())?;
+    flush(b);
+    Ok(())
+}
+
+/// Set on a PVC cloned from another (its `dataSource` a PersistentVolumeClaim) once the
+/// source's data is in place (value: the source PVC).
+pub const CLONED_ANNOTATION: &str = "sim.harvesterhci.io/cloned-from";
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Longhorn's clone: the source volume's data, as it is now, copied onto the new volume once
+/// both exist; then the PVC is annotated [`CLONED_ANNOTATION`]. Like the snapshot restore, the
+/// storage stand-in binds the clone at once and the copy follows within milliseconds.
+pub async fn clone_volume(
+    client: kube::Client,
+    storage: Arc<Storage>,
+    pvc: PersistentVolumeClaim,
+    source: String,
+) -> Result<(), String> {
+    let ns = pvc.namespace().unwrap_or_default();
+    let name = pvc.name_any();
+    let from = backing(&storage, &ns, &source).await?;
+    let to = backing(&storage, &ns, &name).await?;
+    tokio::task::spawn_blocking(move || {
+        // Whatever the source's device buffers hold belongs to the copy.
+        flush(&from);
+        write_over(&from.file, &to)
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(client, &ns);
+    let patch = json!({"metadata": {"annotations": {CLONED_ANNOTATION: source}}});
+    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|e| format!("annotating cloned PVC {ns}/{name}: {e}"))?;
     Ok(())
 }

@@ -669,6 +669,17 @@ async fn remove_volume(
         return api_error(e);
     }
     let vmis: Api<VirtualMachineInstance> = Api::namespaced(ctx.client.clone(), ns);
+    let running = match vmis.get_opt(vm_name).await {
+        Ok(v) => {
+            v.is_some_and(|v| v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        }
+        Err(e) => return api_error(e),
+    };
+    if !running {
+        // No VMI, or a stopped one: only the VM spec changes. KubeVirt's virt-handler unplugs
+        // from running VMIs only; a stopped VMI keeps its disks in spec and volumeStatus.
+        return reply(StatusCode::ACCEPTED, json!({}));
+    }
     // A real guest loses the disk before the VMI stops listing it, as with KubeVirt.
     if let Some(backend) = ctx.vm(vm_name)
         && let Err(e) = unplug_from_vm(ctx, &backend, ns, &claim, &opts.name).await

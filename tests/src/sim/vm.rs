@@ -277,6 +277,20 @@ impl Sim {
         self.delete_vmi(name).await
     }
 
+    /// Powers the VM off for good the way a lost guest or host looks: the VM is not ready and
+    /// `Stopped`, while its VMI stays, phase `Failed`, still listing every disk it had (KubeVirt
+    /// unplugs nothing from a stopped VMI; non-graceful node shutdown).
+    pub async fn power_off_vm(&self, name: &str) -> Result<(), BedError> {
+        self.set_vm_status(name, false, "Stopped").await?;
+        let failed = update_vmi(&self.vmis(), name, |vmi| {
+            vmi.status.get_or_insert_with(Default::default).phase = Some("Failed".into());
+        })
+        .await?;
+        failed
+            .map(|_| ())
+            .ok_or_else(|| BedError::Api(format!("VMI {name} not found to power off")))
+    }
+
     /// Starts a stopped VM again on `host`.
     pub async fn start_vm(&self, vm: &GuestVm) -> Result<VirtualMachineInstance, BedError> {
         let current = self.vms().get(&vm.name).await?;
