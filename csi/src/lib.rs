@@ -5,7 +5,7 @@
 //! the VM finds the disk by that serial, formats it once and mounts it.
 //!
 //! [`serve`] runs the Identity service and, by [`Mode`], the Controller and/or Node services on a
-//! unix socket until a shutdown future completes. The binary is a thin CLI over it; tests and the
+//! unix socket (or a TCP address) until a shutdown future completes. The binary is a thin CLI over it; tests and the
 //! demo run it in-process.
 
 pub mod controller;
@@ -29,7 +29,7 @@ use csi_proto::csi::v1::node_server::NodeServer;
 use futures::FutureExt;
 use harvester_common::cloud_config::{CloudConfigError, Harvester};
 use harvester_common::telemetry::{Metrics, Readiness};
-use tokio_stream::wrappers::UnixListenerStream;
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 
 /// The CSI driver name, as upstream.
 pub const DRIVER_NAME: &str = "driver.harvesterhci.io";
@@ -155,6 +155,12 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
+    #[error("tcp endpoint {address}: binding: {source}")]
+    Tcp {
+        address: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("socket {path} exists and is not a socket; refusing to remove it")]
     NotASocket { path: PathBuf },
     #[error(transparent)]
@@ -171,25 +177,100 @@ pub enum ServeError {
     },
 }
 
-/// The socket path of a CSI endpoint. Only unix sockets are served.
-pub fn socket_path(endpoint: &str) -> Result<PathBuf, ServeError> {
+/// Where the driver serves CSI: a unix socket (what kubelet and the sidecars use) or, as the CSI
+/// spec allows, a TCP address (a node plugin in a VM reached through a forwarded port).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Unix(PathBuf),
+    /// `host:port` as given after `tcp://`; the host may be an IP address or a name.
+    Tcp {
+        host: String,
+        port: u16,
+    },
+}
+
+/// Parses `unix:///path`, `unix:/path`, an absolute path, or `tcp://host:port`
+/// (`tcp://[::1]:port` for IPv6).
+pub fn parse_endpoint(endpoint: &str) -> Result<Endpoint, ServeError> {
     let bad = |reason: &str| ServeError::Endpoint {
         endpoint: endpoint.to_string(),
         reason: reason.to_string(),
     };
+    if let Some(rest) = endpoint.strip_prefix("tcp://") {
+        let rest = rest.trim_end_matches('/');
+        let (host, port) = rest
+            .rsplit_once(':')
+            .ok_or_else(|| bad("a tcp endpoint needs a port: tcp://<host>:<port>"))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() || host.contains('/') {
+            return Err(bad("a tcp endpoint needs a host: tcp://<host>:<port>"));
+        }
+        let port = port
+            .parse::<u16>()
+            .map_err(|_| bad(&format!("port {port:?} is not a number from 0 to 65535")))?;
+        return Ok(Endpoint::Tcp {
+            host: host.to_string(),
+            port,
+        });
+    }
     let path = if let Some(rest) = endpoint.strip_prefix("unix://") {
         rest
     } else if let Some(rest) = endpoint.strip_prefix("unix:") {
         rest
     } else if endpoint.contains("://") {
-        return Err(bad("only unix:// endpoints are supported"));
+        return Err(bad("only unix:// and tcp:// endpoints are supported"));
     } else {
         endpoint
     };
     if !path.starts_with('/') {
         return Err(bad("the socket path must be absolute"));
     }
-    Ok(PathBuf::from(path))
+    Ok(Endpoint::Unix(PathBuf::from(path)))
+}
+
+/// The socket path of a unix CSI endpoint (an error for any other kind).
+pub fn socket_path(endpoint: &str) -> Result<PathBuf, ServeError> {
+    match parse_endpoint(endpoint)? {
+        Endpoint::Unix(path) => Ok(path),
+        Endpoint::Tcp { .. } => Err(ServeError::Endpoint {
+            endpoint: endpoint.to_string(),
+            reason: "not a unix socket".into(),
+        }),
+    }
+}
+
+/// A bound CSI listener of either kind, as a stream of connections for tonic.
+enum Listener {
+    Unix(tokio::net::UnixListener, PathBuf),
+    Tcp(tokio::net::TcpListener, SocketAddr),
+}
+
+impl Listener {
+    async fn bind(endpoint: &Endpoint) -> Result<Listener, ServeError> {
+        match endpoint {
+            Endpoint::Unix(path) => Ok(Listener::Unix(bind(path)?, path.clone())),
+            Endpoint::Tcp { host, port } => {
+                let l = tokio::net::TcpListener::bind((host.as_str(), *port))
+                    .await
+                    .map_err(|source| ServeError::Tcp {
+                        address: format!("{host}:{port}"),
+                        source,
+                    })?;
+                let addr = l.local_addr().map_err(|source| ServeError::Tcp {
+                    address: format!("{host}:{port}"),
+                    source,
+                })?;
+                Ok(Listener::Tcp(l, addr))
+            }
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Listener::Unix(_, path) => format!("unix://{}", path.display()),
+            Listener::Tcp(_, addr) => format!("tcp://{addr}"),
+        }
+    }
 }
 
 /// Binds the socket: a stale socket is removed, anything else at the path is left alone; the
@@ -224,7 +305,7 @@ fn bind(path: &Path) -> Result<tokio::net::UnixListener, ServeError> {
     Ok(listener)
 }
 
-/// Serves CSI on `config.endpoint` until `shutdown` completes, then removes the socket.
+/// Serves CSI on `config.endpoint` until `shutdown` completes, then removes a unix socket.
 pub async fn serve(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -242,7 +323,7 @@ pub async fn serve_with(
     readiness: Readiness,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let path = socket_path(&config.endpoint)?;
+    let endpoint = parse_endpoint(&config.endpoint)?;
     let shutdown = shutdown.boxed().shared();
     if let Some(addr) = config.metrics_address {
         let listener = tokio::net::TcpListener::bind(addr)
@@ -289,9 +370,9 @@ pub async fn serve_with(
     } else {
         None
     };
-    let listener = bind(&path)?;
+    let listener = Listener::bind(&endpoint).await?;
     tracing::info!(
-        socket = %path.display(),
+        endpoint = %listener.describe(),
         mode = ?config.mode,
         namespace = %harvester.namespace,
         node = node.as_ref().map(|n| n.node_id()).unwrap_or_default(),
@@ -299,12 +380,23 @@ pub async fn serve_with(
         csi_proto::CSI_SPEC_VERSION
     );
     readiness.set(READY_CSI, Ok(()));
-    let server = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .layer(rpc::RpcMetricsLayer::new(metrics))
         .add_service(IdentityServer::new(identity))
         .add_optional_service(controller.map(ControllerServer::new))
-        .add_optional_service(node.map(NodeServer::new))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown.clone());
+        .add_optional_service(node.map(NodeServer::new));
+    let socket = match &listener {
+        Listener::Unix(_, path) => Some(path.clone()),
+        Listener::Tcp(..) => None,
+    };
+    let server = match listener {
+        Listener::Unix(l, _) => router
+            .serve_with_incoming_shutdown(UnixListenerStream::new(l), shutdown.clone())
+            .boxed(),
+        Listener::Tcp(l, _) => router
+            .serve_with_incoming_shutdown(TcpListenerStream::new(l), shutdown.clone())
+            .boxed(),
+    };
     let grace = config.shutdown_grace;
     let result = tokio::select! {
         r = server => r.map_err(ServeError::from),
@@ -314,7 +406,9 @@ pub async fn serve_with(
         }
     };
     credentials.abort();
-    let _ = std::fs::remove_file(&path);
+    if let Some(path) = socket {
+        let _ = std::fs::remove_file(&path);
+    }
     tracing::info!("harvester-csi-driver stopped");
     result
 }
@@ -346,6 +440,7 @@ mod tests {
             ("/tmp/x.sock", Some("/tmp/x.sock")),
             ("tcp://127.0.0.1:10000", None),
             ("unix://relative.sock", None),
+            ("http://127.0.0.1:10000", None),
             ("", None),
         ] {
             assert_eq!(
@@ -354,6 +449,74 @@ mod tests {
                 "endpoint {e:?}"
             );
         }
+    }
+
+    #[test]
+    fn tcp_endpoints_name_host_and_port() {
+        let tcp = |host: &str, port| Endpoint::Tcp {
+            host: host.into(),
+            port,
+        };
+        for (e, want) in [
+            ("tcp://0.0.0.0:10000", Ok(tcp("0.0.0.0", 10000))),
+            ("tcp://127.0.0.1:0/", Ok(tcp("127.0.0.1", 0))),
+            ("tcp://[::1]:9000", Ok(tcp("::1", 9000))),
+            ("tcp://csi-node.local:9000", Ok(tcp("csi-node.local", 9000))),
+            ("tcp://127.0.0.1", Err("needs a port")),
+            ("tcp://:9000", Err("needs a host")),
+            ("tcp://127.0.0.1:70000", Err("port \"70000\"")),
+            ("tcp://127.0.0.1:x", Err("port \"x\"")),
+            ("ftp://host:1", Err("only unix:// and tcp://")),
+        ] {
+            match (parse_endpoint(e), want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "endpoint {e:?}"),
+                (Err(err), Err(part)) => {
+                    let text = err.to_string();
+                    assert!(
+                        text.contains(part) && text.contains(e),
+                        "endpoint {e:?}: {text}"
+                    );
+                }
+                (got, want) => panic!("endpoint {e:?}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn serves_identity_over_tcp() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let listener = Listener::bind(&Endpoint::Tcp {
+                host: "127.0.0.1".into(),
+                port: 0,
+            })
+            .await
+            .expect("binding 127.0.0.1:0");
+            let Listener::Tcp(l, addr) = listener else {
+                panic!("not a tcp listener")
+            };
+            let server = tonic::transport::Server::builder()
+                .add_service(IdentityServer::new(identity::IdentityService::new(
+                    Mode::Node,
+                )))
+                .serve_with_incoming(TcpListenerStream::new(l));
+            let task = tokio::spawn(server);
+            let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                .expect("uri")
+                .connect()
+                .await
+                .expect("connecting over tcp");
+            let info = csi_proto::csi::v1::identity_client::IdentityClient::new(channel)
+                .get_plugin_info(csi_proto::csi::v1::GetPluginInfoRequest {})
+                .await
+                .expect("GetPluginInfo over tcp")
+                .into_inner();
+            assert_eq!(info.name, DRIVER_NAME);
+            task.abort();
+        });
     }
 
     #[test]

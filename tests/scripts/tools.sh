@@ -104,3 +104,8 @@ build kube-apiserver build_kube_apiserver
 build csi-sanity build_csi_sanity
 build helm build_helm
 say "tools ready in $TOOLS_DIR ($(( $(date +%s) - total_start ))s)"
+
+# --- guest VM image (kernel + initramfs from Debian's packages) for the VM backend -------------
+guest_start=$(date +%s)
+bash "$(dirname "${BASH_SOURCE[0]}")/guest.sh"
+say "guest image checked in $(( $(date +%s) - guest_start ))s"

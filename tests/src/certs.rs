@@ -24,7 +24,8 @@ pub struct Pki {
     pub ca: CertFiles,
     pub front_proxy_ca: CertFiles,
     pub front_proxy_client: CertFiles,
-    /// Serving cert for both kube-apiservers (127.0.0.1, localhost).
+    /// Serving cert for both kube-apiservers (127.0.0.1, localhost, and 10.0.2.2: the host's
+    /// loopback as a guest VM on QEMU's user network reaches it).
     pub apiserver: CertFiles,
     /// Client cert of user `admin` in group `system:masters`.
     pub admin: CertFiles,
@@ -115,7 +116,12 @@ impl Pki {
             "apiserver",
             "kube-apiserver",
             &[],
-            &["127.0.0.1", "localhost", "kubernetes.default.svc"],
+            &[
+                "127.0.0.1",
+                "localhost",
+                "kubernetes.default.svc",
+                crate::vm::HOST_FROM_GUEST,
+            ],
             ServerAuth,
         )?;
         let admin = leaf(

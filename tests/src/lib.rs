@@ -23,6 +23,7 @@ pub mod registrar;
 pub mod scrape;
 pub mod sim;
 pub mod tools;
+pub mod vm;
 pub mod wait;
 
 use std::path::PathBuf;

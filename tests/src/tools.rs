@@ -7,12 +7,16 @@ use crate::BedError;
 
 /// The tool directory: `$HARVESTER_TESTBED_TOOLS`, or what `tools.sh --print-dir` names.
 pub fn tools_dir() -> Result<PathBuf, BedError> {
-    if let Some(dir) = std::env::var_os("HARVESTER_TESTBED_TOOLS") {
+    print_dir("HARVESTER_TESTBED_TOOLS", &script())
+}
+
+/// `$env` if set, else what `bash <script> --print-dir` prints (a version-keyed cache directory).
+pub fn print_dir(env: &str, script: &std::path::Path) -> Result<PathBuf, BedError> {
+    if let Some(dir) = std::env::var_os(env) {
         return Ok(PathBuf::from(dir));
     }
-    let script = script();
     let out = Command::new("bash")
-        .arg(&script)
+        .arg(script)
         .arg("--print-dir")
         .output()
         .map_err(|e| BedError::Setup(format!("running {} --print-dir: {e}", script.display())))?;
@@ -20,7 +24,7 @@ pub fn tools_dir() -> Result<PathBuf, BedError> {
         return Err(BedError::Setup(format!(
             "{} --print-dir failed: {}",
             script.display(),
-            String::from_utf8_lossy(&out.stderr)
+            String::from_utf8_lossy(&out.stderr).trim()
         )));
     }
     Ok(PathBuf::from(

@@ -49,6 +49,7 @@ impl Sim {
             by_id_root: dir.join("by-id"),
             delay: hotplug_delay,
             calls: Default::default(),
+            vms: Default::default(),
         });
         let virt_api = VirtApi::start(pki, hotplug.clone()).await?;
         let mut tasks = JoinSet::new();

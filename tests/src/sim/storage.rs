@@ -18,6 +18,7 @@ use kube::runtime::watcher::{self, Event};
 use serde_json::json;
 
 use crate::BedError;
+use crate::vm::Vm;
 
 #[derive(Clone, Debug)]
 pub struct Backing {
@@ -31,6 +32,9 @@ pub struct Storage {
     dir: PathBuf,
     use_loop: bool,
     volumes: Mutex<HashMap<String, Backing>>,
+    /// Claims hot-plugged into a real VM: claim key -> (the VM, QMP node name), so a size
+    /// increase also grows the disk the guest sees (QMP `block_resize`).
+    plugged: Mutex<HashMap<String, (Arc<Vm>, String)>>,
 }
 
 fn key(namespace: &str, name: &str) -> String {
@@ -66,7 +70,32 @@ impl Storage {
             dir,
             use_loop: is_root(),
             volumes: Mutex::new(HashMap::new()),
+            plugged: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Claim `name` is plugged into VM `vm` as QMP node `node`.
+    pub fn mark_plugged(&self, namespace: &str, name: &str, vm: Arc<Vm>, node: &str) {
+        self.plugged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key(namespace, name), (vm, node.to_string()));
+    }
+
+    pub fn mark_unplugged(&self, namespace: &str, name: &str) {
+        self.plugged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key(namespace, name));
+    }
+
+    /// The VM and QMP node a claim is plugged into.
+    fn plugged_into(&self, namespace: &str, name: &str) -> Option<(Arc<Vm>, String)> {
+        self.plugged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key(namespace, name))
+            .cloned()
     }
 
     pub fn uses_loop_devices(&self) -> bool {
@@ -277,7 +306,14 @@ async fn bind(
     if bound && current.is_some_and(|c| c >= size) && storage.get(&ns, &name).is_some() {
         return Ok(());
     }
+    let before = storage.get(&ns, &name).map(|b| b.size);
     let backing = storage.ensure(&ns, &name, size)?;
+    if before.is_some_and(|b| b < backing.size)
+        && let Some((vm, node)) = storage.plugged_into(&ns, &name)
+    {
+        // The loop device has grown (losetup -c); QEMU and the guest learn it from block_resize.
+        vm.resize(&node, backing.size).await?;
+    }
     let access_modes = pvc.spec.as_ref().and_then(|s| s.access_modes.clone());
     api.patch_status(
         &name,

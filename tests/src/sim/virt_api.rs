@@ -6,6 +6,7 @@
 //! VMI specs and, after `hotplug_delay`, the VMI's `volumeStatus` up to `Ready` plus the disk link
 //! in the guest node's by-id directory.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -31,6 +32,7 @@ use tokio::task::JoinSet;
 use super::storage::Storage;
 use crate::BedError;
 use crate::certs::Pki;
+use crate::vm::{Vm, device_id};
 
 pub const GROUP_VERSION: &str = "subresources.kubevirt.io/v1";
 /// Prefix of the by-id name QEMU gives a SCSI disk with a serial.
@@ -48,7 +50,12 @@ pub struct HotplugCtx {
     pub delay: Duration,
     /// Every well-formed hot-plug request that reached the stand-in, accepted or refused, in order.
     pub calls: Mutex<Vec<HotplugCall>>,
+    /// Guest nodes backed by a real VM (QEMU): their disks are hot-plugged over QMP.
+    pub vms: Mutex<HashMap<String, Arc<Vm>>>,
 }
+
+/// How long a VM-backed hot-plug waits for the guest kernel to show the disk.
+const GUEST_DISK_WAIT: Duration = Duration::from_secs(60);
 
 /// One `addvolume` / `removevolume` request as virt-api received it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,6 +69,23 @@ pub struct HotplugCall {
 }
 
 impl HotplugCtx {
+    /// Backs guest node `node` with the real VM `vm`.
+    pub fn back_with_vm(&self, node: &str, vm: Arc<Vm>) {
+        self.vms
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(node.to_string(), vm);
+    }
+
+    /// The real VM behind guest node `node`, if it has one.
+    pub fn vm(&self, node: &str) -> Option<Arc<Vm>> {
+        self.vms
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(node)
+            .cloned()
+    }
+
     /// The by-id directory the guest node `node` sees.
     pub fn by_id_dir(&self, node: &str) -> PathBuf {
         self.by_id_root.join(node)
@@ -442,10 +466,82 @@ async fn attach(
         // Removed (removevolume) while it was attaching: the guest never sees the disk.
         return Ok(());
     }
-    let dir = ctx.by_id_dir(node);
-    link_disk(&dir, serial, &backing.device).map_err(|e| e.to_string())?;
-    let target = next_target(vmi.as_ref(), name);
+    let target = match ctx.vm(node) {
+        Some(vm) => match plug_into_vm(ctx, &vm, ns, claim, name, serial, &backing.device).await {
+            Ok(t) => t,
+            Err(e) => {
+                set_phase(&vmis, vm_name, name, "AttachedToNode", Some(&e)).await?;
+                return Err(e);
+            }
+        },
+        None => {
+            let dir = ctx.by_id_dir(node);
+            link_disk(&dir, serial, &backing.device).map_err(|e| e.to_string())?;
+            next_target(vmi.as_ref(), name)
+        }
+    };
+    let still_wanted = vmis
+        .get_opt(vm_name)
+        .await
+        .map_err(|e| e.to_string())?
+        .is_some_and(|v| v.volume_status(name).is_some());
+    if !still_wanted {
+        // removevolume came while the disk was being plugged: take it out again.
+        if let Some(vm) = ctx.vm(node) {
+            unplug_from_vm(ctx, &vm, ns, claim, name).await?;
+        }
+        return Ok(());
+    }
     set_phase(&vmis, vm_name, name, VOLUME_READY, Some(&target)).await
+}
+
+/// QMP `blockdev-add` + `device_add scsi-hd` of the claim's device into the VM, then waits until
+/// the guest kernel has the disk (as virt-handler reports Ready once the domain has it); the
+/// target is the guest's disk name.
+async fn plug_into_vm(
+    ctx: &HotplugCtx,
+    vm: &Arc<Vm>,
+    ns: &str,
+    claim: &str,
+    name: &str,
+    serial: &str,
+    device: &Path,
+) -> Result<String, String> {
+    let id = device_id(name);
+    let t0 = tokio::time::Instant::now();
+    vm.plug(&id, device, serial)
+        .await
+        .map_err(|e| e.to_string())?;
+    ctx.storage.mark_plugged(ns, claim, vm.clone(), &id);
+    let target = vm
+        .wait_for_disk(serial, GUEST_DISK_WAIT)
+        .await
+        .map_err(|e| e.to_string())?;
+    let took = t0.elapsed();
+    vm.stats
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .plug_to_guest
+        .push(took);
+    tracing::info!(vm = %vm.name, %serial, %target, "hot-plugged in {took:?}");
+    Ok(target)
+}
+
+async fn unplug_from_vm(
+    ctx: &HotplugCtx,
+    vm: &Vm,
+    ns: &str,
+    claim: &str,
+    name: &str,
+) -> Result<(), String> {
+    let id = device_id(name);
+    if !vm.is_plugged(&id) {
+        return Ok(());
+    }
+    let seen = vm.unplug(&id).await.map_err(|e| e.to_string())?;
+    ctx.storage.mark_unplugged(ns, claim);
+    tracing::info!(vm = %vm.name, %id, "unplugged ({seen})");
+    Ok(())
 }
 
 /// `sda` is the boot disk; hot-plugged disks take the next free letters.
@@ -535,6 +631,13 @@ async fn remove_volume(
         Err(e) => return api_error(e),
     };
     let tmpl = &mut vm.spec.template.spec;
+    let claim = tmpl
+        .volumes
+        .iter()
+        .find(|v| v.name == opts.name)
+        .and_then(|v| v.persistent_volume_claim.as_ref())
+        .map(|p| p.claim_name.clone())
+        .unwrap_or_default();
     let serial = tmpl
         .domain
         .devices
@@ -576,6 +679,12 @@ async fn remove_volume(
         // No VMI, or a stopped one: only the VM spec changes. KubeVirt's virt-handler unplugs
         // from running VMIs only; a stopped VMI keeps its disks in spec and volumeStatus.
         return reply(StatusCode::ACCEPTED, json!({}));
+    }
+    // A real guest loses the disk before the VMI stops listing it, as with KubeVirt.
+    if let Some(backend) = ctx.vm(vm_name)
+        && let Err(e) = unplug_from_vm(ctx, &backend, ns, &claim, &opts.name).await
+    {
+        return failure(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", e);
     }
     let mut node = None;
     let res = update_vmi(&vmis, vm_name, |vmi| {

@@ -14,9 +14,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
+use std::sync::Arc;
+
 use super::Sim;
 use super::virt_api::update_vmi;
 use crate::BedError;
+use crate::vm::{GUEST_MAC, Vm};
 
 /// Label Harvester's VMI controller requires before it copies host topology (node driver VMs).
 pub const CREATOR_LABEL: (&str, &str) =
@@ -113,6 +116,16 @@ impl Sim {
         &self,
         vm: &GuestVm,
     ) -> Result<(VirtualMachine, VirtualMachineInstance), BedError> {
+        self.create_vm_with(vm, vec![listed_interface(vm)], None)
+            .await
+    }
+
+    async fn create_vm_with(
+        &self,
+        vm: &GuestVm,
+        interfaces: Vec<Interface>,
+        conditions: Option<serde_json::Value>,
+    ) -> Result<(VirtualMachine, VirtualMachineInstance), BedError> {
         let labels = BTreeMap::from([(CREATOR_LABEL.0.to_string(), CREATOR_LABEL.1.to_string())]);
         let networks = vec![Network {
             name: "nic-1".into(),
@@ -143,8 +156,33 @@ impl Sim {
             .set_vm_status(&vm.name, true, "Running")
             .await
             .or(Ok::<_, BedError>(created))?;
-        let vmi = self.start_vmi(vm, networks).await?;
+        let vmi = self.start_vmi(vm, networks, interfaces, conditions).await?;
         Ok((created, vmi))
+    }
+
+    /// A running VM whose guest is the real VM `backend` (QEMU): hot-plugs go into it over QMP,
+    /// and the VMI's `status.interfaces` come from its qemu-guest-agent as KubeVirt fills them
+    /// (`guest-network-get-interfaces`, matched to the NIC by MAC; condition `AgentConnected`).
+    /// Without an agent the interface has its MAC but no address. `vm.ips` is ignored.
+    pub async fn create_vm_backed(
+        &self,
+        vm: &GuestVm,
+        backend: Arc<Vm>,
+    ) -> Result<(VirtualMachine, VirtualMachineInstance), BedError> {
+        self.hotplug.back_with_vm(&vm.name, backend.clone());
+        let agent = match backend.agent_interfaces().await {
+            Ok(reply) => Some(reply),
+            Err(e) => {
+                tracing::info!(vm = %vm.name, "no guest agent: {e}");
+                None
+            }
+        };
+        let interfaces = vec![vmi_interface("nic-1", GUEST_MAC, agent.as_ref())];
+        let connected = agent.is_some().then(|| {
+            json!([{"type": "AgentConnected", "status": "True",
+                    "lastProbeTime": null, "lastTransitionTime": null}])
+        });
+        self.create_vm_with(vm, interfaces, connected).await
     }
 
     async fn set_vm_status(
@@ -173,6 +211,8 @@ impl Sim {
         &self,
         vm: &GuestVm,
         networks: Vec<Network>,
+        interfaces: Vec<Interface>,
+        conditions: Option<serde_json::Value>,
     ) -> Result<VirtualMachineInstance, BedError> {
         let mut annotations = self.host_topology(&vm.host).await?;
         annotations.retain(|k, _| k != "kubernetes.io/hostname" || !vm.host.is_empty());
@@ -190,16 +230,15 @@ impl Sim {
         vmi.metadata.namespace = Some(self.vm_namespace.clone());
         vmi.metadata.annotations = Some(annotations);
         vmi.metadata.labels = Some(labels);
+        let mut rest = Rest::new();
+        if let Some(c) = conditions {
+            rest.insert("conditions".into(), c);
+        }
         vmi.status = Some(VmiStatus {
             phase: Some("Running".into()),
             node_name: Some(vm.host.clone()),
-            interfaces: vec![Interface {
-                name: "nic-1".into(),
-                ip_address: vm.ips.first().cloned(),
-                ip_addresses: vm.ips.clone(),
-                mac: Some("52:54:00:00:00:01".into()),
-                rest: Rest::new(),
-            }],
+            interfaces,
+            rest,
             ..Default::default()
         });
         Ok(self.vmis().create(&PostParams::default(), &vmi).await?)
@@ -263,8 +302,13 @@ impl Sim {
             )
             .await?;
         self.set_vm_status(&vm.name, true, "Running").await?;
-        self.start_vmi(vm, current.spec.template.spec.networks)
-            .await
+        self.start_vmi(
+            vm,
+            current.spec.template.spec.networks,
+            vec![listed_interface(vm)],
+            None,
+        )
+        .await
     }
 
     /// Deletes the VMI and the VM.
@@ -316,5 +360,92 @@ impl Sim {
         })
         .await?;
         moved.ok_or_else(|| BedError::Api(format!("VMI {name} not found for migration")))
+    }
+}
+
+/// The interface of a VM without a real guest: the addresses the test listed (`GuestVm::ip`).
+fn listed_interface(vm: &GuestVm) -> Interface {
+    Interface {
+        name: "nic-1".into(),
+        ip_address: vm.ips.first().cloned(),
+        ip_addresses: vm.ips.clone(),
+        mac: Some("52:54:00:00:00:01".into()),
+        rest: Rest::new(),
+    }
+}
+
+/// The VMI interface `name` with `mac`, filled from qemu-guest-agent's
+/// `guest-network-get-interfaces` reply (`None`: no agent) as KubeVirt does: the guest interface
+/// with the same MAC gives `interfaceName` and the addresses (`ipAddress` is the first). The
+/// stand-in leaves out IPv6 link-local addresses (fe80::/10), which no Node should carry.
+pub fn vmi_interface(name: &str, mac: &str, agent: Option<&serde_json::Value>) -> Interface {
+    let guest = agent.and_then(|a| a.as_array()).and_then(|ifaces| {
+        ifaces.iter().find(|i| {
+            i["hardware-address"]
+                .as_str()
+                .is_some_and(|m| m.eq_ignore_ascii_case(mac))
+        })
+    });
+    let ips: Vec<String> = guest
+        .and_then(|g| g["ip-addresses"].as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|ip| ip["ip-address"].as_str())
+                .filter(|ip| {
+                    !ip.parse::<std::net::Ipv6Addr>()
+                        .is_ok_and(|v6| v6.segments()[0] & 0xffc0 == 0xfe80)
+                })
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut rest = Rest::new();
+    rest.insert(
+        "infoSource".into(),
+        json!(if guest.is_some() {
+            "domain, guest-agent"
+        } else {
+            "domain"
+        }),
+    );
+    if let Some(n) = guest.and_then(|g| g["name"].as_str()) {
+        rest.insert("interfaceName".into(), json!(n));
+    }
+    Interface {
+        name: name.into(),
+        ip_address: ips.first().cloned(),
+        ip_addresses: ips,
+        mac: Some(mac.into()),
+        rest,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_addresses_fill_the_interface_with_the_same_mac() {
+        // The shape of qemu-guest-agent 7.2's reply, as the bed's guest answered it.
+        let agent = json!([
+            {"name": "lo", "hardware-address": "00:00:00:00:00:00",
+             "ip-addresses": [{"ip-address-type": "ipv4", "ip-address": "127.0.0.1", "prefix": 8}]},
+            {"name": "eth0", "hardware-address": "52:54:00:12:34:56",
+             "ip-addresses": [
+                {"ip-address-type": "ipv4", "ip-address": "10.0.2.15", "prefix": 24},
+                {"ip-address-type": "ipv6", "ip-address": "fec0::5054:ff:fe12:3456", "prefix": 64},
+                {"ip-address-type": "ipv6", "ip-address": "fe80::5054:ff:fe12:3456", "prefix": 64}]}
+        ]);
+        let i = vmi_interface("nic-1", "52:54:00:12:34:56", Some(&agent));
+        assert_eq!(i.ip_address.as_deref(), Some("10.0.2.15"));
+        assert_eq!(i.ip_addresses, ["10.0.2.15", "fec0::5054:ff:fe12:3456"]);
+        assert_eq!(i.rest["interfaceName"], "eth0");
+        assert_eq!(i.rest["infoSource"], "domain, guest-agent");
+        let none = vmi_interface("nic-1", "52:54:00:12:34:56", None);
+        assert_eq!(none.ip_address, None);
+        assert!(none.ip_addresses.is_empty());
+        assert_eq!(none.mac.as_deref(), Some("52:54:00:12:34:56"));
+        let other = vmi_interface("nic-1", "52:54:00:00:00:09", Some(&agent));
+        assert!(other.ip_addresses.is_empty(), "no guest NIC with that MAC");
     }
 }
