@@ -98,6 +98,18 @@ async fn serve(
     shutdown: Shared<BoxFuture<'static, ()>>,
 ) -> anyhow::Result<()> {
     let telemetry = Telemetry::new();
+    // Fail on a bad cloud-config or kubeconfig at once (before taking the metrics port), even on
+    // a replica that is not (yet) the leader; a standby is ready (it can take over) and warns of
+    // an expiring token too.
+    let harvester = Harvester::load_with_metrics(&config.cloud_config, Some(&telemetry.metrics))
+        .await
+        .map_err(harvester_cloud_provider::Error::from)?;
+    let guest = guest_client(
+        config.kubeconfig.as_deref(),
+        config.master.as_ref(),
+        Some(&telemetry.metrics),
+    )
+    .await?;
     if let Some(addr) = metrics_address {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -110,17 +122,6 @@ async fn serve(
             shutdown.clone(),
         ));
     }
-    // Fail on a bad cloud-config or kubeconfig at once, even on a replica that is not (yet)
-    // the leader; a standby is ready (it can take over) and warns of an expiring token too.
-    let harvester = Harvester::load_with_metrics(&config.cloud_config, Some(&telemetry.metrics))
-        .await
-        .map_err(harvester_cloud_provider::Error::from)?;
-    let guest = guest_client(
-        config.kubeconfig.as_deref(),
-        config.master.as_ref(),
-        Some(&telemetry.metrics),
-    )
-    .await?;
     telemetry.readiness.set(READY_CLIENTS, Ok(()));
     let warn_before = Duration::from_secs(u64::from(config.token_expiry_warning_days) * 86_400);
     tokio::spawn({
