@@ -123,6 +123,7 @@ fn main() -> ExitCode {
 
 /// The driver's configuration from the flags; a value that does not parse is named.
 fn config(cli: Cli) -> Result<Config, String> {
+    harvester_csi_driver::parse_endpoint(&cli.endpoint).map_err(|e| e.to_string())?;
     let mut config = Config::new(cli.endpoint, cloud_config_path(cli.kubeconfig));
     config.mode = cli.mode;
     config.node_id = cli.nodeid;

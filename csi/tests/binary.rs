@@ -83,13 +83,29 @@ fn serves_on_a_private_socket_and_stops_on_sigterm() {
     assert!(!Path::new(&socket).exists(), "socket removed on shutdown");
 }
 
+/// A bad endpoint is a bad flag value: refused before anything else (the cloud-config is not
+/// even read), one line naming it, exit 2.
 #[test]
 fn a_bad_endpoint_is_one_clear_line() {
-    let out = Command::new(env!("CARGO_BIN_EXE_harvester-csi-driver"))
-        .args(["--endpoint=tcp://127.0.0.1:10000", "--mode=controller"])
-        .output()
-        .expect("running the driver");
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("only unix:// endpoints"), "{err}");
+    for (endpoint, why) in [
+        (
+            "http://127.0.0.1:10000",
+            "only unix:// and tcp:// endpoints",
+        ),
+        ("tcp://127.0.0.1", "needs a port"),
+        ("csi.sock", "must be absolute"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_harvester-csi-driver"))
+            .args([&format!("--endpoint={endpoint}"), "--mode=controller"])
+            .args(["--kubeconfig=/nonexistent/cloud-config"])
+            .output()
+            .expect("running the driver");
+        assert_eq!(out.status.code(), Some(2), "{endpoint}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains(endpoint) && err.contains(why),
+            "{endpoint}: {err}"
+        );
+    }
 }
