@@ -21,12 +21,18 @@ set -euo pipefail
 GUEST_REV=2
 CACHE_ROOT=${HARVESTER_TESTBED_CACHE:-$HOME/.cache/harvester-testbed}
 say() { printf '[guest] %s\n' "$*"; }
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
 
 # The kernel package that linux-image-amd64 points at, and the candidate versions of the rest.
 kernel_pkg() { apt-cache depends linux-image-amd64 2>/dev/null | sed -n 's/.*Depends: \(linux-image-[0-9].*-amd64\)$/\1/p' | head -n1; }
 candidate() { apt-cache policy "$1" 2>/dev/null | sed -n 's/^ *Candidate: //p' | sed 's/^[0-9]*://; s/[^A-Za-z0-9.+~-]/_/g'; }
 
 KPKG=$(kernel_pkg)
+if [ -z "$KPKG" ] && [ "$(id -u)" = 0 ]; then
+  apt_update_once # a new machine's apt lists are empty until the first update
+  KPKG=$(kernel_pkg)
+fi
 if [ -z "$KPKG" ]; then
   say "apt-cache knows no linux-image-amd64 dependency: run apt-get update" >&2
   exit 1
@@ -37,19 +43,7 @@ GUEST_DIR="$CACHE_ROOT/guest-r$GUEST_REV-linux$KVER-busybox$(candidate busybox-s
 if [ "${1:-}" = "--print-dir" ]; then echo "$GUEST_DIR"; exit 0; fi
 
 # --- host packages: QEMU to run the guest, cpio to pack the initramfs ---------------------------
-HOST_DEBS=(qemu-system-x86 cpio e2fsprogs xfsprogs util-linux mount)
-missing=()
-for p in "${HOST_DEBS[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" != 0 ]; then
-    say "missing Debian packages ${missing[*]} and not root: install them with apt-get" >&2
-    exit 1
-  fi
-  say "apt-get install --no-install-recommends ${missing[*]}"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+install_debs --no-install-recommends -- qemu-system-x86 cpio e2fsprogs xfsprogs util-linux mount
 
 if [ -f "$GUEST_DIR/vmlinuz" ] && [ -f "$GUEST_DIR/initramfs.cpio" ]; then
   say "guest image ready in $GUEST_DIR"

@@ -29,24 +29,11 @@ export CGO_ENABLED=0
 NICE=${NICE:-19}
 
 say() { printf '[node-tools] %s\n' "$*"; }
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
 
 # --- Debian packages ------------------------------------------------------------------------
-DEBS=(containerd runc containernetworking-plugins)
-missing=()
-for p in "${DEBS[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" != 0 ]; then
-    say "missing Debian packages ${missing[*]} and not root: install them with apt-get" >&2
-    exit 1
-  fi
-  say "apt-get install ${missing[*]}"
-  start=$(date +%s)
-  apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  say "installed ${missing[*]} in $(( $(date +%s) - start ))s"
-fi
+install_debs --no-install-recommends -- containerd runc containernetworking-plugins
 # Debian's containerd.service would start a second containerd on /run/containerd; the bed runs its
 # own with its own config, so nothing here starts the packaged one (no systemd as PID 1 anyway).
 

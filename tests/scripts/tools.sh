@@ -23,22 +23,12 @@ export GOFLAGS=-buildvcs=false
 export CGO_ENABLED=0
 
 say() { printf '[tools] %s\n' "$*"; }
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
 
 # --- Debian packages ------------------------------------------------------------------------
 DEBS=(e2fsprogs xfsprogs util-linux mount dnsmasq-base iproute2 openssl)
-missing=()
-for p in "${DEBS[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" != 0 ]; then
-    say "missing Debian packages ${missing[*]} and not root: install them with apt-get" >&2
-    exit 1
-  fi
-  say "apt-get install ${missing[*]}"
-  apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+install_debs -- "${DEBS[@]}"
 
 # --- Go tools ------------------------------------------------------------------------------
 # build NAME FUNCTION: runs FUNCTION once unless $TOOLS_DIR/NAME exists; logs to the cache.
