@@ -40,23 +40,7 @@ pub const SANDBOX_IMAGE: &str = "localhost/pause:3.10";
 
 /// Where the node tools are: `$HARVESTER_TESTBED_NODE_TOOLS` or `node-tools.sh --print-dir`.
 pub fn node_tools_dir() -> Result<PathBuf, BedError> {
-    if let Some(dir) = std::env::var_os("HARVESTER_TESTBED_NODE_TOOLS") {
-        return Ok(PathBuf::from(dir));
-    }
-    let script = node_tools_script();
-    let out = Command::new("bash")
-        .arg(&script)
-        .arg("--print-dir")
-        .output()
-        .map_err(|e| BedError::Setup(format!("running {} --print-dir: {e}", script.display())))?;
-    if !out.status.success() {
-        return Err(BedError::Setup(format!(
-            "{} --print-dir failed: {}",
-            script.display(),
-            String::from_utf8_lossy(&out.stderr)
-        )));
-    }
-    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    crate::tools::print_dir("HARVESTER_TESTBED_NODE_TOOLS", &node_tools_script())
 }
 
 fn node_tools_script() -> PathBuf {
