@@ -273,9 +273,22 @@ impl Listener {
     }
 }
 
-/// Binds the socket: a stale socket is removed, anything else at the path is left alone; the
-/// socket is made owner-only (0600).
+/// Binds the socket in its directory (created when missing): see [`bind_unix_socket`].
 fn bind(path: &Path) -> Result<tokio::net::UnixListener, ServeError> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| ServeError::Socket {
+            path: path.to_path_buf(),
+            action: "creating its directory",
+            source,
+        })?;
+    }
+    bind_unix_socket(path)
+}
+
+/// Binds a unix socket at `path`: a stale socket is removed, anything else at the path is left
+/// alone; the socket is made owner-only (0600). (The test bed's kubelet plugin registrar binds
+/// its registration socket with this too.)
+pub fn bind_unix_socket(path: &Path) -> Result<tokio::net::UnixListener, ServeError> {
     let err = |action: &'static str| {
         let path = path.to_path_buf();
         move |source| ServeError::Socket {
@@ -284,9 +297,6 @@ fn bind(path: &Path) -> Result<tokio::net::UnixListener, ServeError> {
             source,
         }
     };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(err("creating its directory"))?;
-    }
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {
             std::fs::remove_file(path).map_err(err("removing the stale socket"))?

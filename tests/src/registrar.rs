@@ -12,7 +12,6 @@
 //! SIGTERM removes the socket and exits 0. Not served: the diagnostics HTTP server
 //! (`--http-endpoint`, `--health-port`) and pprof.
 
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -86,15 +85,8 @@ pub enum RegistrarError {
     },
     #[error("calling GetPluginInfo on the CSI driver at {address:?}: {reason}")]
     Driver { address: String, reason: String },
-    #[error("registration socket {path}: {action}: {source}")]
-    Socket {
-        path: PathBuf,
-        action: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("registration socket {0} exists and is not a socket; refusing to remove it")]
-    NotASocket(PathBuf),
+    #[error("registration socket: {0}")]
+    Socket(#[from] harvester_csi_driver::ServeError),
     #[error("the kubelet has not registered the plugin yet: {0} does not exist")]
     NotRegistered(PathBuf),
     #[error("the kubelet reported that registering {driver:?} failed: {error}")]
@@ -235,26 +227,7 @@ impl Registration for RegistrationService {
 /// Binds the registration socket: a stale socket is replaced, anything else at the path is left
 /// alone; the socket is owner-only (0600) as node-driver-registrar's umask 0077 makes it.
 fn bind(path: &Path) -> Result<tokio::net::UnixListener, RegistrarError> {
-    let err = |action: &'static str| {
-        let path = path.to_path_buf();
-        move |source| RegistrarError::Socket {
-            path,
-            action,
-            source,
-        }
-    };
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => {
-            std::fs::remove_file(path).map_err(err("removing the stale socket"))?
-        }
-        Ok(_) => return Err(RegistrarError::NotASocket(path.to_path_buf())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(err("inspecting")(e)),
-    }
-    let listener = tokio::net::UnixListener::bind(path).map_err(err("binding"))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(err("setting mode 0600"))?;
-    Ok(listener)
+    Ok(harvester_csi_driver::bind_unix_socket(path)?)
 }
 
 /// Serves the registration socket until `shutdown` completes (then `Ok`) or the kubelet reports a
