@@ -87,18 +87,21 @@ pub fn tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// A binary of this workspace that cargo built next to the running test executable
-/// (`target/<profile>/<name>`); panics naming the `cargo build` that makes it if it is missing.
+/// A binary of this workspace that cargo built next to the running executable
+/// (`target/<profile>/<name>`: beside a binary, one level up from a test in `deps/`); panics
+/// naming the `cargo build` that makes it if it is missing.
 pub fn built_binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    let bin = dir.join(name);
-    assert!(
-        bin.is_file(),
-        "{} is not built: run `cargo build --bin {name}`",
-        bin.display()
-    );
-    bin
+    let exe = std::env::current_exe().expect("current executable");
+    let dir = exe.parent().expect("target dir");
+    let candidates = [Some(dir.join(name)), dir.parent().map(|d| d.join(name))];
+    let found = candidates.iter().flatten().find(|p| p.is_file());
+    match found {
+        Some(bin) => bin.clone(),
+        None => panic!(
+            "{name} is not built next to {}: run `cargo build --bin {name}`",
+            exe.display()
+        ),
+    }
 }
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
