@@ -14,6 +14,8 @@ pub mod apply;
 pub mod bed;
 pub mod certs;
 pub mod cluster;
+pub mod images;
+pub mod livenessprobe;
 pub mod mounts;
 pub mod netns;
 pub mod node;
