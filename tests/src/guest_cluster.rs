@@ -21,7 +21,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use crate::BedError;
 use crate::certs::Pki;
 use crate::cluster::{ApiServer, kubeconfig_text};
-use crate::images::{self, ImageSet};
+use crate::images::{self, Image, ImageSet, Program, Recipe};
 use crate::node::{RealNode, node_tool};
 use crate::podnet::{GATEWAY, PodNetwork};
 use crate::process::{Proc, free_port};
@@ -45,6 +45,48 @@ pub const CCM_RELEASE: &str = "harvester-cloud-provider";
 pub const CSI_RELEASE: &str = "harvester-csi-driver";
 /// Where the stand-in links this node's hot-plugged disks: the host's udev directory.
 pub const HOST_BY_ID: &str = "/dev/disk/by-id";
+
+/// The image of the tests' Pods: busybox (static, from Debian's busybox-static) as `/bin/sh`
+/// and `/bin/busybox`; [`workload_command`] installs its applets first.
+pub const WORKLOAD: &str = "localhost/testbed/busybox:testbed";
+const BUSYBOX: &str = "/bin/busybox";
+
+/// A Pod command for the workload image: `sh -c <script>` with busybox's applets (cat, dd, df,
+/// sleep, ...) linked into `/bin` first.
+pub fn workload_command(script: &str) -> Vec<String> {
+    vec![
+        "sh".into(),
+        "-c".into(),
+        format!("busybox --install -s /bin 2>/dev/null; {script}"),
+    ]
+}
+
+fn workload_image(dir: &Path) -> Result<Image, BedError> {
+    if !Path::new(BUSYBOX).is_file() {
+        return Err(BedError::MissingTool {
+            tool: "busybox (Debian busybox-static)".into(),
+            path: BUSYBOX.into(),
+            script: Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/node-tools.sh"),
+        });
+    }
+    let at = |p: &str| Program {
+        host: BUSYBOX.into(),
+        image_path: p.into(),
+        libraries: Vec::new(),
+    };
+    let recipe = Recipe {
+        name: WORKLOAD.into(),
+        entrypoint: vec!["/bin/sh".into()],
+        programs: vec![at("/bin/busybox"), at("/bin/sh")],
+        files: Vec::new(),
+    };
+    let tarball = dir.join("workload.tar");
+    images::pack(&recipe, &tarball)?;
+    Ok(Image {
+        name: WORKLOAD.into(),
+        tarball,
+    })
+}
 
 /// How long a chart's workloads get to become Ready after `helm install`.
 const ROLLOUT: Duration = Duration::from_secs(180);
@@ -90,6 +132,7 @@ impl GuestCluster {
         let control_plane = start_control_plane(dir, pki, &guest.kubeconfig)?;
 
         let images = images::build_all(&dir.join("images"))?;
+        let workload = workload_image(&dir.join("images"))?;
         sim.create_host(HOST, Some(REGION), Some(ZONE)).await?;
         sim.create_vm(&GuestVm::new(NODE).on_host(HOST).ip(GATEWAY))
             .await?;
@@ -102,7 +145,11 @@ impl GuestCluster {
             &guest.kubeconfig,
             &pki.ca.cert,
             &guest.client,
-            |dirs| images::import(&dirs.containerd_socket, &images.all()),
+            |dirs| {
+                let mut all = images.all();
+                all.push(&workload);
+                images::import(&dirs.containerd_socket, &all)
+            },
         )
         .await?;
         let mut cluster = GuestCluster {

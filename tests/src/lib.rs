@@ -16,6 +16,7 @@ pub mod certs;
 pub mod cluster;
 pub mod guest_cluster;
 pub mod images;
+pub mod livenessprobe;
 pub mod mounts;
 pub mod netns;
 pub mod node;

@@ -131,7 +131,7 @@ kind: Pod
 metadata: {{name: demo}}
 spec:
   containers:
-  - {{name: c, image: {workload}, imagePullPolicy: Never, command: [sh, -c, "df -h /data; sleep 3600"],
+  - {{name: c, image: {workload}, imagePullPolicy: Never, command: [sh, -c, "busybox --install -s /bin; df -h /data; sleep 3600"],
      volumeMounts: [{{name: d, mountPath: /data}}]}}
   volumes: [{{name: d, persistentVolumeClaim: {{claimName: demo}}}}]
 EOF
@@ -145,7 +145,7 @@ Ctrl-C stops everything and undoes what it changed on this machine."#,
         guest = real.kubeconfig.display(),
         harvester = bed.harvester.kubeconfig.display(),
         ns = bed.vm_namespace,
-        workload = testbed::images::WORKLOAD,
+        workload = testbed::guest_cluster::WORKLOAD,
     );
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate())?;

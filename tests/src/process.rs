@@ -91,17 +91,24 @@ pub fn tail(path: &Path, n: usize) -> String {
 /// (`target/<profile>/<name>`: beside a binary, one level up from a test in `deps/`); panics
 /// naming the `cargo build` that makes it if it is missing.
 pub fn built_binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("current executable");
-    let dir = exe.parent().expect("target dir");
-    let candidates = [Some(dir.join(name)), dir.parent().map(|d| d.join(name))];
-    let found = candidates.iter().flatten().find(|p| p.is_file());
-    match found {
-        Some(bin) => bin.clone(),
-        None => panic!(
-            "{name} is not built next to {}: run `cargo build --bin {name}`",
-            exe.display()
-        ),
-    }
+    find_built_binary(name).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`built_binary`] for library code: `target/<profile>/<name>` seen from a test executable
+/// (`target/<profile>/deps/`) or from a binary beside it, or an error naming the `cargo build`.
+pub fn find_built_binary(name: &str) -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("finding {name}: {e}"))?;
+    let dirs: Vec<&Path> = exe.ancestors().skip(1).take(2).collect();
+    dirs.iter()
+        .map(|d| d.join(name))
+        .find(|b| b.is_file())
+        .ok_or_else(|| {
+            let want = dirs.last().map(|d| d.join(name)).unwrap_or_default();
+            format!(
+                "{} is not built: run `cargo build --bin {name}`",
+                want.display()
+            )
+        })
 }
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.

@@ -15,10 +15,9 @@ use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use testbed::guest_cluster::{
-    self, CLUSTER_NAME, CSI_RELEASE, GuestCluster, HOST_BY_ID, NAMESPACE, NODE, REGION, ZONE,
-    events_of, wait_daemonset, wait_pod_ready,
+    self, CLUSTER_NAME, CSI_RELEASE, GuestCluster, HOST_BY_ID, NAMESPACE, NODE, REGION, WORKLOAD,
+    ZONE, events_of, wait_daemonset, wait_pod_ready, workload_command,
 };
-use testbed::images::WORKLOAD;
 use testbed::node::{KUBELET_SYSCTLS, SysctlSnapshot, kubepods_cgroups};
 use testbed::{BedOptions, TestBed, wait};
 
@@ -280,7 +279,7 @@ fn pod(name: &str, claim: &str, block: bool, script: &str) -> Pod {
             "terminationGracePeriodSeconds": 1,
             "containers": [{
                 "name": "c", "image": WORKLOAD, "imagePullPolicy": "Never",
-                "command": ["sh", "-c", script],
+                "command": workload_command(script),
                 "volumeMounts": mounts, "volumeDevices": devices,
             }],
             "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": claim}}],
