@@ -133,6 +133,7 @@ impl GuestCluster {
 
         let images = images::build_all(&dir.join("images"))?;
         let workload = workload_image(&dir.join("images"))?;
+        sim.create_default_storage_class().await?;
         sim.create_host(HOST, Some(REGION), Some(ZONE)).await?;
         sim.create_vm(&GuestVm::new(NODE).on_host(HOST).ip(GATEWAY))
             .await?;

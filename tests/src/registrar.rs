@@ -183,19 +183,37 @@ pub async fn driver_name(flags: &Flags) -> Result<String, RegistrarError> {
         address: address.clone(),
         reason,
     };
-    let call = async {
-        let channel = harvester_csi_driver::connect(&socket)
-            .await
-            .map_err(|e| failed(format!("connecting: {e}")))?;
-        IdentityClient::new(channel)
-            .get_plugin_info(GetPluginInfoRequest {})
-            .await
-            .map(|r| r.into_inner().name)
-            .map_err(|s| failed(format!("{:?}: {}", s.code(), s.message())))
-    };
-    tokio::time::timeout(flags.timeout, call)
-        .await
-        .map_err(|_| failed(format!("no answer within {:?} (--timeout)", flags.timeout)))?
+    let channel = connect_waiting(&socket, &address).await;
+    let mut client = IdentityClient::new(channel);
+    tokio::time::timeout(
+        flags.timeout,
+        client.get_plugin_info(GetPluginInfoRequest {}),
+    )
+    .await
+    .map_err(|_| failed(format!("no answer within {:?} (--timeout)", flags.timeout)))?
+    .map(|r| r.into_inner().name)
+    .map_err(|s| failed(format!("{:?}: {}", s.code(), s.message())))
+}
+
+/// Connects to the driver's socket, waiting for it as long as it takes: the driver container
+/// may start after this one. Like csi-lib-utils' `connection.Connect` (a blocking dial that
+/// logs "Still connecting to <address>" every 10 s), which node-driver-registrar uses.
+async fn connect_waiting(socket: &Path, address: &str) -> tonic::transport::Channel {
+    const LOG_EVERY: Duration = Duration::from_secs(10);
+    let mut backoff = Duration::from_millis(50);
+    let mut last_log = tokio::time::Instant::now();
+    loop {
+        match harvester_csi_driver::connect(socket).await {
+            Ok(channel) => return channel,
+            Err(e) if last_log.elapsed() >= LOG_EVERY => {
+                tracing::warn!("Still connecting to {address}: {e}");
+                last_log = tokio::time::Instant::now();
+            }
+            Err(_) => {}
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
 }
 
 /// The `Registration` service. A failed registration is sent on `failures`; the server then stops

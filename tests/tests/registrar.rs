@@ -225,7 +225,11 @@ async fn registrar_names_missing_flag_and_unreachable_driver() {
             .contains("--kubelet-registration-path is a required parameter"),
         "{out:?}"
     );
-    let missing = dir.path().join("no-driver.sock");
+    // A socket that accepts but never answers: the registrar gives up after --timeout (it
+    // waits for a socket that is not there yet: see the next test).
+    let mute_dir = tempfile::tempdir().expect("tempdir");
+    let missing = mute_dir.path().join("mute-driver.sock");
+    let _mute = std::os::unix::net::UnixListener::bind(&missing).expect("mute socket");
     let out = run(&[
         format!("--csi-address={}", missing.display()),
         "--kubelet-registration-path=/var/lib/kubelet/plugins/x/csi.sock".into(),
@@ -237,7 +241,7 @@ async fn registrar_names_missing_flag_and_unreachable_driver() {
         stderr.contains(&format!(
             "CSI driver at {:?}",
             missing.display().to_string()
-        )),
+        )) && stderr.contains("no answer within 1s"),
         "{stderr}"
     );
     assert_eq!(
@@ -245,4 +249,36 @@ async fn registrar_names_missing_flag_and_unreachable_driver() {
         0,
         "a registrar without a driver left files behind"
     );
+}
+
+/// The driver container may start after the registrar's: the registrar waits for the driver's
+/// socket (as node-driver-registrar does through csi-lib-utils' blocking dial) instead of
+/// exiting, then registers.
+#[tokio::test]
+async fn registrar_waits_for_a_driver_that_starts_later() {
+    let bed = common::bed_with_vm().await;
+    let d = dirs(&bed);
+    let later = bed.dir.path().join("later.sock");
+    let log = bed.dir.path().join("registrar-waits.log");
+    let mut child = registrar(
+        &[
+            format!("--csi-address={}", later.display()),
+            format!("--kubelet-registration-path={}", d.host_socket),
+            format!("--plugin-registration-path={}", d.registry.display()),
+        ],
+        &log,
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        child.try_wait().expect("registrar status").is_none(),
+        "the registrar exited while the driver was not there yet; log:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let endpoint = format!("unix://{}", later.display());
+    let _driver = common::Driver::start(&bed, |c| c.endpoint = endpoint).await;
+    let socket = d
+        .registry
+        .join(testbed::registrar::socket_name(UPSTREAM_DRIVER_NAME));
+    wait_socket(&mut child, &socket, &log).await;
+    let _ = child.kill().await;
 }

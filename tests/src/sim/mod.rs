@@ -72,6 +72,27 @@ impl Sim {
         })
     }
 
+    /// Harvester's default StorageClass, as a Harvester install has it: PVCs without a class get
+    /// it, and kube-apiserver's PersistentVolumeClaimResize admission lets them grow only
+    /// because it has `allowVolumeExpansion: true`.
+    pub async fn create_default_storage_class(&self) -> Result<(), BedError> {
+        let sc: k8s_openapi::api::storage::v1::StorageClass =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "harvester-longhorn",
+                             "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+                "provisioner": "driver.longhorn.io",
+                "allowVolumeExpansion": true,
+                "reclaimPolicy": "Delete",
+                "volumeBindingMode": "Immediate",
+                "parameters": {"migratable": "true", "numberOfReplicas": "3"}
+            }))
+            .map_err(|e| BedError::Setup(format!("the default StorageClass: {e}")))?;
+        kube::Api::<k8s_openapi::api::storage::v1::StorageClass>::all(self.harvester.clone())
+            .create(&Default::default(), &sc)
+            .await?;
+        Ok(())
+    }
+
     /// The by-id directory (`/dev/disk/by-id` stand-in) of guest node `node`.
     pub fn by_id_dir(&self, node: &str) -> PathBuf {
         self.hotplug.by_id_dir(node)
