@@ -87,8 +87,9 @@ pub fn tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// A binary of this workspace that cargo built next to the running test executable
-/// (`target/<profile>/<name>`); panics naming the `cargo build` that makes it if it is missing.
+/// A binary of this workspace that cargo built next to the running executable
+/// (`target/<profile>/<name>`: beside a binary, one level up from a test in `deps/`); panics
+/// naming the `cargo build` that makes it if it is missing.
 pub fn built_binary(name: &str) -> PathBuf {
     find_built_binary(name).unwrap_or_else(|e| panic!("{e}"))
 }

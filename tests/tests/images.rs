@@ -4,8 +4,8 @@
 //! every library it loads is in the image), and the pause image exits 0 on SIGTERM as PID 1.
 //!
 //! Needs root, containerd/runc and the CSI sidecars (`make node-tools`), and the workspace's
-//! binaries (`cargo build --bins`). Built with `--features real-node`:
-//! `cargo test -p testbed --features real-node --test images`.
+//! binaries (`cargo build --bins`; `cargo test --workspace` builds them):
+//! `cargo test -p testbed --test images`.
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};

@@ -50,6 +50,7 @@ impl Sim {
             delay: hotplug_delay,
             calls: Default::default(),
             vms: Default::default(),
+            by_id_dirs: Default::default(),
         });
         let virt_api = VirtApi::start(pki, hotplug.clone()).await?;
         let mut tasks = JoinSet::new();
