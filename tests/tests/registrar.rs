@@ -17,8 +17,8 @@ use tokio::process::{Child, Command};
 /// - k8s.io/kubelet v0.34.4 `pkg/apis/pluginregistration/v1/constants.go`: `CSIPlugin = "CSIPlugin"`.
 /// - kubernetes-csi/node-driver-registrar `cmd/csi-node-driver-registrar/main.go` (commit
 ///   0d8021d270bb1c98bea5348be2669ae5f2474d66): `supportedVersions = []string{"1.0.0"}`, socket
-///   `<plugin-registration-path>/<driver>-reg.sock`, probe file `registration` beside the host
-///   socket.
+///   `<plugin-registration-path>/<driver>-reg.sock` (ours: `<driver>@reg.sock`, see
+///   `testbed::registrar::socket_name`), probe file `registration` beside the host socket.
 /// - harvester/harvester-csi-driver: the driver's name `driver.harvesterhci.io`.
 const UPSTREAM_PLUGIN_TYPE: &str = "CSIPlugin";
 const UPSTREAM_SUPPORTED_VERSIONS: &[&str] = &["1.0.0"];
@@ -113,7 +113,9 @@ async fn registrar_answers_get_info_and_exits_1_on_failed_registration() {
     );
 
     let mut child = registrar(&args, &log);
-    let socket = d.registry.join(format!("{UPSTREAM_DRIVER_NAME}-reg.sock"));
+    let socket = d
+        .registry
+        .join(testbed::registrar::socket_name(UPSTREAM_DRIVER_NAME));
     wait_socket(&mut child, &socket, &log).await;
 
     let channel = harvester_csi_driver::connect(&socket)
@@ -192,7 +194,9 @@ async fn registrar_sigterm_removes_its_socket() {
         ],
         &log,
     );
-    let socket = d.registry.join(format!("{UPSTREAM_DRIVER_NAME}-reg.sock"));
+    let socket = d
+        .registry
+        .join(testbed::registrar::socket_name(UPSTREAM_DRIVER_NAME));
     wait_socket(&mut child, &socket, &log).await;
     let pid = rustix::process::Pid::from_raw(child.id().expect("pid") as i32).expect("pid");
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
