@@ -328,6 +328,20 @@ fn images_build_import_and_run_root() {
     );
 
     let mut containerd = Containerd::start(dir.path());
+    // A tarball ctr cannot read: the error names the image and says what ctr said.
+    let broken = images::Image {
+        name: "localhost/testbed/broken:testbed".into(),
+        tarball: dir.path().join("broken.tar"),
+    };
+    std::fs::write(&broken.tarball, b"not a tarball").expect("broken tarball");
+    let e = images::import(&containerd.dirs.containerd_socket, &[&broken])
+        .expect_err("importing a file that is not a tarball")
+        .to_string();
+    assert!(
+        e.contains("localhost/testbed/broken:testbed") && e.contains("ctr: "),
+        "{e}"
+    );
+    eprintln!("a broken tarball: {e}");
     let t = Instant::now();
     for i in set.all() {
         let one = Instant::now();
