@@ -761,6 +761,21 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_sidecar_names_make_node_tools() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = sidecar(dir.path(), "csi-attacher").unwrap_err().to_string();
+        assert!(
+            e.contains("csi-attacher is not built") && e.contains("`make node-tools`"),
+            "{e}"
+        );
+        std::fs::write(dir.path().join("csi-attacher"), "").unwrap();
+        assert_eq!(
+            sidecar(dir.path(), "csi-attacher").unwrap(),
+            dir.path().join("csi-attacher")
+        );
+    }
+
+    #[test]
     fn config_and_manifest_have_docker_save_shape() {
         let c = config_json(&["/pause".into()], "ab");
         assert_eq!(c["architecture"], "amd64");

@@ -18,22 +18,20 @@
 //! Not served: the Prometheus metrics of csi-lib-utils (`--metrics-address` and `--metrics-path`
 //! are accepted and checked, and a warning says no metrics are served).
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use bytes::Bytes;
 use csi_proto::csi::v1::identity_client::IdentityClient;
 use csi_proto::csi::v1::{GetPluginInfoRequest, ProbeRequest};
-use http::{Response, StatusCode};
-use http_body_util::Full;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use harvester_common::telemetry::server::{serve_with, text};
+use http::StatusCode;
 
 /// Upstream's `defaultHealthzPort`.
 pub const DEFAULT_HEALTH_PORT: &str = "9808";
 /// What `/healthz` answers when `Probe` says the driver is not ready (upstream's text).
 pub const NOT_READY: &str = "driver responded but is not ready";
+const PLAIN: &str = "text/plain; charset=utf-8";
 
 #[derive(Debug, clap::Parser)]
 #[command(
@@ -179,16 +177,6 @@ pub async fn probe(socket: &Path, timeout: Duration) -> ProbeOutcome {
     }
 }
 
-fn text(code: StatusCode, body: String) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(body)));
-    *r.status_mut() = code;
-    r.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    r
-}
-
 /// Serves `/healthz` on `listener` until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -196,43 +184,23 @@ pub async fn serve(
     timeout: Duration,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let accept = async {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                continue;
-            };
-            let socket = socket.clone();
-            tokio::spawn(async move {
-                let svc =
-                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                        let socket = socket.clone();
-                        async move {
-                            if req.uri().path() != "/healthz" {
-                                return Ok::<_, Infallible>(text(
-                                    StatusCode::NOT_FOUND,
-                                    "404 page not found\n".into(),
-                                ));
-                            }
-                            let outcome = probe(&socket, timeout).await;
-                            match &outcome {
-                                Err(e) => tracing::error!("health check failed: {e}"),
-                                Ok(Some(false)) => tracing::error!("{NOT_READY}"),
-                                Ok(_) => tracing::debug!("health check succeeded"),
-                            }
-                            let (code, body) = health_response(&outcome);
-                            Ok(text(code, body))
-                        }
-                    });
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(tcp), svc)
-                    .await;
-            });
+    let handler = move |req: http::Request<hyper::body::Incoming>| {
+        let socket = socket.clone();
+        async move {
+            if req.uri().path() != "/healthz" {
+                return text(StatusCode::NOT_FOUND, "404 page not found\n".into(), PLAIN);
+            }
+            let outcome = probe(&socket, timeout).await;
+            match &outcome {
+                Err(e) => tracing::error!("health check failed: {e}"),
+                Ok(Some(false)) => tracing::error!("{NOT_READY}"),
+                Ok(_) => tracing::debug!("health check succeeded"),
+            }
+            let (code, body) = health_response(&outcome);
+            text(code, body, PLAIN)
         }
     };
-    tokio::select! {
-        () = accept => {},
-        () = shutdown => {},
-    }
+    serve_with(listener, handler, shutdown).await
 }
 
 /// Binds the `/healthz` address.

@@ -53,20 +53,13 @@ pub struct Flags {
     #[arg(long)]
     pub kubelet_registration_path: Option<String>,
     /// Timeout for calls to the driver (Go-style duration: 1s, 500ms, 2m).
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = harvester_common::flags::parse_go_duration)]
     pub timeout: Duration,
     #[arg(long, value_enum, default_value = "registration")]
     pub mode: RegistrarMode,
     /// Log verbosity as klog's -v: 4 and above log at debug level.
     #[arg(long = "v", default_value_t = 0)]
     pub verbosity: u8,
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d: jiff::SignedDuration = s
-        .parse()
-        .map_err(|e| format!("{s:?} is not a duration like 1s or 500ms: {e}"))?;
-    Duration::try_from(d).map_err(|_| format!("{s:?} is negative"))
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use harvester_common::flags::{Syntax, normalize_args};
+use harvester_common::telemetry::{LogFormat, init_logging, shutdown_signal};
 use testbed::livenessprobe::{self, Flags, LivenessError};
 
 #[tokio::main]
@@ -19,13 +20,7 @@ async fn main() -> ExitCode {
     } else {
         "info"
     };
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| level.into()),
-        )
-        .init();
+    init_logging(LogFormat::Text, level);
     match run(&flags).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -47,23 +42,6 @@ async fn run(flags: &Flags) -> Result<(), LivenessError> {
     tracing::info!(%driver, "CSI driver name");
     let listener = livenessprobe::bind(addr).await?;
     tracing::info!(address = %addr, "serving /healthz");
-    livenessprobe::serve(listener, socket, flags.probe_timeout, shutdown()).await;
+    livenessprobe::serve(listener, socket, flags.probe_timeout, shutdown_signal()).await;
     Ok(())
-}
-
-/// SIGTERM or SIGINT.
-async fn shutdown() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-        }
-        (Err(e), _) | (_, Err(e)) => {
-            tracing::error!("installing the signal handlers: {e}; serving until killed");
-            std::future::pending::<()>().await
-        }
-    }
 }
