@@ -1,5 +1,6 @@
 # The two commands of the README: `make demo` and `make test`. Everything they need is installed by
-# tests/scripts/tools.sh (Debian packages with apt-get, Go tools into ~/.cache/harvester-testbed).
+# tests/scripts/tools.sh and tests/scripts/node-tools.sh (Debian packages with apt-get, Go tools into
+# ~/.cache/harvester-testbed).
 
 SHELL := /bin/bash
 CARGO ?= cargo
@@ -16,13 +17,14 @@ cluster: tools node-tools
 	$(CARGO) build --quiet --workspace --bins
 	$(CARGO) run --quiet -p testbed --bin testbed -- cluster
 
-test: tools proto-check fmt-check clippy help-check charts-check unit-and-integration
+test: tools node-tools proto-check fmt-check clippy help-check charts-check unit-and-integration
 
 tools:
 	@bash tests/scripts/tools.sh
 
-# Not part of `make test` (yet): kubelet, kube-controller-manager, kube-scheduler, the CSI sidecars
-# (Go module proxy) and containerd/runc/CNI plugins (Debian) for a real guest node (issue 15).
+# kubelet, kube-controller-manager, kube-scheduler, the CSI sidecars and the snapshot-controller
+# (Go module proxy), containerd/runc/CNI plugins and busybox-static (Debian): the real guest
+# cluster of `make test` and `make cluster`.
 node-tools:
 	@bash tests/scripts/node-tools.sh
 

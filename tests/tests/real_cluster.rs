@@ -632,15 +632,23 @@ async fn node_plugin_restart_keeps_mounts_and_serves_again(bed: &TestBed, real: 
     wait_daemonset(&bed.guest.client, NAMESPACE, CSI_RELEASE, POD_READY)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let csinode = Api::<CSINode>::all(bed.guest.client.clone())
-        .get(NODE)
-        .await
-        .expect("CSINode");
-    assert!(
-        csinode.spec.drivers.iter().any(|d| d.name == DRIVER),
-        "{DRIVER} not registered in CSINode {NODE} after the restart: {:?}",
-        csinode.spec.drivers
-    );
+    // The old registrar removed its socket and the kubelet unregistered the driver; the new
+    // one registers it again.
+    let csinodes = Api::<CSINode>::all(bed.guest.client.clone());
+    wait::until(
+        &format!("{DRIVER} registered in CSINode {NODE} again"),
+        Duration::from_secs(60),
+        || async {
+            let n = csinodes.get(NODE).await.map_err(|e| e.to_string())?;
+            Ok(if n.spec.drivers.iter().any(|d| d.name == DRIVER) {
+                Ok(())
+            } else {
+                Err(n.spec.drivers)
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     let pods: Api<Pod> = api(bed);
     let log = pods
         .logs(
