@@ -77,3 +77,26 @@ impl From<kube::Error> for BedError {
         BedError::Api(e.to_string())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_component_that_does_not_get_ready_is_named_with_its_log_and_last_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("kubelet-guest-1.log");
+        let lines: Vec<String> = (1..=40).map(|i| format!("line {i}")).collect();
+        std::fs::write(&log, lines.join("\n")).unwrap();
+        let e = BedError::Timeout {
+            component: "kubelet-guest-1".into(),
+            log: log.clone(),
+            what: "Node guest-1 to be registered (90s)".into(),
+        }
+        .to_string();
+        assert!(e.contains("kubelet-guest-1"), "{e}");
+        assert!(e.contains(&log.display().to_string()), "{e}");
+        assert!(e.contains("line 40") && e.contains("line 26"), "{e}");
+        assert!(!e.contains("line 25\n"), "only the last 15 lines: {e}");
+    }
+}

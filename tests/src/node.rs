@@ -443,6 +443,19 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_node_tool_names_the_script_that_builds_it() {
+        let e = need(PathBuf::from("/nonexistent/kubelet"), "kubelet")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("kubelet")
+                && e.contains("/nonexistent/kubelet")
+                && e.contains("node-tools.sh"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn sysctls_are_restored() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("kernel")).unwrap();

@@ -61,6 +61,7 @@ async fn a_users_day_on_a_real_guest_cluster_root() {
     block_volume_keeps_data_across_pods(&bed).await;
     node_plugin_restart_keeps_mounts_and_serves_again(&bed, real).await;
     unknown_storageclass_parameter_is_named_in_an_event(&bed).await;
+    stuck_pod_fails_its_wait_with_its_events(&bed).await;
     everything_deleted_leaves_nothing(&bed, real).await;
 
     let dir = bed.dir.path().to_path_buf();
@@ -731,6 +732,31 @@ async fn unknown_storageclass_parameter_is_named_in_an_event(bed: &TestBed) {
     let _ = api::<PersistentVolumeClaim>(bed)
         .delete("typo", &DeleteParams::default())
         .await;
+}
+
+/// A Pod that cannot start (an image the node does not have, `imagePullPolicy: Never`) fails
+/// the bed's wait with its state and its Events, not a bare timeout.
+async fn stuck_pod_fails_its_wait_with_its_events(bed: &TestBed) {
+    let mut p = pod("stuck", "none", false, "true");
+    if let Some(s) = p.spec.as_mut() {
+        s.volumes = None;
+        s.containers[0].volume_mounts = None;
+        s.containers[0].volume_devices = None;
+        s.containers[0].image = Some("localhost/testbed/not-imported:testbed".into());
+    }
+    create(&api(bed), &p).await;
+    let e = wait_pod_ready(&bed.guest.client, NS, "stuck", Duration::from_secs(20))
+        .await
+        .expect_err("a Pod without its image must not get Ready")
+        .to_string();
+    for part in [
+        "Pod default/stuck",
+        "ErrImageNeverPull",
+        "Events of Pod default/stuck",
+    ] {
+        assert!(e.contains(part), "the error lacks {part:?}: {e}");
+    }
+    delete_pod(bed, "stuck").await;
 }
 
 /// Every Pod and PVC deleted: the Harvester PVCs and the VolumeAttachments go, no CSI mount, no

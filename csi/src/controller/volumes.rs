@@ -25,6 +25,9 @@ use crate::request::{self, required};
 pub const PARAM_HOST_STORAGE_CLASS: &str = "hostStorageClass";
 /// StorageClass parameter choosing the host PVC's volumeMode (`block`, the default, or `filesystem`).
 pub const PARAM_HOST_VOLUME_MODE: &str = "hostVolumeMode";
+/// The external-provisioner's own parameter keys (`--extra-create-metadata` adds
+/// `csi.storage.k8s.io/pvc/name` and the like).
+pub const PROVISIONER_PARAM_PREFIX: &str = "csi.storage.k8s.io/";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HostVolumeMode {
@@ -41,8 +44,9 @@ impl HostVolumeMode {
     }
 }
 
-/// CreateVolume parameters (the guest StorageClass's `parameters`). Unknown keys are ignored,
-/// as upstream does (the provisioner passes its own `csi.storage.k8s.io/*` keys through).
+/// CreateVolume parameters (the guest StorageClass's `parameters`). An unknown key is refused
+/// naming it (upstream ignores it, so a typo such as `hostStorageClas` silently gave the default
+/// class); the provisioner's own `csi.storage.k8s.io/*` keys pass.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Params {
     /// `hostStorageClass`, else `--host-storage-class`, else the Harvester default class.
@@ -57,6 +61,29 @@ impl Params {
         params: &HashMap<String, String>,
         default_class: Option<&str>,
     ) -> Result<Params, ArgError> {
+        let mut unknown: Vec<&str> = params
+            .keys()
+            .map(String::as_str)
+            .filter(|k| {
+                ![PARAM_HOST_STORAGE_CLASS, PARAM_HOST_VOLUME_MODE].contains(k)
+                    && !k.starts_with(PROVISIONER_PARAM_PREFIX)
+            })
+            .collect();
+        if !unknown.is_empty() {
+            unknown.sort_unstable();
+            return Err(ArgError::Invalid {
+                field: "parameters",
+                reason: format!(
+                    "unknown StorageClass parameter {} (known: {PARAM_HOST_STORAGE_CLASS}, \
+                     {PARAM_HOST_VOLUME_MODE}, {PROVISIONER_PARAM_PREFIX}*)",
+                    unknown
+                        .iter()
+                        .map(|k| format!("{k:?}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            });
+        }
         let from_param = params
             .get(PARAM_HOST_STORAGE_CLASS)
             .map(|s| s.trim())
@@ -587,6 +614,21 @@ mod tests {
         let e = Params::parse(&params(&[("hostVolumeMode", "tape")]), None).unwrap_err();
         assert!(e.to_string().contains("hostVolumeMode"), "{e}");
         assert!(Params::parse(&params(&[("csi.storage.k8s.io/fstype", "xfs")]), None).is_ok());
+        assert!(Params::parse(&params(&[("csi.storage.k8s.io/pvc/name", "data")]), None).is_ok());
+        let e = Params::parse(
+            &params(&[
+                ("hostStorageClas", "lh"),
+                ("zz", "1"),
+                ("hostVolumeMode", "block"),
+            ]),
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("unknown StorageClass parameter \"hostStorageClas\", \"zz\""),
+            "{e}"
+        );
     }
 
     #[test]
