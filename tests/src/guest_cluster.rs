@@ -21,6 +21,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use crate::BedError;
 use crate::certs::Pki;
 use crate::cluster::{ApiServer, kubeconfig_text};
+use crate::helm::Helm;
 use crate::images::{self, Image, ImageSet, Program, Recipe};
 use crate::node::{RealNode, node_tool};
 use crate::podnet::{GATEWAY, PodNetwork};
@@ -177,26 +178,11 @@ impl GuestCluster {
         Ok(cluster)
     }
 
-    /// Runs helm with the guest admin kubeconfig; Err(the command and helm's output).
-    pub fn helm(&self, args: &[&str]) -> Result<String, BedError> {
-        let helm = crate::tools::tool("helm")?;
-        let out = Command::new(helm)
-            .args(args)
-            .env("KUBECONFIG", &self.kubeconfig)
-            .env("HELM_CACHE_HOME", self.helm_home.join("cache"))
-            .env("HELM_CONFIG_HOME", self.helm_home.join("config"))
-            .env("HELM_DATA_HOME", self.helm_home.join("data"))
-            .output()
-            .map_err(|e| BedError::Setup(format!("running helm: {e}")))?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(BedError::Setup(format!(
-                "helm {}:\n{}{}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )))
+    /// helm with the guest admin kubeconfig, its homes in the bed's directory.
+    pub fn helm(&self) -> Helm {
+        Helm {
+            kubeconfig: self.kubeconfig.clone(),
+            home: self.helm_home.clone(),
         }
     }
 
@@ -279,7 +265,7 @@ impl GuestCluster {
         for s in set {
             args.extend(["--set", s]);
         }
-        self.helm(&args).map(|_| ())
+        self.helm().run(&args).map(|_| ()).map_err(BedError::Setup)
     }
 
     /// Pids of the processes the cluster started itself (not its Pods).

@@ -15,6 +15,7 @@ pub mod bed;
 pub mod certs;
 pub mod cluster;
 pub mod guest_cluster;
+pub mod helm;
 pub mod images;
 pub mod livenessprobe;
 pub mod mounts;

@@ -20,6 +20,10 @@ use crate::BedError;
 
 /// The bridge the CNI plugin attaches Pods to (at most 15 characters, a Linux limit).
 pub const BRIDGE: &str = "hvtb0";
+/// The bridge's MAC, set explicitly: a Linux bridge with a kernel-chosen MAC takes the lowest
+/// MAC of its ports, so it changes as Pods come and go, and every Pod's ARP entry for the
+/// gateway goes stale: Pods then lose the host (API servers, probes' replies) for 30-60 s.
+pub const BRIDGE_MAC: &str = "02:68:76:74:62:30";
 /// The bridge's address: the Pods' gateway, and the host as Pods see it.
 pub const GATEWAY: &str = "172.31.250.1";
 pub const POD_SUBNET: &str = "172.31.250.0/24";
@@ -92,6 +96,7 @@ impl PodNetwork {
             ))
         })?;
         net.bridge_added = true;
+        ip(&["link", "set", "dev", BRIDGE, "address", BRIDGE_MAC]).map_err(setup)?;
         ip(&["addr", "add", &format!("{GATEWAY}/24"), "dev", BRIDGE]).map_err(setup)?;
         ip(&["link", "set", BRIDGE, "up"]).map_err(setup)?;
         ip(&["addr", "add", &format!("{KUBERNETES_VIP}/32"), "dev", "lo"]).map_err(setup)?;

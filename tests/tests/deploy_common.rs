@@ -519,43 +519,22 @@ pub async fn install_snapshot_crds(client: &kube::Client) {
     }
 }
 
-/// helm with the bed's guest admin kubeconfig, and its cache, config and data in the bed's
-/// directory (nothing written to the user's home).
-pub struct BedHelm {
-    kubeconfig: PathBuf,
-    home: PathBuf,
-}
+/// helm with the bed's guest admin kubeconfig (see [`testbed::helm::Helm`]).
+pub struct BedHelm(testbed::helm::Helm);
 
 impl BedHelm {
     pub fn new(bed: &testbed::TestBed) -> Self {
         let home = bed.dir.path().join("helm");
         std::fs::create_dir_all(&home).unwrap_or_else(|e| panic!("{}: {e}", home.display()));
-        BedHelm {
+        BedHelm(testbed::helm::Helm {
             kubeconfig: bed.guest.kubeconfig.clone(),
             home,
-        }
+        })
     }
 
     /// Runs helm with `args`; Ok(stdout) or Err(the command and helm's output).
     pub fn run(&self, args: &[&str]) -> Result<String, String> {
-        let out = Command::new(helm())
-            .args(args)
-            .env("KUBECONFIG", &self.kubeconfig)
-            .env("HELM_CACHE_HOME", self.home.join("cache"))
-            .env("HELM_CONFIG_HOME", self.home.join("config"))
-            .env("HELM_DATA_HOME", self.home.join("data"))
-            .output()
-            .unwrap_or_else(|e| panic!("running helm: {e}"));
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).to_string())
-        } else {
-            Err(format!(
-                "helm {}:\n{}{}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ))
-        }
+        self.0.run(args)
     }
 
     /// Like [`BedHelm::run`], panicking with helm's output on failure.
