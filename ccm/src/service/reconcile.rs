@@ -71,6 +71,11 @@ pub struct ServiceCtx {
     metrics: Option<Metrics>,
     /// Our last writes to Services and CRs, to tell a cache that has not caught up with them.
     written: WriteLog,
+    /// True once both watch caches hold a full list. Reconciles wait on this, not on
+    /// `Store::wait_until_ready`: that future keeps one waker only (kube-runtime 5.0's
+    /// `DelayedInit` polls a `futures` oneshot), so of many reconciles waiting at once all but
+    /// the last would never wake.
+    caches_ready: tokio::sync::watch::Receiver<bool>,
 }
 
 /// Key of a Service in [`ServiceCtx::written`].
@@ -172,6 +177,7 @@ pub async fn run(
         instance: std::env::var("POD_NAME").ok(),
     };
     let (crs, cr_writer) = kube::runtime::reflector::store::<LoadBalancer>();
+    let (caches_listed, caches_ready) = tokio::sync::watch::channel(false);
     let ctx = Arc::new(ServiceCtx {
         crs,
         recorder: Recorder::new(guest.clone(), reporter),
@@ -185,6 +191,7 @@ pub async fn run(
         leases,
         metrics,
         written: WriteLog::default(),
+        caches_ready,
     });
     let lb_watch = watcher::Config::default()
         .labels(&format!("{LABEL_CLUSTER}={}", ctx.settings.cluster_name));
@@ -194,11 +201,13 @@ pub async fn run(
     let related = store.clone();
     let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
     let gc = garbage_collector(ctx.clone(), shutdown.clone());
+    // Polled in the controller's own task (the join below), which every watch event wakes.
     let synced = {
         let (services, crs, shutdown) = (store.clone(), ctx.crs.clone(), shutdown.clone());
         async move {
             tokio::select! {
                 _ = futures::future::join(services.wait_until_ready(), crs.wait_until_ready()) => {
+                    caches_listed.send_replace(true);
                     if let Some(r) = readiness {
                         r.set(crate::READY_SERVICE_CACHES, Ok(()));
                     }
@@ -581,8 +590,15 @@ async fn reconcile_primary(
     delete_stale_crs(ctx, &key, &name).await?;
     // The CR watch has listed (the readiness gate waits for it too): its cache answers whether
     // the CR exists, no GET.
-    if ctx.crs.wait_until_ready().await.is_err() {
-        return Ok(Action::requeue(Duration::from_secs(1)));
+    if ctx
+        .caches_ready
+        .clone()
+        .wait_for(|ready| *ready)
+        .await
+        .is_err()
+    {
+        // Shutting down.
+        return Ok(Action::await_change());
     }
     let cached = ctx
         .crs
@@ -906,7 +922,13 @@ async fn reconcile_secondary(
 /// address, or has another UID now; at start and on every resync.
 async fn garbage_collector(ctx: Arc<ServiceCtx>, shutdown: impl Future<Output = ()>) {
     let work = async {
-        if ctx.services.wait_until_ready().await.is_err() {
+        if ctx
+            .caches_ready
+            .clone()
+            .wait_for(|ready| *ready)
+            .await
+            .is_err()
+        {
             return;
         }
         loop {

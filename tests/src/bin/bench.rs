@@ -206,12 +206,21 @@ impl Row {
     }
 }
 
+struct Target {
+    what: String,
+    target: String,
+    measured: String,
+    met: bool,
+}
+
 /// Everything the report is made of.
 #[derive(Default)]
 struct Report {
     rows: Vec<Row>,
     /// Extra sections (markdown) after the table.
     details: Vec<String>,
+    /// Issue 18's targets: what, the target, the measured value, met.
+    targets: Vec<Target>,
     failures: usize,
 }
 
@@ -1234,6 +1243,12 @@ async fn memory(services: usize, nodes: usize, report: &mut Report) -> anyhow::R
     csi.check_alive()?;
     let (hwm, rss) = memory_kib(csi.pid())?;
     csi.stop();
+    report.targets.push(Target {
+        what: "CSI node plugin idle VmHWM".into(),
+        target: "≤ 8 MiB".into(),
+        measured: mib(hwm),
+        met: hwm <= 8 * 1024,
+    });
     report.rows.push(Row {
         section: "4",
         what: "peak RSS of the idle `harvester-csi-driver --mode node` binary".into(),
@@ -1470,6 +1485,21 @@ fn render(info: &RunInfo, report: &Report) -> String {
             "\n(3) skipped: the volume round trip needs root (loop devices, mkfs, mount).\n",
         );
     }
+    if !report.targets.is_empty() {
+        s.push_str(
+            "\n## Targets (issue 18)\n\n| target | wanted | measured | met |\n|---|---|---|---|\n",
+        );
+        for t in &report.targets {
+            let _ = writeln!(
+                s,
+                "| {} | {} | **{}** | {} |",
+                t.what,
+                t.target,
+                t.measured,
+                if t.met { "yes" } else { "**no**" }
+            );
+        }
+    }
     s.push_str("\n## How each figure is taken\n\n");
     s.push_str(METHOD);
     s.push('\n');
@@ -1587,7 +1617,8 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
                     Err(e) => report.record(Err(e), "6", "scale", level.services),
                 }
             }
-            if !levels.is_empty() {
+            if let Some(largest) = levels.iter().max_by_key(|l| l.level.services) {
+                report.targets.extend(scale_targets(largest));
                 report.details.push(growth_table(&levels));
             }
         }
@@ -1673,6 +1704,34 @@ async fn scraped_requests(port: u16) -> anyhow::Result<BTreeMap<(String, String)
         *out.entry((label("verb"), label("resource"))).or_insert(0) += s.value as u64;
     }
     Ok(out)
+}
+
+/// Reconciles and their mean duration per controller, from a provider process's `/metrics`:
+/// how much of a latency is the provider's own work (its API round trips included) and how much
+/// is waiting (watch delivery, queue).
+async fn reconcile_figures(port: u16) -> anyhow::Result<String> {
+    let (_, body) = testbed::scrape::get(port, "/metrics")
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let samples = testbed::scrape::parse(&body).map_err(anyhow::Error::msg)?;
+    let mut per: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for s in &samples {
+        let Some(c) = s.labels.get("controller") else {
+            continue;
+        };
+        let e = per.entry(c.clone()).or_default();
+        match s.name.as_str() {
+            "harvester_reconcile_duration_seconds_sum" => e.0 += s.value,
+            "harvester_reconcile_duration_seconds_count" => e.1 += s.value,
+            _ => {}
+        }
+    }
+    Ok(per
+        .iter()
+        .filter(|(_, (_, n))| *n > 0.0)
+        .map(|(c, (sum, n))| format!("{c} {n:.0} × {}", secs(Duration::from_secs_f64(sum / n))))
+        .collect::<Vec<_>>()
+        .join(", "))
 }
 
 /// Waits until the process's request counter has not moved for `quiet` (at most `limit`).
@@ -1820,6 +1879,7 @@ async fn scale(level: Level, report: &mut Report) -> anyhow::Result<Scaled> {
     }
     ccm.check_alive()?;
     let cpu_s = cpu_seconds(ccm.pid())? - cpu_start;
+    let reconciles = reconcile_figures(port).await?;
     let (hwm_kib, rss_kib) = memory_kib(ccm.pid())?;
     let seen = result.map_err(anyhow::Error::msg)?;
     let bad_note = bad_annotation_event(&bed).await?;
@@ -1893,7 +1953,7 @@ async fn scale(level: Level, report: &mut Report) -> anyhow::Result<Scaled> {
         p50: "—".into(),
         p99: "—".into(),
         figures: format!(
-            "**VmHWM {}** (VmRSS {}); **{cpu_s:.1} CPU seconds** (user + system) from ready to the last Service settled",
+            "**VmHWM {}** (VmRSS {}); **{cpu_s:.1} CPU seconds** (user + system) from ready to the last Service settled; reconciles (count × mean duration, API round trips included): {reconciles}",
             mib(hwm_kib),
             mib(rss_kib)
         ),
@@ -1972,6 +2032,41 @@ async fn bad_annotation_event(bed: &TestBed) -> anyhow::Result<String> {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// Issue 18's targets for the provider, measured at the largest level.
+fn scale_targets(l: &Scaled) -> Vec<Target> {
+    let at = format!("{} Services + {} Nodes", l.level.services, l.level.nodes);
+    let limit = Duration::from_millis(50);
+    let p99 = |what: &str, s: &Stats| Target {
+        what: format!("provider's own step p99, {what} ({at})"),
+        target: "≤ 50 ms".into(),
+        measured: secs(s.p99),
+        met: s.p99 <= limit,
+    };
+    vec![
+        p99("Service created → its LoadBalancer CR", &l.svc_to_cr),
+        p99("CR allocated → Service address", &l.alloc_to_address),
+        p99("Node tainted → initialised", &l.node_init),
+        Target {
+            what: format!("API requests per Service ({at})"),
+            target: "≤ 5".into(),
+            measured: format!("{:.2}", l.per_service),
+            met: l.per_service <= 5.0,
+        },
+        Target {
+            what: format!("API requests per Node ({at})"),
+            target: "≤ 3".into(),
+            measured: format!("{:.2}", l.per_node),
+            met: l.per_node <= 3.0,
+        },
+        Target {
+            what: format!("provider VmHWM ({at})"),
+            target: "≤ 24 MiB".into(),
+            measured: mib(l.hwm_kib),
+            met: l.hwm_kib <= 24 * 1024,
+        },
+    ]
 }
 
 /// How each figure grows from the first level to the others.
