@@ -5,10 +5,16 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo test tools node-tools proto-check fmt-check clippy unit-and-integration help-check bench charts-check fuzz
+.PHONY: demo cluster test tools node-tools proto-check fmt-check clippy unit-and-integration help-check bench charts-check fuzz
 
 demo: tools
 	$(CARGO) run --quiet -p testbed --bin testbed -- demo
+
+# The real guest cluster (kubelet, containerd, control plane, both charts installed with helm)
+# until Ctrl-C; root. Prints the KUBECONFIG exports of both clusters.
+cluster: tools node-tools
+	$(CARGO) build --quiet --workspace --bins
+	$(CARGO) run --quiet -p testbed --bin testbed -- cluster
 
 test: tools proto-check fmt-check clippy help-check charts-check unit-and-integration
 

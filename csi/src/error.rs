@@ -90,13 +90,13 @@ pub enum ControllerError {
     Precondition(String),
     #[error("timed out after {after:?} waiting for {what}")]
     Timeout { what: String, after: Duration },
-    #[error("Harvester API: {action}: {source}")]
+    #[error("Harvester API: {action}: {}", harvester_common::api_error::Describe(.source.as_ref()))]
     Api {
         action: String,
         #[source]
         source: Box<kube::Error>,
     },
-    #[error("guest API: {action}: {source}")]
+    #[error("guest API: {action}: {}", harvester_common::api_error::Describe(.source.as_ref()))]
     GuestApi {
         action: String,
         #[source]

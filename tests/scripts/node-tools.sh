@@ -33,7 +33,8 @@ say() { printf '[node-tools] %s\n' "$*"; }
 source "$(dirname "$0")/lib.sh"
 
 # --- Debian packages ------------------------------------------------------------------------
-install_debs --no-install-recommends -- containerd runc containernetworking-plugins
+# busybox-static: the shell and coreutils of the test Pods' image (a static binary, no libraries).
+install_debs --no-install-recommends -- containerd runc containernetworking-plugins busybox-static iproute2
 # Debian's containerd.service would start a second containerd on /run/containerd; the bed runs its
 # own with its own config, so nothing here starts the packaged one (no systemd as PID 1 anyway).
 

@@ -10,6 +10,7 @@ use kube::api::Api;
 use crate::apply::apply_yaml;
 use crate::certs::Pki;
 use crate::cluster::{ApiServer, ApiServerArgs, Etcd, kubeconfig_text};
+use crate::guest_cluster::GuestCluster;
 use crate::sim::Sim;
 use crate::{BedError, wait};
 
@@ -30,6 +31,9 @@ pub struct BedOptions {
     pub hotplug_delay: Duration,
     /// Keep the bed's directory (logs, kubeconfigs) after drop.
     pub keep_dir: bool,
+    /// A real guest cluster on top (root; `make node-tools`): control plane, one real node,
+    /// both charts installed ([`GuestCluster`]). One per machine at a time.
+    pub real_node: bool,
 }
 
 impl Default for BedOptions {
@@ -38,12 +42,15 @@ impl Default for BedOptions {
             vm_namespace: "guest-vms".into(),
             hotplug_delay: Duration::from_millis(200),
             keep_dir: std::env::var_os("TESTBED_KEEP_DIR").is_some(),
+            real_node: false,
         }
     }
 }
 
-/// Field order is drop order: the stand-in stops first, etcd last, the directory after all.
+/// Field order is drop order: the real guest cluster stops first, then the stand-in, etcd last,
+/// the directory after all.
 pub struct TestBed {
+    pub cluster: Option<GuestCluster>,
     pub sim: Sim,
     pub guest: ApiServer,
     pub harvester: ApiServer,
@@ -74,7 +81,7 @@ impl TestBed {
                 ApiServerArgs {
                     name: "guest",
                     etcd_url: &etcd.url,
-                    service_cidr: "10.96.0.0/16",
+                    service_cidr: crate::podnet::GUEST_SERVICE_CIDR,
                     namespace: "default",
                 },
             ),
@@ -119,6 +126,14 @@ impl TestBed {
         )
         .await?;
         register_virt_api(&harvester.client, &pki, sim.virt_api.port).await?;
+        let cluster = if opts.real_node {
+            Some(
+                GuestCluster::start(&root, &pki, &guest, &harvester, &sim, &opts.vm_namespace)
+                    .await?,
+            )
+        } else {
+            None
+        };
 
         let started_in = t0.elapsed();
         eprintln!(
@@ -129,6 +144,7 @@ impl TestBed {
             harvester.url
         );
         Ok(TestBed {
+            cluster,
             sim,
             guest,
             harvester,
@@ -160,23 +176,42 @@ impl TestBed {
 
     /// Pids of every process the bed started (for the no-orphans test).
     pub fn pids(&self) -> Vec<u32> {
-        vec![
+        let mut pids = vec![
             self.etcd.proc.pid(),
             self.guest.proc.pid(),
             self.harvester.proc.pid(),
-        ]
+        ];
+        pids.extend(self.cluster.iter().flat_map(GuestCluster::pids));
+        pids
+    }
+
+    /// The real guest cluster; panics naming the option when the bed has none.
+    pub fn real(&self) -> &GuestCluster {
+        self.cluster.as_ref().expect(
+            "this bed has no real guest cluster: start it with BedOptions { real_node: true, .. }",
+        )
     }
 }
 
 async fn install_crds(client: &kube::Client) -> Result<(), BedError> {
-    let mut names = Vec::new();
     for (file, yaml) in CRDS {
-        for obj in apply_yaml(client, yaml, "default")
-            .await
-            .map_err(|e| BedError::Setup(format!("installing {file}: {e}")))?
-        {
-            names.extend(obj.metadata.name);
-        }
+        install_crd_yaml(client, file, yaml).await?;
+    }
+    Ok(())
+}
+
+/// Applies the CRDs of `yaml` (from `file`) and waits until each is Established.
+pub(crate) async fn install_crd_yaml(
+    client: &kube::Client,
+    file: &str,
+    yaml: &str,
+) -> Result<(), BedError> {
+    let mut names = Vec::new();
+    for obj in apply_yaml(client, yaml, "default")
+        .await
+        .map_err(|e| BedError::Setup(format!("installing {file}: {e}")))?
+    {
+        names.extend(obj.metadata.name);
     }
     wait_established(client, names).await
 }

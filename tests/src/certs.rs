@@ -24,8 +24,9 @@ pub struct Pki {
     pub ca: CertFiles,
     pub front_proxy_ca: CertFiles,
     pub front_proxy_client: CertFiles,
-    /// Serving cert for both kube-apiservers (127.0.0.1, localhost, and 10.0.2.2: the host's
-    /// loopback as a guest VM on QEMU's user network reaches it).
+    /// Serving cert for both kube-apiservers (127.0.0.1, localhost, 10.0.2.2: the host's
+    /// loopback as a guest VM on QEMU's user network reaches it, and the addresses Pods of the
+    /// real guest node dial: the `kubernetes` Service VIP and the Pod bridge's gateway).
     pub apiserver: CertFiles,
     /// Client cert of user `admin` in group `system:masters`.
     pub admin: CertFiles,
@@ -121,6 +122,8 @@ impl Pki {
                 "localhost",
                 "kubernetes.default.svc",
                 crate::vm::HOST_FROM_GUEST,
+                crate::podnet::KUBERNETES_VIP,
+                crate::podnet::GATEWAY,
             ],
             ServerAuth,
         )?;

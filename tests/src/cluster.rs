@@ -124,6 +124,11 @@ impl ApiServer {
             "--enable-priority-and-fairness=false".into(),
             "--profiling=false".into(),
             "--allow-privileged=true".into(),
+            // `kubectl logs/exec` through a real node's kubelet (admin: its webhook authz allows).
+            format!("--kubelet-client-certificate={}", p(&pki.admin.cert)),
+            format!("--kubelet-client-key={}", p(&pki.admin.key)),
+            // The node's name does not resolve here; its InternalIP does.
+            "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname".into(),
             "--v=1".into(),
         ];
         let cmd = apiserver_command(&flags)?;

@@ -14,9 +14,13 @@ pub mod apply;
 pub mod bed;
 pub mod certs;
 pub mod cluster;
+pub mod guest_cluster;
+pub mod images;
+pub mod livenessprobe;
 pub mod mounts;
 pub mod netns;
 pub mod node;
+pub mod podnet;
 pub mod process;
 pub mod rbac;
 pub mod registrar;
@@ -51,7 +55,10 @@ pub enum BedError {
         status: String,
         tail: String,
     },
-    #[error("test bed: timed out waiting for {component}: {what} (log: {log})")]
+    #[error(
+        "test bed: timed out waiting for {component}: {what} (log: {log}); its last lines:\n{}",
+        crate::process::tail(.log, 15)
+    )]
     Timeout {
         component: String,
         log: PathBuf,

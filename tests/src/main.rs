@@ -1,5 +1,7 @@
 //! `testbed demo`: brings the bed up, creates a Harvester host, a guest VM and its guest Node,
 //! prints them, and tears everything down.
+//! `testbed cluster` (`make cluster`): the real guest cluster with both charts installed, until
+//! Ctrl-C.
 
 mod demo;
 
@@ -24,6 +26,9 @@ struct Cli {
 enum Cmd {
     /// Start the bed, create a host, a guest VM and its Node, print them, tear down.
     Demo,
+    /// Start the real guest cluster (kubelet, containerd, control plane, both charts installed;
+    /// root and `make node-tools`), print how to reach both clusters, stay until Ctrl-C.
+    Cluster,
 }
 
 #[tokio::main]
@@ -36,6 +41,7 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command.unwrap_or(Cmd::Demo) {
         Cmd::Demo => demo().await,
+        Cmd::Cluster => cluster().await,
     }
 }
 
@@ -89,5 +95,66 @@ async fn demo() -> anyhow::Result<()> {
         "test bed stopped; demo took {:.1}s",
         t0.elapsed().as_secs_f64()
     );
+    Ok(())
+}
+
+async fn cluster() -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    let bed = TestBed::start(BedOptions {
+        real_node: true,
+        ..BedOptions::default()
+    })
+    .await
+    .context("starting the real guest cluster")?;
+    let real = bed.real();
+    println!(
+        r#"
+real guest cluster ready in {secs:.1}s: Node {node} initialised by the cloud provider Pod, the CSI
+driver's controller and node Pods Ready (logs and state under {dir})
+
+# the guest cluster (both charts in kube-system, StorageClass harvester):
+export KUBECONFIG={guest}
+# the Harvester stand-in (VMs, VMIs, PVCs and LoadBalancers in namespace {ns}):
+export HARVESTER_KUBECONFIG={harvester}
+
+kubectl get nodes -o wide
+kubectl -n kube-system get pods
+helm list -n kube-system
+kubectl apply -f - <<EOF
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: demo}}
+spec: {{accessModes: [ReadWriteOnce], resources: {{requests: {{storage: 64Mi}}}}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: demo}}
+spec:
+  containers:
+  - {{name: c, image: {workload}, imagePullPolicy: Never, command: [sh, -c, "busybox --install -s /bin; df -h /data; sleep 3600"],
+     volumeMounts: [{{name: d, mountPath: /data}}]}}
+  volumes: [{{name: d, persistentVolumeClaim: {{claimName: demo}}}}]
+EOF
+kubectl logs demo
+kubectl --kubeconfig "$HARVESTER_KUBECONFIG" -n {ns} get vm,vmi,pvc
+
+Ctrl-C stops everything and undoes what it changed on this machine."#,
+        secs = t0.elapsed().as_secs_f64(),
+        node = testbed::guest_cluster::NODE,
+        dir = bed.dir.path().display(),
+        guest = real.kubeconfig.display(),
+        harvester = bed.harvester.kubeconfig.display(),
+        ns = bed.vm_namespace,
+        workload = testbed::guest_cluster::WORKLOAD,
+    );
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r?,
+        _ = term.recv() => {}
+    }
+    println!("stopping the real guest cluster ...");
+    drop(bed);
+    println!("stopped");
     Ok(())
 }

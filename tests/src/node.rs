@@ -1,8 +1,8 @@
-//! Prototype (issue 15): a real guest node for the bed: containerd (Debian) and a kubelet 1.34.4
+//! A real guest node for the bed (issue 15): containerd (Debian) and a kubelet 1.34.4
 //! (`tests/scripts/node-tools.sh`) registering against the bed's guest API server with
 //! `--cloud-provider=external`, so the Node appears tainted `uninitialized` for the cloud
-//! provider to initialise. Not yet a `BedOptions` field; no CNI, pause image, control-plane
-//! controllers or sidecars yet.
+//! provider to initialise. Pods get addresses from the CNI bridge of [`crate::podnet`];
+//! `crate::guest_cluster` adds the control plane, the images and the charts.
 //!
 //! Pitfalls of `../shared/reference/real-node.md` handled here: containerd runs with
 //! `restrict_oom_score_adj = true` (CAP_SYS_RESOURCE is not in the bounding set); the kernel
@@ -45,6 +45,12 @@ pub fn node_tools_dir() -> Result<PathBuf, BedError> {
 
 fn node_tools_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/node-tools.sh")
+}
+
+/// Node tool `name` (kubelet, kube-controller-manager, ...), or an error naming the script that
+/// builds it.
+pub fn node_tool(name: &str) -> Result<PathBuf, BedError> {
+    need(node_tools_dir()?.join(name), name)
 }
 
 /// `path` if it is a file, else an error naming the tool and the script that provides it.
@@ -115,8 +121,16 @@ state = "{state}"
 }
 
 /// The kubelet's configuration file: cgroupfs on cgroup v1, no swap check, containerd's socket,
-/// serving on loopback, no read-only port, webhook authn/authz against the guest API server.
-pub fn kubelet_config(d: &NodeDirs, ca: &Path, port: u16, healthz_port: u16) -> String {
+/// serving on `address` (the node IP), no read-only port, webhook authn/authz against the guest
+/// API server; eviction only when the machine is nearly full (the bed shares its disk with
+/// builds), no cluster DNS (none runs; Pods fall back to the host's resolver).
+pub fn kubelet_config(
+    d: &NodeDirs,
+    ca: &Path,
+    address: &str,
+    port: u16,
+    healthz_port: u16,
+) -> String {
     let sock = d.containerd_socket.display();
     format!(
         r#"apiVersion: kubelet.config.k8s.io/v1beta1
@@ -126,9 +140,15 @@ failCgroupV1: false
 failSwapOn: false
 containerRuntimeEndpoint: unix://{sock}
 imageServiceEndpoint: unix://{sock}
-address: 127.0.0.1
+address: {address}
 port: {port}
 readOnlyPort: 0
+evictionHard:
+  memory.available: 100Mi
+  nodefs.available: 1%
+  imagefs.available: 1%
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
 healthzBindAddress: 127.0.0.1
 healthzPort: {healthz_port}
 authentication:
@@ -215,17 +235,20 @@ pub struct RealNode {
 }
 
 impl RealNode {
-    /// Starts containerd, then the kubelet for Node `name` against the guest API server whose
-    /// admin kubeconfig is `kubeconfig` (CA `ca`); returns once the Node object exists.
+    /// Starts containerd, then the kubelet for Node `name` with address `node_ip` against the
+    /// guest API server whose admin kubeconfig is `kubeconfig` (CA `ca`); returns once the Node
+    /// object exists. `before_kubelet` runs once containerd serves (the bed imports its images
+    /// there, so no Pod waits for one).
     pub async fn start(
         dir: &Path,
         name: &str,
+        node_ip: &str,
         kubeconfig: &Path,
         ca: &Path,
         client: &kube::Client,
+        before_kubelet: impl FnOnce(&NodeDirs) -> Result<(), BedError>,
     ) -> Result<RealNode, BedError> {
-        let tools = node_tools_dir()?;
-        let kubelet_bin = need(tools.join("kubelet"), "kubelet")?;
+        let kubelet_bin = node_tool("kubelet")?;
         let containerd_bin = need(PathBuf::from("/usr/bin/containerd"), "containerd")?;
         need(PathBuf::from("/usr/sbin/runc"), "runc")?;
         let dirs = NodeDirs::under(&dir.join(format!("node-{name}")));
@@ -253,6 +276,10 @@ impl RealNode {
             sysctls,
         };
 
+        write(
+            dirs.cni_conf.join("10-testbed.conflist"),
+            crate::podnet::cni_conflist(&dirs.root.join("cni/ipam")),
+        )?;
         let config = write(dirs.root.join("containerd.toml"), containerd_config(&dirs))?;
         let mut cmd = Command::new(containerd_bin);
         cmd.arg("--config").arg(&config);
@@ -262,10 +289,11 @@ impl RealNode {
             std::os::unix::net::UnixStream::connect(&dirs.containerd_socket).is_ok()
         })
         .await?;
+        before_kubelet(&dirs)?;
 
         let config = write(
             dirs.root.join("kubelet.yaml"),
-            kubelet_config(&dirs, ca, free_port()?, free_port()?),
+            kubelet_config(&dirs, ca, node_ip, free_port()?, free_port()?),
         )?;
         let mut cmd = Command::new(kubelet_bin);
         cmd.arg(format!("--config={}", config.display()))
@@ -277,7 +305,7 @@ impl RealNode {
             ))
             .arg("--cloud-provider=external")
             .arg(format!("--hostname-override={name}"))
-            .arg("--node-ip=127.0.0.1")
+            .arg(format!("--node-ip={node_ip}"))
             .arg("--v=2");
         let proc = Proc::spawn(&format!("kubelet-{name}"), cmd, dir)?;
         let nodes = kube::Api::<Node>::all(client.clone());
@@ -302,6 +330,17 @@ impl RealNode {
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+    }
+}
+
+impl RealNode {
+    /// Pids of containerd and the kubelet.
+    pub fn pids(&self) -> Vec<u32> {
+        self.containerd
+            .iter()
+            .chain(self.kubelet.iter())
+            .map(Proc::pid)
+            .collect()
     }
 }
 
@@ -386,13 +425,15 @@ mod tests {
                 "missing {line:?} in\n{c}"
             );
         }
-        let k = kubelet_config(&d, Path::new("/t/ca.crt"), 10250, 10248);
+        let k = kubelet_config(&d, Path::new("/t/ca.crt"), "10.1.2.3", 10250, 10248);
         for line in [
             "cgroupDriver: cgroupfs",
             "failCgroupV1: false",
             "containerRuntimeEndpoint: unix:///t/n/containerd/containerd.sock",
             "readOnlyPort: 0",
             "port: 10250",
+            "address: 10.1.2.3",
+            "nodefs.available: 1%",
         ] {
             assert!(
                 k.lines().any(|l| l.trim() == line),

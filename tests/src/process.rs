@@ -87,18 +87,28 @@ pub fn tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// A binary of this workspace that cargo built next to the running test executable
-/// (`target/<profile>/<name>`); panics naming the `cargo build` that makes it if it is missing.
+/// A binary of this workspace that cargo built next to the running executable
+/// (`target/<profile>/<name>`: beside a binary, one level up from a test in `deps/`); panics
+/// naming the `cargo build` that makes it if it is missing.
 pub fn built_binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    let bin = dir.join(name);
-    assert!(
-        bin.is_file(),
-        "{} is not built: run `cargo build --bin {name}`",
-        bin.display()
-    );
-    bin
+    find_built_binary(name).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`built_binary`] for library code: `target/<profile>/<name>` seen from a test executable
+/// (`target/<profile>/deps/`) or from a binary beside it, or an error naming the `cargo build`.
+pub fn find_built_binary(name: &str) -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("finding {name}: {e}"))?;
+    let dirs: Vec<&Path> = exe.ancestors().skip(1).take(2).collect();
+    dirs.iter()
+        .map(|d| d.join(name))
+        .find(|b| b.is_file())
+        .ok_or_else(|| {
+            let want = dirs.last().map(|d| d.join(name)).unwrap_or_default();
+            format!(
+                "{} is not built: run `cargo build --bin {name}`",
+                want.display()
+            )
+        })
 }
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.

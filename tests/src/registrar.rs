@@ -1,6 +1,6 @@
 //! The kubelet plugin registrar of the test bed: what node-driver-registrar does, which the Go
 //! module proxy does not serve here. It asks the CSI driver on `--csi-address` for its name, then
-//! serves `pluginregistration.Registration` on `<--plugin-registration-path>/<name>-reg.sock`,
+//! serves `pluginregistration.Registration` on `<--plugin-registration-path>/<name>@reg.sock`,
 //! where the kubelet's plugin watcher finds it, calls `GetInfo` and then dials the driver's
 //! endpoint (`--kubelet-registration-path`, the driver socket's path on the host).
 //!
@@ -53,20 +53,13 @@ pub struct Flags {
     #[arg(long)]
     pub kubelet_registration_path: Option<String>,
     /// Timeout for calls to the driver (Go-style duration: 1s, 500ms, 2m).
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = harvester_common::flags::parse_go_duration)]
     pub timeout: Duration,
     #[arg(long, value_enum, default_value = "registration")]
     pub mode: RegistrarMode,
     /// Log verbosity as klog's -v: 4 and above log at debug level.
     #[arg(long = "v", default_value_t = 0)]
     pub verbosity: u8,
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d: jiff::SignedDuration = s
-        .parse()
-        .map_err(|e| format!("{s:?} is not a duration like 1s or 500ms: {e}"))?;
-    Duration::try_from(d).map_err(|_| format!("{s:?} is negative"))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -101,10 +94,35 @@ pub struct Plan {
     pub driver: String,
     /// The endpoint `GetInfo` returns: the driver socket on the host.
     pub endpoint: String,
-    /// `<plugin registration dir>/<driver>-reg.sock`.
+    /// `<plugin registration dir>/<driver>@reg.sock` (see [`socket_name`]).
     pub socket: PathBuf,
     /// `<dir of the endpoint>/registration`, touched on `GetInfo`.
     pub probe_file: PathBuf,
+}
+
+/// The registration socket's file name: `<driver>@reg.sock`, where node-driver-registrar uses
+/// `<driver>-reg.sock`. The kubelet dials it without an authority override (kubernetes v1.34.4
+/// `pkg/kubelet/pluginmanager/operationexecutor/operation_generator.go`, `dial`), so grpc-go
+/// sends the socket path, %-encoded, as `:authority`; h2 (tonic's HTTP/2) refuses a `%` in a
+/// host with PROTOCOL_ERROR (hyperium/tonic#1876) and the kubelet never registers the driver.
+/// The `@` makes the encoded path the authority's userinfo, where h2 allows `%`.
+pub fn socket_name(driver: &str) -> String {
+    format!("{driver}@reg.sock")
+}
+
+/// The `:authority` grpc-go (v1.72.1, `clientconn.go` `encodeAuthority`, the version kubelet
+/// 1.34.4 uses) sends for a dial target that is a socket path: every byte but unreserved,
+/// sub-delims, `:`, `[`, `]` and `@` %-encoded.
+pub fn grpc_go_authority(path: &str) -> String {
+    path.bytes()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || b"-_.~!$&'()*+,;=:[]@".contains(&c) {
+                (c as char).to_string()
+            } else {
+                format!("%{c:02X}")
+            }
+        })
+        .collect()
 }
 
 /// The probe file of node-driver-registrar: `registration` beside the host's driver socket.
@@ -141,9 +159,7 @@ pub fn plan(flags: &Flags, driver: &str) -> Result<Plan, RegistrarError> {
     Ok(Plan {
         driver: driver.to_string(),
         endpoint: flags.kubelet_registration_path.clone().unwrap_or_default(),
-        socket: flags
-            .plugin_registration_path
-            .join(format!("{driver}-reg.sock")),
+        socket: flags.plugin_registration_path.join(socket_name(driver)),
         probe_file,
     })
 }
@@ -160,19 +176,37 @@ pub async fn driver_name(flags: &Flags) -> Result<String, RegistrarError> {
         address: address.clone(),
         reason,
     };
-    let call = async {
-        let channel = harvester_csi_driver::connect(&socket)
-            .await
-            .map_err(|e| failed(format!("connecting: {e}")))?;
-        IdentityClient::new(channel)
-            .get_plugin_info(GetPluginInfoRequest {})
-            .await
-            .map(|r| r.into_inner().name)
-            .map_err(|s| failed(format!("{:?}: {}", s.code(), s.message())))
-    };
-    tokio::time::timeout(flags.timeout, call)
-        .await
-        .map_err(|_| failed(format!("no answer within {:?} (--timeout)", flags.timeout)))?
+    let channel = connect_waiting(&socket, &address).await;
+    let mut client = IdentityClient::new(channel);
+    tokio::time::timeout(
+        flags.timeout,
+        client.get_plugin_info(GetPluginInfoRequest {}),
+    )
+    .await
+    .map_err(|_| failed(format!("no answer within {:?} (--timeout)", flags.timeout)))?
+    .map(|r| r.into_inner().name)
+    .map_err(|s| failed(format!("{:?}: {}", s.code(), s.message())))
+}
+
+/// Connects to the driver's socket, waiting for it as long as it takes: the driver container
+/// may start after this one. Like csi-lib-utils' `connection.Connect` (a blocking dial that
+/// logs "Still connecting to <address>" every 10 s), which node-driver-registrar uses.
+async fn connect_waiting(socket: &Path, address: &str) -> tonic::transport::Channel {
+    const LOG_EVERY: Duration = Duration::from_secs(10);
+    let mut backoff = Duration::from_millis(50);
+    let mut last_log = tokio::time::Instant::now();
+    loop {
+        match harvester_csi_driver::connect(socket).await {
+            Ok(channel) => return channel,
+            Err(e) if last_log.elapsed() >= LOG_EVERY => {
+                tracing::warn!("Still connecting to {address}: {e}");
+                last_log = tokio::time::Instant::now();
+            }
+            Err(_) => {}
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
 }
 
 /// The `Registration` service. A failed registration is sent on `failures`; the server then stops
@@ -296,12 +330,29 @@ mod tests {
             Plan {
                 driver: "driver.harvesterhci.io".into(),
                 endpoint: "/var/lib/kubelet/plugins/driver.harvesterhci.io/csi.sock".into(),
-                socket: "/registration/driver.harvesterhci.io-reg.sock".into(),
+                socket: "/registration/driver.harvesterhci.io@reg.sock".into(),
                 probe_file: "/var/lib/kubelet/plugins/driver.harvesterhci.io/registration".into(),
             }
         );
         assert_eq!(f.timeout, Duration::from_secs(1));
         assert_eq!(f.mode, RegistrarMode::Registration);
+    }
+
+    #[test]
+    fn kubelets_authority_for_the_socket_is_one_h2_accepts() {
+        let dir = "/var/lib/kubelet/plugins_registry";
+        let ours = format!("{dir}/{}", socket_name("driver.harvesterhci.io"));
+        let upstream = format!("{dir}/driver.harvesterhci.io-reg.sock");
+        assert_eq!(
+            grpc_go_authority(&upstream),
+            "%2Fvar%2Flib%2Fkubelet%2Fplugins_registry%2Fdriver.harvesterhci.io-reg.sock"
+        );
+        assert!(
+            http::uri::Authority::try_from(grpc_go_authority(&upstream)).is_err(),
+            "h2 refuses the authority of node-driver-registrar's name (why ours differs)"
+        );
+        http::uri::Authority::try_from(grpc_go_authority(&ours))
+            .unwrap_or_else(|e| panic!("h2 refuses the authority of {ours}: {e}"));
     }
 
     #[test]

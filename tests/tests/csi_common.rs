@@ -44,23 +44,10 @@ pub async fn bed_with(opts: BedOptions) -> TestBed {
     }
 }
 
-/// Harvester's default StorageClass, as a Harvester install has it: PVCs without a class get
-/// it, and kube-apiserver's PersistentVolumeClaimResize admission lets them grow only because
-/// it has `allowVolumeExpansion: true`.
+/// Harvester's default StorageClass (see [`testbed::sim::Sim::create_default_storage_class`]).
 pub async fn install_default_storage_class(bed: &TestBed) {
-    let sc: k8s_openapi::api::storage::v1::StorageClass =
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "harvester-longhorn",
-                         "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
-            "provisioner": "driver.longhorn.io",
-            "allowVolumeExpansion": true,
-            "reclaimPolicy": "Delete",
-            "volumeBindingMode": "Immediate",
-            "parameters": {"migratable": "true", "numberOfReplicas": "3"}
-        }))
-        .expect("StorageClass literal");
-    kube::Api::<k8s_openapi::api::storage::v1::StorageClass>::all(bed.harvester.client.clone())
-        .create(&Default::default(), &sc)
+    bed.sim
+        .create_default_storage_class()
         .await
         .expect("creating the default StorageClass on Harvester");
 }

@@ -17,8 +17,8 @@ use tokio::process::{Child, Command};
 /// - k8s.io/kubelet v0.34.4 `pkg/apis/pluginregistration/v1/constants.go`: `CSIPlugin = "CSIPlugin"`.
 /// - kubernetes-csi/node-driver-registrar `cmd/csi-node-driver-registrar/main.go` (commit
 ///   0d8021d270bb1c98bea5348be2669ae5f2474d66): `supportedVersions = []string{"1.0.0"}`, socket
-///   `<plugin-registration-path>/<driver>-reg.sock`, probe file `registration` beside the host
-///   socket.
+///   `<plugin-registration-path>/<driver>-reg.sock` (ours: `<driver>@reg.sock`, see
+///   `testbed::registrar::socket_name`), probe file `registration` beside the host socket.
 /// - harvester/harvester-csi-driver: the driver's name `driver.harvesterhci.io`.
 const UPSTREAM_PLUGIN_TYPE: &str = "CSIPlugin";
 const UPSTREAM_SUPPORTED_VERSIONS: &[&str] = &["1.0.0"];
@@ -113,7 +113,9 @@ async fn registrar_answers_get_info_and_exits_1_on_failed_registration() {
     );
 
     let mut child = registrar(&args, &log);
-    let socket = d.registry.join(format!("{UPSTREAM_DRIVER_NAME}-reg.sock"));
+    let socket = d
+        .registry
+        .join(testbed::registrar::socket_name(UPSTREAM_DRIVER_NAME));
     wait_socket(&mut child, &socket, &log).await;
 
     let channel = harvester_csi_driver::connect(&socket)
@@ -192,7 +194,9 @@ async fn registrar_sigterm_removes_its_socket() {
         ],
         &log,
     );
-    let socket = d.registry.join(format!("{UPSTREAM_DRIVER_NAME}-reg.sock"));
+    let socket = d
+        .registry
+        .join(testbed::registrar::socket_name(UPSTREAM_DRIVER_NAME));
     wait_socket(&mut child, &socket, &log).await;
     let pid = rustix::process::Pid::from_raw(child.id().expect("pid") as i32).expect("pid");
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
@@ -221,7 +225,11 @@ async fn registrar_names_missing_flag_and_unreachable_driver() {
             .contains("--kubelet-registration-path is a required parameter"),
         "{out:?}"
     );
-    let missing = dir.path().join("no-driver.sock");
+    // A socket that accepts but never answers: the registrar gives up after --timeout (it
+    // waits for a socket that is not there yet: see the next test).
+    let mute_dir = tempfile::tempdir().expect("tempdir");
+    let missing = mute_dir.path().join("mute-driver.sock");
+    let _mute = std::os::unix::net::UnixListener::bind(&missing).expect("mute socket");
     let out = run(&[
         format!("--csi-address={}", missing.display()),
         "--kubelet-registration-path=/var/lib/kubelet/plugins/x/csi.sock".into(),
@@ -233,7 +241,7 @@ async fn registrar_names_missing_flag_and_unreachable_driver() {
         stderr.contains(&format!(
             "CSI driver at {:?}",
             missing.display().to_string()
-        )),
+        )) && stderr.contains("no answer within 1s"),
         "{stderr}"
     );
     assert_eq!(
@@ -241,4 +249,36 @@ async fn registrar_names_missing_flag_and_unreachable_driver() {
         0,
         "a registrar without a driver left files behind"
     );
+}
+
+/// The driver container may start after the registrar's: the registrar waits for the driver's
+/// socket (as node-driver-registrar does through csi-lib-utils' blocking dial) instead of
+/// exiting, then registers.
+#[tokio::test]
+async fn registrar_waits_for_a_driver_that_starts_later() {
+    let bed = common::bed_with_vm().await;
+    let d = dirs(&bed);
+    let later = bed.dir.path().join("later.sock");
+    let log = bed.dir.path().join("registrar-waits.log");
+    let mut child = registrar(
+        &[
+            format!("--csi-address={}", later.display()),
+            format!("--kubelet-registration-path={}", d.host_socket),
+            format!("--plugin-registration-path={}", d.registry.display()),
+        ],
+        &log,
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        child.try_wait().expect("registrar status").is_none(),
+        "the registrar exited while the driver was not there yet; log:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let endpoint = format!("unix://{}", later.display());
+    let _driver = common::Driver::start(&bed, |c| c.endpoint = endpoint).await;
+    let socket = d
+        .registry
+        .join(testbed::registrar::socket_name(UPSTREAM_DRIVER_NAME));
+    wait_socket(&mut child, &socket, &log).await;
+    let _ = child.kill().await;
 }

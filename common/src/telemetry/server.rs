@@ -52,7 +52,8 @@ impl Readiness {
     }
 }
 
-fn text(code: StatusCode, body: String, content_type: &'static str) -> Response<Full<Bytes>> {
+/// A response with `body` and its content type.
+pub fn text(code: StatusCode, body: String, content_type: &'static str) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(body)));
     *r.status_mut() = code;
     r.headers_mut().insert(
@@ -119,16 +120,30 @@ pub async fn serve_on(
     readiness: Readiness,
     shutdown: impl Future<Output = ()>,
 ) {
+    let handler = move |req: Request<hyper::body::Incoming>| {
+        let r = route(req.uri().path(), &metrics, &readiness);
+        async move { r }
+    };
+    serve_with(listener, handler, shutdown).await
+}
+
+/// Serves HTTP/1 and HTTP/2 on `listener`, answering each request with `handler`, until
+/// `shutdown` resolves.
+pub async fn serve_with<H, F>(listener: TcpListener, handler: H, shutdown: impl Future<Output = ()>)
+where
+    H: Fn(Request<hyper::body::Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
     let accept = async {
         loop {
             let Ok((tcp, _)) = listener.accept().await else {
                 continue;
             };
-            let (metrics, readiness) = (metrics.clone(), readiness.clone());
+            let handler = handler.clone();
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let r = route(req.uri().path(), &metrics, &readiness);
-                    async move { Ok::<_, Infallible>(r) }
+                    let response = handler(req);
+                    async move { Ok::<_, Infallible>(response.await) }
                 });
                 let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(tcp), svc)

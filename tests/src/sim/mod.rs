@@ -50,6 +50,7 @@ impl Sim {
             delay: hotplug_delay,
             calls: Default::default(),
             vms: Default::default(),
+            by_id_dirs: Default::default(),
         });
         let virt_api = VirtApi::start(pki, hotplug.clone()).await?;
         let mut tasks = JoinSet::new();
@@ -69,6 +70,27 @@ impl Sim {
             virt_api,
             tasks,
         })
+    }
+
+    /// Harvester's default StorageClass, as a Harvester install has it: PVCs without a class get
+    /// it, and kube-apiserver's PersistentVolumeClaimResize admission lets them grow only
+    /// because it has `allowVolumeExpansion: true`.
+    pub async fn create_default_storage_class(&self) -> Result<(), BedError> {
+        let sc: k8s_openapi::api::storage::v1::StorageClass =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "harvester-longhorn",
+                             "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+                "provisioner": "driver.longhorn.io",
+                "allowVolumeExpansion": true,
+                "reclaimPolicy": "Delete",
+                "volumeBindingMode": "Immediate",
+                "parameters": {"migratable": "true", "numberOfReplicas": "3"}
+            }))
+            .map_err(|e| BedError::Setup(format!("the default StorageClass: {e}")))?;
+        kube::Api::<k8s_openapi::api::storage::v1::StorageClass>::all(self.harvester.clone())
+            .create(&Default::default(), &sc)
+            .await?;
+        Ok(())
     }
 
     /// The by-id directory (`/dev/disk/by-id` stand-in) of guest node `node`.

@@ -102,6 +102,11 @@ impl Storage {
         self.use_loop
     }
 
+    /// The devices (loop devices when root) of every volume that exists now.
+    pub fn devices(&self) -> Vec<PathBuf> {
+        self.lock().values().map(|b| b.device.clone()).collect()
+    }
+
     pub fn get(&self, namespace: &str, name: &str) -> Option<Backing> {
         self.lock().get(&key(namespace, name)).cloned()
     }

@@ -52,6 +52,9 @@ pub struct HotplugCtx {
     pub calls: Mutex<Vec<HotplugCall>>,
     /// Guest nodes backed by a real VM (QEMU): their disks are hot-plugged over QMP.
     pub vms: Mutex<HashMap<String, Arc<Vm>>>,
+    /// Guest nodes whose by-id links go elsewhere than `by_id_root/<node>`: a real node of the
+    /// bed reads the host's `/dev/disk/by-id`, where its node plugin Pod looks.
+    pub by_id_dirs: Mutex<HashMap<String, PathBuf>>,
 }
 
 /// How long a VM-backed hot-plug waits for the guest kernel to show the disk.
@@ -88,7 +91,20 @@ impl HotplugCtx {
 
     /// The by-id directory the guest node `node` sees.
     pub fn by_id_dir(&self, node: &str) -> PathBuf {
-        self.by_id_root.join(node)
+        self.by_id_dirs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(node)
+            .cloned()
+            .unwrap_or_else(|| self.by_id_root.join(node))
+    }
+
+    /// Links the disks hot-plugged into guest node `node` in `dir` from now on.
+    pub fn set_by_id_dir(&self, node: &str, dir: PathBuf) {
+        self.by_id_dirs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(node.to_string(), dir);
     }
 
     /// How many `verb` requests for volume `volume` of VM `vm` virt-api has received.
