@@ -411,10 +411,13 @@ async fn create_pool(bed: &TestBed) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A LoadBalancer Service without NodePorts (kube-vip announces the address itself): the guest
+/// API server's NodePort range (30000-32767) holds 2 768 Services, the scale section makes 5 000.
 fn lb_service(name: &str) -> anyhow::Result<Service> {
     Ok(serde_json::from_value(json!({
         "metadata": {"name": name},
         "spec": {"type": "LoadBalancer", "selector": {"app": name},
+                 "allocateLoadBalancerNodePorts": false,
                  "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}
     }))?)
 }
