@@ -102,7 +102,7 @@ fn main() -> ExitCode {
             return ExitCode::from(BAD_FLAG);
         }
     };
-    let served = tokio::runtime::Runtime::new()
+    let served = runtime(config.mode)
         .map_err(|e| format!("starting the runtime: {e}"))
         .and_then(|runtime| {
             runtime
@@ -118,6 +118,20 @@ fn main() -> ExitCode {
             eprintln!("harvester-csi-driver: {line}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The node plugin runs on every guest node and mostly waits: one thread serves it (its calls
+/// are short: local file-system calls, and child processes such as mkfs and mount awaited
+/// without holding the thread). A worker thread per core would add its stack and malloc arena to
+/// every node's footprint. The controller (and `all`) keeps a worker per core.
+fn runtime(mode: Mode) -> std::io::Result<tokio::runtime::Runtime> {
+    if mode.controller() {
+        tokio::runtime::Runtime::new()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
     }
 }
 

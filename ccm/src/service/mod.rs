@@ -8,6 +8,7 @@ pub mod dhcp;
 pub mod name;
 pub mod plan;
 mod reconcile;
+mod written;
 
 pub use reconcile::{ServiceCtx, run};
 

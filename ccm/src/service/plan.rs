@@ -202,6 +202,36 @@ fn set_if_differs(
     }
 }
 
+/// The JSON merge patch of a [`ServiceChange`]: exactly the annotations and labels we own
+/// (`null` removes one) and, when it changes, the whole ingress list. `None`: nothing to write.
+pub fn change_patch(change: &ServiceChange) -> Option<serde_json::Value> {
+    if change.is_empty() {
+        return None;
+    }
+    let mut body = serde_json::Map::new();
+    let mut metadata = serde_json::Map::new();
+    if !change.annotations.is_empty() {
+        metadata.insert("annotations".into(), serde_json::json!(change.annotations));
+    }
+    if !change.labels.is_empty() {
+        metadata.insert("labels".into(), serde_json::json!(change.labels));
+    }
+    if !metadata.is_empty() {
+        body.insert("metadata".into(), metadata.into());
+    }
+    if let Some(ips) = &change.ingress {
+        let ingress: Vec<_> = ips
+            .iter()
+            .map(|ip| serde_json::json!({"ip": ip, "ipMode": "VIP"}))
+            .collect();
+        body.insert(
+            "status".into(),
+            serde_json::json!({"loadBalancer": {"ingress": ingress}}),
+        );
+    }
+    Some(body.into())
+}
+
 /// The Service's first load-balancer ingress address, if it has one.
 pub fn ingress_ip(svc: &Service) -> Option<String> {
     ingress_ips(svc).into_iter().next()
@@ -306,6 +336,29 @@ mod tests {
             management_network: Some("default/mgmt".into()),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_change_is_one_merge_patch_of_exactly_our_fields() {
+        assert_eq!(change_patch(&ServiceChange::default()), None);
+        let first = primary_change(&web(), "10.0.0.7", Some("eth1"));
+        assert_eq!(
+            change_patch(&first),
+            Some(json!({
+                "metadata": {"annotations": {KUBE_VIP_IPS: "10.0.0.7", KUBE_VIP_INTERFACE: "eth1"}},
+                "status": {"loadBalancer": {"ingress": [{"ip": "10.0.0.7", "ipMode": "VIP"}]}}
+            }))
+        );
+        let mut addressed = web();
+        addressed
+            .annotations_mut()
+            .insert(KUBE_VIP_IPS.into(), "10.0.0.7".into());
+        let released = released_change(&addressed);
+        assert_eq!(
+            change_patch(&released),
+            Some(json!({"metadata": {"annotations": {KUBE_VIP_IPS: null}}})),
+            "no ingress to clear: metadata only, and a removal is a null"
+        );
     }
 
     #[test]

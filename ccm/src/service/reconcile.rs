@@ -25,6 +25,7 @@ use super::dhcp::{DhcpMode, KUBE_VIP_HWADDR, KUBE_VIP_REQUESTED_IP, Leases};
 use super::plan::{
     self, LABEL_CLUSTER, LABEL_SERVICE_NAME, LABEL_SERVICE_NAMESPACE, LbSettings, ServiceChange,
 };
+use super::written::WriteLog;
 use super::{FINALIZER, MANAGER, NAD_MAPPING_KEY, NAD_MAPPING_NAME, NAD_MAPPING_NAMESPACE};
 
 #[derive(Debug, thiserror::Error)]
@@ -68,7 +69,31 @@ pub struct ServiceCtx {
     /// Leases of `ipam: dhcp` Services in `--dhcp-mode=ccm`.
     leases: Option<Leases>,
     metrics: Option<Metrics>,
+    /// Our last writes to Services and CRs, to tell a cache that has not caught up with them.
+    written: WriteLog,
+    /// True once both watch caches hold a full list. Reconciles wait on this, not on
+    /// `Store::wait_until_ready`: that future keeps one waker only (kube-runtime 5.0's
+    /// `DelayedInit` polls a `futures` oneshot), so of many reconciles waiting at once all but
+    /// the last would never wake.
+    caches_ready: tokio::sync::watch::Receiver<bool>,
 }
+
+/// Key of a Service in [`ServiceCtx::written`].
+fn svc_key(svc: &Service) -> String {
+    format!(
+        "svc/{}/{}",
+        svc.namespace().unwrap_or_default(),
+        svc.name_any()
+    )
+}
+
+/// Key of a LoadBalancer CR in [`ServiceCtx::written`].
+fn cr_key(name: &str) -> String {
+    format!("lb/{name}")
+}
+
+/// The version recorded for a CR we created that the cache has not shown yet.
+const NOT_SEEN: &str = "";
 
 impl ServiceCtx {
     fn lbs(&self) -> Api<LoadBalancer> {
@@ -152,6 +177,7 @@ pub async fn run(
         instance: std::env::var("POD_NAME").ok(),
     };
     let (crs, cr_writer) = kube::runtime::reflector::store::<LoadBalancer>();
+    let (caches_listed, caches_ready) = tokio::sync::watch::channel(false);
     let ctx = Arc::new(ServiceCtx {
         crs,
         recorder: Recorder::new(guest.clone(), reporter),
@@ -164,6 +190,8 @@ pub async fn run(
         failures: Mutex::new(HashMap::new()),
         leases,
         metrics,
+        written: WriteLog::default(),
+        caches_ready,
     });
     let lb_watch = watcher::Config::default()
         .labels(&format!("{LABEL_CLUSTER}={}", ctx.settings.cluster_name));
@@ -173,11 +201,13 @@ pub async fn run(
     let related = store.clone();
     let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
     let gc = garbage_collector(ctx.clone(), shutdown.clone());
+    // Polled in the controller's own task (the join below), which every watch event wakes.
     let synced = {
         let (services, crs, shutdown) = (store.clone(), ctx.crs.clone(), shutdown.clone());
         async move {
             tokio::select! {
                 _ = futures::future::join(services.wait_until_ready(), crs.wait_until_ready()) => {
+                    caches_listed.send_replace(true);
                     if let Some(r) = readiness {
                         r.set(crate::READY_SERVICE_CACHES, Ok(()));
                     }
@@ -269,6 +299,14 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceCtx>) -> Result<Action, Er
 }
 
 async fn reconcile_service(svc: &Service, ctx: &ServiceCtx) -> Result<Action, Error> {
+    if ctx
+        .written
+        .behind(&svc_key(svc), svc.resource_version().as_deref())
+    {
+        // The cache still shows the version our last write was planned from: the watch event
+        // carrying that write wakes us again; planning now would repeat it.
+        return Ok(Action::await_change());
+    }
     let has_finalizer = svc.finalizers().iter().any(|f| f == FINALIZER);
     let deleting = svc.meta().deletion_timestamp.is_some();
     if deleting || !plan::wants_load_balancer(svc, &ctx.settings) {
@@ -328,6 +366,8 @@ async fn patch_json(svc: &Service, ctx: &ServiceCtx, ops: serde_json::Value) -> 
         .patch(&svc.name_any(), &patch_params(), &Patch::<()>::Json(patch))
         .await
         .map_err(Error::Guest)?;
+    ctx.written
+        .wrote(&svc_key(svc), svc.resource_version().as_deref());
     Ok(())
 }
 
@@ -339,71 +379,75 @@ fn patch_params() -> PatchParams {
     }
 }
 
-/// Applies a planned change to the guest Service (metadata, then status).
+/// Applies a planned change to the guest Service in one request: a JSON merge patch of exactly
+/// the annotations, labels and ingress we own. With an ingress change it goes to the `status`
+/// subresource, which keeps metadata changes (the API server's Service status strategy resets
+/// only `spec`), so the address and kube-vip's annotations land together.
 async fn apply_change(
     svc: &Service,
     ctx: &ServiceCtx,
     change: &ServiceChange,
 ) -> Result<(), Error> {
+    let Some(body) = plan::change_patch(change) else {
+        return Ok(());
+    };
     let api = ctx.services_in(&svc.namespace().unwrap_or_default());
     let name = svc.name_any();
-    if !change.annotations.is_empty() || !change.labels.is_empty() {
-        let body =
-            json!({"metadata": {"annotations": change.annotations, "labels": change.labels}});
+    if change.ingress.is_some() {
+        api.patch_status(&name, &patch_params(), &Patch::Merge(&body))
+            .await
+            .map_err(Error::Guest)?;
+    } else {
         api.patch(&name, &patch_params(), &Patch::Merge(&body))
             .await
             .map_err(Error::Guest)?;
     }
-    if let Some(ips) = &change.ingress {
-        let ingress: Vec<_> = ips
-            .iter()
-            .map(|ip| json!({"ip": ip, "ipMode": "VIP"}))
-            .collect();
-        let body = json!({"status": {"loadBalancer": {"ingress": ingress}}});
-        api.patch_status(&name, &patch_params(), &Patch::Merge(&body))
-            .await
-            .map_err(Error::Guest)?;
-    }
+    ctx.written
+        .wrote(&svc_key(svc), svc.resource_version().as_deref());
     Ok(())
 }
 
 /// Writes a changed CR with `update` (a compare-and-swap on its resourceVersion): Harvester's own
 /// cloud-provider role (`harvesterhci.io:cloudprovider`) grants `update`, not `patch`, on
 /// LoadBalancers, and the CRD has no status subresource, so status goes the same way.
+///
+/// `cr` is the cached copy. A conflict means Harvester wrote after it: no read and retry here,
+/// the watch delivers that write and wakes the reconcile, which plans again from it (`None`).
 async fn update_cr(
     ctx: &ServiceCtx,
     mut cr: LoadBalancer,
     change: impl Fn(&mut LoadBalancer),
-) -> Result<LoadBalancer, Error> {
+) -> Result<Option<LoadBalancer>, Error> {
     let params = PostParams {
         field_manager: Some(MANAGER.into()),
         ..Default::default()
     };
-    // The cached copy may be older than Harvester's last write: on a conflict, read and retry.
-    for _ in 0..3 {
-        change(&mut cr);
-        cr.metadata.managed_fields = None;
-        match ctx.lbs().replace(&cr.name_any(), &params, &cr).await {
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                cr = ctx
-                    .lbs()
-                    .get(&cr.name_any())
-                    .await
-                    .map_err(Error::Harvester)?;
-            }
-            other => return other.map_err(Error::Harvester),
-        }
-    }
+    let name = cr.name_any();
+    let based_on = cr.resource_version();
     change(&mut cr);
-    ctx.lbs()
-        .replace(&cr.name_any(), &params, &cr)
-        .await
-        .map_err(Error::Harvester)
+    cr.metadata.managed_fields = None;
+    match ctx.lbs().replace(&name, &params, &cr).await {
+        Ok(lb) => {
+            ctx.written.wrote(&cr_key(&name), based_on.as_deref());
+            Ok(Some(lb))
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            tracing::debug!(
+                "LoadBalancer {name} changed since the cache saw it; waiting for the watch"
+            );
+            Ok(None)
+        }
+        Err(e) => Err(Error::Harvester(e)),
+    }
 }
 
 /// `status.address` of the CR = the address the Service shows (upstream's mirror).
 async fn mirror_address(ctx: &ServiceCtx, cr: LoadBalancer, addr: &str) -> Result<(), Error> {
-    if cr.status.as_ref().and_then(|s| s.address.as_deref()) == Some(addr) {
+    if cr.status.as_ref().and_then(|s| s.address.as_deref()) == Some(addr)
+        || ctx
+            .written
+            .behind(&cr_key(&cr.name_any()), cr.resource_version().as_deref())
+    {
         return Ok(());
     }
     update_cr(ctx, cr, |cr| {
@@ -544,27 +588,42 @@ async fn reconcile_primary(
     let name = desired.name_any();
     // A CR of an earlier Service with this name (another UID) must not leak.
     delete_stale_crs(ctx, &key, &name).await?;
+    // The CR watch has listed (the readiness gate waits for it too): its cache answers whether
+    // the CR exists, no GET.
+    if ctx
+        .caches_ready
+        .clone()
+        .wait_for(|ready| *ready)
+        .await
+        .is_err()
+    {
+        // Shutting down.
+        return Ok(Action::await_change());
+    }
     let cached = ctx
         .crs
         .get(&ObjectRef::new(&name).within(&ctx.namespace))
         .map(|lb| lb.as_ref().clone());
-    // Not in the cache yet (a CR just made, a cache still filling): ask the API server.
-    let existing = match cached {
-        Some(lb) => Some(lb),
-        None => ctx.lbs().get_opt(&name).await.map_err(Error::Harvester)?,
-    };
-    let lb = match existing {
-        None => {
-            ctx.normal(svc, "EnsuringLoadBalancer", "Ensuring load balancer".into())
-                .await;
-            match ctx.lbs().create(&PostParams::default(), &desired).await {
-                Ok(lb) => lb,
-                Err(kube::Error::Api(s)) if s.code == 409 => {
-                    ctx.lbs().get(&name).await.map_err(Error::Harvester)?
-                }
-                Err(e) => return Err(Error::Harvester(e)),
+    let cached_rv = cached
+        .as_ref()
+        .map_or(Some(NOT_SEEN.to_string()), |lb| lb.resource_version());
+    if ctx.written.behind(&cr_key(&name), cached_rv.as_deref()) {
+        // We created or updated it and the watch has not shown that yet; it wakes us when it does.
+        return Ok(Action::await_change());
+    }
+    let lb = match cached {
+        None => match ctx.lbs().create(&PostParams::default(), &desired).await {
+            Ok(_) => {
+                ctx.written.wrote(&cr_key(&name), Some(NOT_SEEN));
+                // The CR watch wakes us when Harvester allocates or reports.
+                return Ok(Action::await_change());
             }
-        }
+            // There but not in our cache (no cluster label: not made by us): read it once.
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                ctx.lbs().get(&name).await.map_err(Error::Harvester)?
+            }
+            Err(e) => return Err(Error::Harvester(e)),
+        },
         Some(existing) => {
             let drift = plan::cr_drift(&existing, &desired);
             if let Some((old, new)) = &drift.network_changed {
@@ -582,10 +641,14 @@ async fn reconcile_primary(
             if drift.metadata.is_empty() {
                 existing
             } else {
-                update_cr(ctx, existing, |cr| {
+                match update_cr(ctx, existing, |cr| {
                     plan::apply_metadata(cr, &drift.metadata)
                 })
                 .await?
+                {
+                    Some(lb) => lb,
+                    None => return Ok(Action::await_change()),
+                }
             }
         }
     };
@@ -623,7 +686,8 @@ async fn reconcile_primary(
         change.ingress = None;
     }
     let ingress = plan::ingress_ips(svc);
-    if !change.is_empty() {
+    let wrote = !change.is_empty();
+    if wrote {
         if let Some(requested) = spec.requested_ip
             && requested.to_string() != ip
             && !is_dhcp_sentinel
@@ -656,12 +720,15 @@ async fn reconcile_primary(
         .await;
     }
     // Mirror what the Service shows to the CR, as upstream does (the leased IP in DHCP mode).
+    // Right after writing the Service, the watch event of that write wakes us again and the
+    // mirror follows from what the Service then shows: by then Harvester's writes that came with
+    // the allocation have reached the cache, and the CR update does not run into them (409).
     let shown = if is_dhcp_sentinel {
         ingress.first().cloned()
     } else {
         Some(ip.clone())
     };
-    if let Some(addr) = shown {
+    if let Some(addr) = shown.filter(|_| !wrote) {
         mirror_address(ctx, lb, &addr).await?;
     }
     Ok(Action::requeue(ctx.resync))
@@ -855,7 +922,13 @@ async fn reconcile_secondary(
 /// address, or has another UID now; at start and on every resync.
 async fn garbage_collector(ctx: Arc<ServiceCtx>, shutdown: impl Future<Output = ()>) {
     let work = async {
-        if ctx.services.wait_until_ready().await.is_err() {
+        if ctx
+            .caches_ready
+            .clone()
+            .wait_for(|ready| *ready)
+            .await
+            .is_err()
+        {
             return;
         }
         loop {
@@ -872,6 +945,17 @@ async fn garbage_collector(ctx: Arc<ServiceCtx>, shutdown: impl Future<Output = 
 }
 
 async fn collect_garbage(ctx: &ServiceCtx) -> Result<(), Error> {
+    // Entries of objects that are gone would never be consulted again.
+    ctx.written.retain(|key| match key.split_once('/') {
+        Some(("svc", rest)) => rest
+            .split_once('/')
+            .is_some_and(|(ns, name)| ctx.services.get(&ObjectRef::new(name).within(ns)).is_some()),
+        Some(("lb", name)) => ctx
+            .crs
+            .get(&ObjectRef::new(name).within(&ctx.namespace))
+            .is_some(),
+        _ => false,
+    });
     let selector = format!("{LABEL_CLUSTER}={}", ctx.settings.cluster_name);
     let crs = ctx
         .lbs()

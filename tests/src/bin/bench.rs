@@ -57,9 +57,13 @@ struct Args {
     /// Small N everywhere: checks the program itself, the figures mean nothing.
     #[arg(long)]
     smoke: bool,
-    /// Run only these sections (1 lb, 2 nodes, 3 volumes, 4 memory, 5 ipam); default all.
+    /// Run only these sections (1 lb, 2 nodes, 3 volumes, 4 memory, 5 ipam, 6 scale); default all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<u8>,
+    /// Levels of the scale section as SERVICESxNODES, each on a fresh bed (default
+    /// 100x20,1000x200,5000x1000; with --smoke 20x5).
+    #[arg(long, value_delimiter = ',', value_parser = parse_level)]
+    scale: Vec<Level>,
     /// Log the programs under test (in-process) and the stand-in to stderr (`RUST_LOG` filter,
     /// default `info`).
     #[arg(long)]
@@ -72,12 +76,29 @@ impl Args {
     }
 }
 
+fn parse_level(s: &str) -> Result<Level, String> {
+    let (services, nodes) = s
+        .split_once('x')
+        .ok_or_else(|| format!("scale level {s:?}: expected SERVICESxNODES, e.g. 5000x1000"))?;
+    let number = |what: &str, v: &str| {
+        v.parse::<usize>()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| format!("scale level {s:?}: {what} {v:?} is not a positive number"))
+    };
+    Ok(Level {
+        services: number("Services", services)?,
+        nodes: number("Nodes", nodes)?,
+    })
+}
+
 struct Sizes {
     lb: Vec<usize>,
     nodes: usize,
     volumes: usize,
     memory_services: usize,
     memory_nodes: usize,
+    scale: Vec<Level>,
 }
 
 impl Sizes {
@@ -89,6 +110,10 @@ impl Sizes {
                 volumes: 3,
                 memory_services: 20,
                 memory_nodes: 10,
+                scale: vec![Level {
+                    services: 20,
+                    nodes: 5,
+                }],
             }
         } else {
             Sizes {
@@ -97,6 +122,9 @@ impl Sizes {
                 volumes: 50,
                 memory_services: 500,
                 memory_nodes: 100,
+                scale: [(100, 20), (1000, 200), (5000, 1000)]
+                    .map(|(services, nodes)| Level { services, nodes })
+                    .to_vec(),
             }
         }
     }
@@ -178,12 +206,21 @@ impl Row {
     }
 }
 
+struct Target {
+    what: String,
+    target: String,
+    measured: String,
+    met: bool,
+}
+
 /// Everything the report is made of.
 #[derive(Default)]
 struct Report {
     rows: Vec<Row>,
     /// Extra sections (markdown) after the table.
     details: Vec<String>,
+    /// Issue 18's targets: what, the target, the measured value, met.
+    targets: Vec<Target>,
     failures: usize,
 }
 
@@ -374,10 +411,13 @@ async fn create_pool(bed: &TestBed) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A LoadBalancer Service without NodePorts (kube-vip announces the address itself): the guest
+/// API server's NodePort range (30000-32767) holds 2 768 Services, the scale section makes 5 000.
 fn lb_service(name: &str) -> anyhow::Result<Service> {
     Ok(serde_json::from_value(json!({
         "metadata": {"name": name},
         "spec": {"type": "LoadBalancer", "selector": {"app": name},
+                 "allocateLoadBalancerNodePorts": false,
                  "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}
     }))?)
 }
@@ -1206,6 +1246,12 @@ async fn memory(services: usize, nodes: usize, report: &mut Report) -> anyhow::R
     csi.check_alive()?;
     let (hwm, rss) = memory_kib(csi.pid())?;
     csi.stop();
+    report.targets.push(Target {
+        what: "CSI node plugin idle VmHWM".into(),
+        target: "≤ 8 MiB".into(),
+        measured: mib(hwm),
+        met: hwm <= 8 * 1024,
+    });
     report.rows.push(Row {
         section: "4",
         what: "peak RSS of the idle `harvester-csi-driver --mode node` binary".into(),
@@ -1442,6 +1488,21 @@ fn render(info: &RunInfo, report: &Report) -> String {
             "\n(3) skipped: the volume round trip needs root (loop devices, mkfs, mount).\n",
         );
     }
+    if !report.targets.is_empty() {
+        s.push_str(
+            "\n## Targets (issue 18)\n\n| target | wanted | measured | met |\n|---|---|---|---|\n",
+        );
+        for t in &report.targets {
+            let _ = writeln!(
+                s,
+                "| {} | {} | **{}** | {} |",
+                t.what,
+                t.target,
+                t.measured,
+                if t.met { "yes" } else { "**no**" }
+            );
+        }
+    }
     s.push_str("\n## How each figure is taken\n\n");
     s.push_str(METHOD);
     s.push('\n');
@@ -1491,6 +1552,7 @@ again so every iteration sees the same pool. Layouts: *in order* = filled from t
 address); *scattered* = the free addresses spread evenly, walk from the start; *wrapped* = filled \
 from the start with `lastAllocated` back at the start (the walk passes every allocated address). \
 The estimates are read from criterion's `estimates.json`.
+6. **Scale.** Per level (`--scale SERVICESxNODES,...`; default 100x20, 1000x200, 5000x1000) a fresh bed, the IPPool of section 1, N running VMs made first, then the **release binary** `harvester-cloud-provider --leader-elect=false --metrics-address=127.0.0.1:<port>` (default flags otherwise) as a child process; its requests are read from its own `/metrics` (`harvester_kube_api_requests_total` by verb and resource). First the N tainted Nodes, 16 creates in flight, until every one is initialised and the request counter has been still for 2 s; then the Services, 16 creates in flight, plus one Service with a malformed annotation (`cloudprovider.harvesterhci.io/ipam: static`), until every other one shows an ingress address and the counter is still again. So each request is counted against the kind of object that caused it. The provider's own steps come from watches of the bench: Service create request sent → its LoadBalancer CR seen, and the stand-in's allocation seen → the Service's ingress seen; the time between (the stand-in, one LoadBalancer at a time, each write carrying the whole IPPool status) is Harvester's and reported apart. Node: create request sent → initialised seen. VmHWM and CPU seconds (utime + stime from `/proc/<pid>/stat`, from ready to the end) of the provider process at the end. The malformed Service must get its Warning `SyncLoadBalancerFailed` naming the annotation and no CR, or the level fails.
 ";
 
 // ---------------------------------------------------------------------------------------------
@@ -1498,7 +1560,10 @@ The estimates are read from criterion's `estimates.json`.
 fn main() -> anyhow::Result<std::process::ExitCode> {
     let args = Args::parse();
     START.get_or_init(Instant::now);
-    let sizes = Sizes::new(args.smoke);
+    let mut sizes = Sizes::new(args.smoke);
+    if !args.scale.is_empty() {
+        sizes.scale = args.scale.clone();
+    }
     let started = jiff::Timestamp::now();
     let load_before = load_average();
     let root = testbed::sim::storage::is_root();
@@ -1547,6 +1612,19 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
             let r = memory(sizes.memory_services, sizes.memory_nodes, &mut report).await;
             report.record(r, "4", "peak RSS of the binaries", sizes.memory_services);
         }
+        if args.runs(6) {
+            let mut levels = Vec::new();
+            for &level in &sizes.scale {
+                match scale(level, &mut report).await {
+                    Ok(l) => levels.push(l),
+                    Err(e) => report.record(Err(e), "6", "scale", level.services),
+                }
+            }
+            if let Some(largest) = levels.iter().max_by_key(|l| l.level.services) {
+                report.targets.extend(scale_targets(largest));
+                report.details.push(growth_table(&levels));
+            }
+        }
     });
     drop(runtime);
     if args.runs(5) {
@@ -1583,4 +1661,462 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         return Ok(std::process::ExitCode::FAILURE);
     }
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Scale: many Services and Nodes on one bed, the release binary of the provider
+
+/// One scale level: this many LoadBalancer Services and tainted Nodes on one fresh bed.
+#[derive(Clone, Copy, Debug)]
+struct Level {
+    services: usize,
+    nodes: usize,
+}
+
+/// The figures of one level, for its rows and the growth table.
+struct Scaled {
+    level: Level,
+    svc_to_cr: Stats,
+    alloc_to_address: Stats,
+    standin: Option<Stats>,
+    node_init: Stats,
+    per_service: f64,
+    per_node: f64,
+    hwm_kib: u64,
+    cpu_s: f64,
+}
+
+/// The Service with a malformed annotation among the others.
+const BAD_SERVICE: &str = "bench-bad-annotation";
+
+/// `(verb, resource) -> requests` scraped from a provider process's `/metrics`.
+async fn scraped_requests(port: u16) -> anyhow::Result<BTreeMap<(String, String), u64>> {
+    let (code, body) = testbed::scrape::get(port, "/metrics")
+        .await
+        .map_err(anyhow::Error::msg)?;
+    if code != 200 {
+        bail!("/metrics answered {code}");
+    }
+    let samples = testbed::scrape::parse(&body).map_err(anyhow::Error::msg)?;
+    let mut out = BTreeMap::new();
+    for s in samples
+        .iter()
+        .filter(|s| s.name == "harvester_kube_api_requests_total")
+    {
+        let label = |k: &str| s.labels.get(k).cloned().unwrap_or_default();
+        *out.entry((label("verb"), label("resource"))).or_insert(0) += s.value as u64;
+    }
+    Ok(out)
+}
+
+/// Reconciles and their mean duration per controller, from a provider process's `/metrics`:
+/// how much of a latency is the provider's own work (its API round trips included) and how much
+/// is waiting (watch delivery, queue).
+async fn reconcile_figures(port: u16) -> anyhow::Result<String> {
+    let (_, body) = testbed::scrape::get(port, "/metrics")
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let samples = testbed::scrape::parse(&body).map_err(anyhow::Error::msg)?;
+    let mut per: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for s in &samples {
+        let Some(c) = s.labels.get("controller") else {
+            continue;
+        };
+        let e = per.entry(c.clone()).or_default();
+        match s.name.as_str() {
+            "harvester_reconcile_duration_seconds_sum" => e.0 += s.value,
+            "harvester_reconcile_duration_seconds_count" => e.1 += s.value,
+            _ => {}
+        }
+    }
+    Ok(per
+        .iter()
+        .filter(|(_, (_, n))| *n > 0.0)
+        .map(|(c, (sum, n))| format!("{c} {n:.0} × {}", secs(Duration::from_secs_f64(sum / n))))
+        .collect::<Vec<_>>()
+        .join(", "))
+}
+
+/// Waits until the process's request counter has not moved for `quiet` (at most `limit`).
+async fn settle_scraped(port: u16, quiet: Duration, limit: Duration) -> anyhow::Result<()> {
+    let start = Instant::now();
+    let mut last: u64 = scraped_requests(port).await?.values().sum();
+    let mut since = Instant::now();
+    while start.elapsed() < limit {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now: u64 = scraped_requests(port).await?.values().sum();
+        if now != last {
+            last = now;
+            since = Instant::now();
+        } else if since.elapsed() >= quiet {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// User + system CPU time of a process, from `/proc/<pid>/stat` (fields 14 and 15, clock ticks).
+fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    // The command name (field 2) may hold spaces: count from the closing parenthesis.
+    let rest = text
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .context("no ')' in /proc/<pid>/stat")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After ')': field 3 is index 0, so utime (14) is 11 and stime (15) is 12.
+    let tick = |i: usize| -> anyhow::Result<u64> {
+        fields
+            .get(i)
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("field {} of /proc/{pid}/stat", i + 3))
+    };
+    // The kernel reports these in USER_HZ, which is 100 on x86_64 and aarch64.
+    Ok((tick(11)? + tick(12)?) as f64 / 100.0)
+}
+
+fn stats_cell(s: &Stats) -> String {
+    format!("{} / {} / {}", secs(s.p50), secs(s.p99), secs(s.max))
+}
+
+async fn scale(level: Level, report: &mut Report) -> anyhow::Result<Scaled> {
+    let Level { services, nodes } = level;
+    progress(format!(
+        "6. Scale: {services} LoadBalancer Services and {nodes} tainted Nodes on one bed"
+    ));
+    let ccm_bin = sibling_binary("harvester-cloud-provider")?;
+    let bed = bed(None).await?;
+    create_pool(&bed).await?;
+    let vms = create_vms(&bed, nodes).await?;
+    progress(format!("  {nodes} VMs running"));
+    let port = testbed::process::free_port()?;
+    let mut cmd = Command::new(&ccm_bin);
+    cmd.args(provider_args(&bed)).args([
+        "--leader-elect=false".to_string(),
+        format!("--metrics-address=127.0.0.1:{port}"),
+    ]);
+    let mut ccm = Proc::spawn("harvester-cloud-provider", cmd, bed.dir.path())?;
+    testbed::scrape::wait_for_200(port, "/readyz", Duration::from_secs(60))
+        .await
+        .map_err(|e| anyhow::anyhow!("the provider did not get ready: {e}"))?;
+    settle_scraped(port, Duration::from_secs(1), Duration::from_secs(20)).await?;
+    ccm.check_alive()?;
+    let cpu_start = cpu_seconds(ccm.pid())?;
+
+    // Nodes first, on their own, so each request is counted against the right kind of object.
+    let (node_seen, node_watch) =
+        observe(Api::<Node>::all(bed.guest.client.clone()), node_initialised);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = scraped_requests(port).await?;
+    let node_sent = create_all(nodes, |i| {
+        let name = vms[i].clone();
+        let bed = &bed;
+        async move {
+            bed.sim
+                .create_guest_node(&name)
+                .await
+                .with_context(|| format!("creating Node {name}"))?;
+            Ok(name)
+        }
+    })
+    .await?;
+    let node_result = wait_all(
+        "Nodes initialised",
+        &node_seen,
+        &vms,
+        Duration::from_secs(60 + nodes as u64 / 2),
+    )
+    .await;
+    settle_scraped(port, Duration::from_secs(2), Duration::from_secs(30)).await?;
+    let after_nodes = scraped_requests(port).await?;
+    node_watch.abort();
+    let node_seen = node_result.map_err(anyhow::Error::msg)?;
+    let node_req = delta(&after_nodes, &before);
+    let node_init = Stats::of(latencies(&node_sent, &node_seen)).context("no Node latencies")?;
+    progress(format!(
+        "  {nodes} Nodes initialised: p50 {}, p99 {}",
+        secs(node_init.p50),
+        secs(node_init.p99)
+    ));
+
+    // Then the Services, 16 creates in flight, one of them with a malformed annotation.
+    let svc_api: Api<Service> = Api::namespaced(bed.guest.client.clone(), "default");
+    let crs: Api<LoadBalancer> = Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);
+    let (seen, watch) = observe(svc_api.clone(), service_address);
+    let (cr_seen, cr_watch) = observe(crs.clone(), cr_created);
+    let (alloc_seen, alloc_watch) = observe(crs, cr_allocated);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let t0 = Instant::now();
+    let sent = create_all(services, |i| {
+        let api = svc_api.clone();
+        async move {
+            let name = format!("bench-lb-{i:05}");
+            api.create(&PostParams::default(), &lb_service(&name)?)
+                .await
+                .with_context(|| format!("creating Service {name}"))?;
+            Ok(name)
+        }
+    })
+    .await?;
+    let mut bad = lb_service(BAD_SERVICE)?;
+    bad.annotations_mut()
+        .insert("cloudprovider.harvesterhci.io/ipam".into(), "static".into());
+    svc_api
+        .create(&PostParams::default(), &bad)
+        .await
+        .context("creating the Service with a malformed annotation")?;
+    progress(format!(
+        "  {services} Services created in {}",
+        secs(t0.elapsed())
+    ));
+    let names: Vec<String> = sent.keys().cloned().collect();
+    // The stand-in allocates one LoadBalancer at a time, each write carrying the whole IPPool
+    // status: the limit grows with N.
+    let limit = Duration::from_secs(120 + services as u64 * 3 / 5);
+    let result = wait_all("Services with an address", &seen, &names, limit).await;
+    settle_scraped(port, Duration::from_secs(2), Duration::from_secs(60)).await?;
+    let after = scraped_requests(port).await?;
+    for w in [watch, cr_watch, alloc_watch] {
+        w.abort();
+    }
+    ccm.check_alive()?;
+    let cpu_s = cpu_seconds(ccm.pid())? - cpu_start;
+    let reconciles = reconcile_figures(port).await?;
+    let (hwm_kib, rss_kib) = memory_kib(ccm.pid())?;
+    let seen = result.map_err(anyhow::Error::msg)?;
+    let bad_note = bad_annotation_event(&bed).await?;
+    let bad_has_cr = seen_now(&cr_seen).contains_key(BAD_SERVICE);
+    ccm.stop();
+    if bad_has_cr {
+        bail!("{BAD_SERVICE} got a LoadBalancer CR from a malformed annotation");
+    }
+    let (cr_seen, alloc_seen) = (seen_now(&cr_seen), seen_now(&alloc_seen));
+    let sent_seen: HashMap<String, (Instant, String)> = sent
+        .iter()
+        .map(|(k, t)| (k.clone(), (*t, String::new())))
+        .collect();
+    let svc_to_cr = Stats::of(between(&sent_seen, &cr_seen)).context("no CR latencies")?;
+    let alloc_to_address =
+        Stats::of(between(&alloc_seen, &seen)).context("no address latencies")?;
+    let standin = Stats::of(between(&cr_seen, &alloc_seen));
+    let whole = Stats::of(latencies(&sent, &seen)).context("no latencies")?;
+    let svc_req = delta(&after, &after_nodes);
+    let per = |d: &BTreeMap<(String, String), u64>, n: usize| {
+        d.values().sum::<u64>() as f64 / n.max(1) as f64
+    };
+    let (per_service, per_node) = (per(&svc_req, services), per(&node_req, nodes));
+    let all_in = seen
+        .values()
+        .map(|(t, _)| t.saturating_duration_since(t0))
+        .max()
+        .unwrap_or_default();
+    report.rows.push(Row {
+        section: "6",
+        what: "scale: provider's own step Service created → its LoadBalancer CR exists".into(),
+        n: format!("{services} + {nodes}"),
+        total: "—".into(),
+        p50: secs(svc_to_cr.p50),
+        p99: secs(svc_to_cr.p99),
+        figures: format!(
+            "max {}; **{per_service:.1} API requests/Service**; all {services} addressed {} after the first create (the stand-in allocates one at a time: p50 {} from CR to address); whole Service created → ingress p50 {}, p99 {}",
+            secs(svc_to_cr.max),
+            secs(all_in),
+            standin.as_ref().map(|s| secs(s.p50)).unwrap_or_default(),
+            secs(whole.p50),
+            secs(whole.p99)
+        ),
+    });
+    report.rows.push(Row {
+        section: "6",
+        what: "scale: provider's own step CR allocated → Service ingress seen".into(),
+        n: format!("{services} + {nodes}"),
+        total: "—".into(),
+        p50: secs(alloc_to_address.p50),
+        p99: secs(alloc_to_address.p99),
+        figures: format!("max {}", secs(alloc_to_address.max)),
+    });
+    report.rows.push(Row {
+        section: "6",
+        what: "scale: Node tainted → initialised".into(),
+        n: format!("{services} + {nodes}"),
+        total: "—".into(),
+        p50: secs(node_init.p50),
+        p99: secs(node_init.p99),
+        figures: format!(
+            "max {}; **{per_node:.1} API requests/Node**",
+            secs(node_init.max)
+        ),
+    });
+    report.rows.push(Row {
+        section: "6",
+        what: "scale: the `harvester-cloud-provider` release binary holding them".into(),
+        n: format!("{services} + {nodes}"),
+        total: "—".into(),
+        p50: "—".into(),
+        p99: "—".into(),
+        figures: format!(
+            "**VmHWM {}** (VmRSS {}); **{cpu_s:.1} CPU seconds** (user + system) from ready to the last Service settled; reconciles (count × mean duration, API round trips included): {reconciles}",
+            mib(hwm_kib),
+            mib(rss_kib)
+        ),
+    });
+    report.rows.push(Row {
+        section: "6",
+        what: "scale: one Service with a malformed annotation among them".into(),
+        n: "1".into(),
+        total: "—".into(),
+        p50: "—".into(),
+        p99: "—".into(),
+        figures: format!(
+            "Warning `SyncLoadBalancerFailed`: {}; no CR; the other {services} all addressed",
+            bad_note.replace('|', "\\|")
+        ),
+    });
+    report.details.push(breakdown_table(
+        &format!("Scale: cloud provider API requests, {services} LoadBalancer Services (with {nodes} Nodes held)"),
+        "Service",
+        services,
+        &svc_req,
+    ));
+    report.details.push(breakdown_table(
+        &format!("Scale: cloud provider API requests, {nodes} Nodes"),
+        "Node",
+        nodes,
+        &node_req,
+    ));
+    progress(format!(
+        "  {services} Services: CR p99 {}, address p99 {}, {per_service:.1} req/Service, {per_node:.1} req/Node, VmHWM {}, {cpu_s:.1} CPU s",
+        secs(svc_to_cr.p99),
+        secs(alloc_to_address.p99),
+        mib(hwm_kib)
+    ));
+    Ok(Scaled {
+        level,
+        svc_to_cr,
+        alloc_to_address,
+        standin,
+        node_init,
+        per_service,
+        per_node,
+        hwm_kib,
+        cpu_s,
+    })
+}
+
+/// The note of the Warning Event on [`BAD_SERVICE`] that names the malformed annotation.
+async fn bad_annotation_event(bed: &TestBed) -> anyhow::Result<String> {
+    let api: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(bed.guest.client.clone(), "default");
+    let start = Instant::now();
+    loop {
+        let events = api
+            .list(
+                &kube::api::ListParams::default().fields(&format!("regarding.name={BAD_SERVICE}")),
+            )
+            .await?;
+        if let Some(note) = events.items.iter().find_map(|e| {
+            (e.type_.as_deref() == Some("Warning")
+                && e.reason.as_deref() == Some("SyncLoadBalancerFailed"))
+            .then(|| e.note.clone().unwrap_or_default())
+            .filter(|n| n.contains("cloudprovider.harvesterhci.io/ipam") && n.contains("static"))
+        }) {
+            return Ok(note);
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            bail!(
+                "no Warning SyncLoadBalancerFailed naming the annotation on {BAD_SERVICE}; its events: {:?}",
+                events
+                    .items
+                    .iter()
+                    .map(|e| (e.reason.clone(), e.note.clone()))
+                    .collect::<Vec<_>>()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Issue 18's targets for the provider, measured at the largest level.
+fn scale_targets(l: &Scaled) -> Vec<Target> {
+    let at = format!("{} Services + {} Nodes", l.level.services, l.level.nodes);
+    let limit = Duration::from_millis(50);
+    let p99 = |what: &str, s: &Stats| Target {
+        what: format!("provider's own step p99, {what} ({at})"),
+        target: "≤ 50 ms".into(),
+        measured: secs(s.p99),
+        met: s.p99 <= limit,
+    };
+    vec![
+        p99("Service created → its LoadBalancer CR", &l.svc_to_cr),
+        p99("CR allocated → Service address", &l.alloc_to_address),
+        p99("Node tainted → initialised", &l.node_init),
+        Target {
+            what: format!("API requests per Service ({at})"),
+            target: "≤ 5".into(),
+            measured: format!("{:.2}", l.per_service),
+            met: l.per_service <= 5.0,
+        },
+        Target {
+            what: format!("API requests per Node ({at})"),
+            target: "≤ 3".into(),
+            measured: format!("{:.2}", l.per_node),
+            met: l.per_node <= 3.0,
+        },
+        Target {
+            what: format!("provider VmHWM ({at})"),
+            target: "≤ 24 MiB".into(),
+            measured: mib(l.hwm_kib),
+            met: l.hwm_kib <= 24 * 1024,
+        },
+    ]
+}
+
+/// How each figure grows from the first level to the others.
+fn growth_table(levels: &[Scaled]) -> String {
+    let Some(first) = levels.first() else {
+        return String::new();
+    };
+    let mut s = String::from(
+        "### Scale: how the figures grow\n\nEach level on a fresh bed; the provider's own steps as p50 / p99 / max; ratios to the first level in brackets.\n\n| Services + Nodes | Service → CR | CR allocated → address | Node tainted → initialised | stand-in CR → allocated (p50) | requests/Service | requests/Node | VmHWM | CPU seconds |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let ratio = |a: f64, b: f64| {
+        if b > 0.0 {
+            format!(" ({:.1}×)", a / b)
+        } else {
+            String::new()
+        }
+    };
+    for l in levels {
+        let _ = writeln!(
+            s,
+            "| {} + {} | {}{} | {}{} | {}{} | {} | {:.2} | {:.2} | {}{} | {:.1}{} |",
+            l.level.services,
+            l.level.nodes,
+            stats_cell(&l.svc_to_cr),
+            ratio(
+                l.svc_to_cr.p99.as_secs_f64(),
+                first.svc_to_cr.p99.as_secs_f64()
+            ),
+            stats_cell(&l.alloc_to_address),
+            ratio(
+                l.alloc_to_address.p99.as_secs_f64(),
+                first.alloc_to_address.p99.as_secs_f64()
+            ),
+            stats_cell(&l.node_init),
+            ratio(
+                l.node_init.p99.as_secs_f64(),
+                first.node_init.p99.as_secs_f64()
+            ),
+            l.standin.as_ref().map(|s| secs(s.p50)).unwrap_or_default(),
+            l.per_service,
+            l.per_node,
+            mib(l.hwm_kib),
+            ratio(l.hwm_kib as f64, first.hwm_kib as f64),
+            l.cpu_s,
+            ratio(l.cpu_s, first.cpu_s),
+        );
+    }
+    s.push_str("\n(The ratio in a latency column is that of the p99.)\n");
+    s
 }
