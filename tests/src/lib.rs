@@ -21,6 +21,7 @@ pub mod livenessprobe;
 pub mod mounts;
 pub mod netns;
 pub mod node;
+pub mod observe;
 pub mod podnet;
 pub mod process;
 pub mod rbac;

@@ -5,8 +5,7 @@
 //! them: the bad one holds up no queue. Real kube-apiservers (the test bed), the service
 //! controller in-process, the stand-in's LB controller allocating from an IPPool.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
@@ -17,9 +16,8 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event as WatchEvent};
 use serde_json::json;
+use testbed::observe::{observe, seen_now};
 use testbed::{BedOptions, TestBed, wait};
 
 const CLUSTER: &str = "rke2-load";
@@ -36,37 +34,6 @@ fn lb_svc(name: &str, annotations: serde_json::Value) -> Service {
                  "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
     }))
     .expect("service literal")
-}
-
-/// When each key was first seen satisfying `done`, from a watch of `api`.
-type Seen = Arc<Mutex<HashMap<String, Instant>>>;
-
-fn observe<K>(api: Api<K>, done: fn(&K) -> Option<String>) -> (Seen, tokio::task::JoinHandle<()>)
-where
-    K: kube::Resource
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let seen: Seen = Arc::default();
-    let out = seen.clone();
-    let task = tokio::spawn(async move {
-        let mut events = watcher::watcher(api, watcher::Config::default())
-            .default_backoff()
-            .boxed();
-        while let Some(ev) = events.next().await {
-            if let Ok(WatchEvent::Apply(obj) | WatchEvent::InitApply(obj)) = ev
-                && let Some(key) = done(&obj)
-            {
-                let mut seen = out.lock().unwrap_or_else(|p| p.into_inner());
-                seen.entry(key).or_insert_with(Instant::now);
-            }
-        }
-    });
-    (seen, task)
 }
 
 fn allocated(lb: &LoadBalancer) -> Option<String> {
@@ -111,8 +78,11 @@ async fn lb_malformed_annotation_among_200_services_gets_its_warning_and_delays_
     ));
     let services: Api<Service> = Api::namespaced(bed.guest.client.clone(), "default");
     let crs: Api<LoadBalancer> = Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);
-    let (alloc_seen, alloc_watch) = observe(crs.clone(), allocated);
-    let (addr_seen, addr_watch) = observe(services.clone(), addressed);
+    let (alloc_seen, alloc_watch) =
+        observe(crs.clone(), |o| allocated(o).map(|k| (k, String::new())));
+    let (addr_seen, addr_watch) = observe(services.clone(), |o| {
+        addressed(o).map(|k| (k, String::new()))
+    });
 
     // 200 good ones, 16 creates in flight, the bad one in the middle of them.
     let names: Vec<String> = (0..N).map(|i| format!("load-{i:03}")).collect();
@@ -202,11 +172,11 @@ async fn lb_malformed_annotation_among_200_services_gets_its_warning_and_delays_
     addr_watch.abort();
 
     // The provider's own step, per Service, from the two watches.
-    let alloc = alloc_seen.lock().unwrap().clone();
-    let addr = addr_seen.lock().unwrap().clone();
+    let alloc = seen_now(&alloc_seen);
+    let addr = seen_now(&addr_seen);
     let mut slowest = (String::new(), Duration::ZERO);
     for name in &names {
-        let (Some(a), Some(s)) = (alloc.get(name), addr.get(name)) else {
+        let (Some((a, _)), Some((s, _))) = (alloc.get(name), addr.get(name)) else {
             panic!("{name}: allocation or address not seen by the watches");
         };
         let own = s.saturating_duration_since(*a);

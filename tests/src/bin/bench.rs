@@ -12,7 +12,6 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -32,9 +31,8 @@ use harvester_common::telemetry::Metrics;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Service};
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
 use serde_json::json;
+use testbed::observe::{Seen, observe, seen_now};
 use testbed::process::Proc;
 use testbed::sim::GuestVm;
 use testbed::{BedOptions, TestBed};
@@ -428,45 +426,6 @@ fn initialised(node: &Node) -> bool {
         && !spec
             .and_then(|s| s.taints.as_ref())
             .is_some_and(|t| t.iter().any(|t| t.key == UNINITIALIZED_TAINT))
-}
-
-/// When each key first satisfied a condition, and the value it had, as seen by a watch.
-type Seen = Arc<Mutex<HashMap<String, (Instant, String)>>>;
-
-/// Watches `api` and records the first time `done` returns `(key, value)` for each key.
-fn observe<K>(
-    api: Api<K>,
-    done: impl Fn(&K) -> Option<(String, String)> + Send + 'static,
-) -> (Seen, tokio::task::JoinHandle<()>)
-where
-    K: kube::Resource
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let seen: Seen = Arc::default();
-    let out = seen.clone();
-    let task = tokio::spawn(async move {
-        let mut events = watcher::watcher(api, watcher::Config::default())
-            .default_backoff()
-            .boxed();
-        while let Some(ev) = events.next().await {
-            if let Ok(Event::Apply(obj) | Event::InitApply(obj)) = ev
-                && let Some((key, value)) = done(&obj)
-            {
-                let mut seen = out.lock().unwrap_or_else(|p| p.into_inner());
-                seen.entry(key).or_insert((Instant::now(), value));
-            }
-        }
-    });
-    (seen, task)
-}
-
-fn seen_now(seen: &Seen) -> HashMap<String, (Instant, String)> {
-    seen.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
 /// Waits until `seen` holds every name in `names`; Err with the count when `limit` passes.
