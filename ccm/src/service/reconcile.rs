@@ -96,6 +96,16 @@ fn cr_key(name: &str) -> String {
 const NOT_SEEN: &str = "";
 
 impl ServiceCtx {
+    /// Waits until the Service and CR watches have listed; false when the provider shuts down
+    /// first.
+    async fn caches_listed(&self) -> bool {
+        self.caches_ready
+            .clone()
+            .wait_for(|ready| *ready)
+            .await
+            .is_ok()
+    }
+
     fn lbs(&self) -> Api<LoadBalancer> {
         Api::namespaced(self.harvester.clone(), &self.namespace)
     }
@@ -590,13 +600,7 @@ async fn reconcile_primary(
     delete_stale_crs(ctx, &key, &name).await?;
     // The CR watch has listed (the readiness gate waits for it too): its cache answers whether
     // the CR exists, no GET.
-    if ctx
-        .caches_ready
-        .clone()
-        .wait_for(|ready| *ready)
-        .await
-        .is_err()
-    {
+    if !ctx.caches_listed().await {
         // Shutting down.
         return Ok(Action::await_change());
     }
@@ -922,13 +926,7 @@ async fn reconcile_secondary(
 /// address, or has another UID now; at start and on every resync.
 async fn garbage_collector(ctx: Arc<ServiceCtx>, shutdown: impl Future<Output = ()>) {
     let work = async {
-        if ctx
-            .caches_ready
-            .clone()
-            .wait_for(|ready| *ready)
-            .await
-            .is_err()
-        {
+        if !ctx.caches_listed().await {
             return;
         }
         loop {
