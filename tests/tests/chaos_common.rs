@@ -53,15 +53,8 @@ pub fn start_provider(bed: &TestBed, name: &str) -> Proc {
 
 /// One pool of `subnet` for every guest cluster.
 pub async fn create_pool(bed: &TestBed, subnet: &str) {
-    let pool: IPPool = serde_json::from_value(json!({
-        "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
-        "metadata": {"name": POOL},
-        "spec": {"ranges": [{"subnet": subnet}],
-                 "selector": {"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]}}
-    }))
-    .expect("pool literal");
-    Api::<IPPool>::all(bed.harvester.client.clone())
-        .create(&PostParams::default(), &pool)
+    bed.sim
+        .create_pool(POOL, subnet)
         .await
         .expect("create pool");
 }

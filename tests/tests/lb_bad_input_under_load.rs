@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, TryStreamExt};
 use harvester_cloud_provider::service::plan::{LABEL_SERVICE_NAME, LbSettings, ingress_ip};
 use harvester_cloud_provider::service::{self, FINALIZER};
-use harvester_common::harvester::{IPPool, LoadBalancer};
+use harvester_common::harvester::LoadBalancer;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
@@ -50,15 +50,8 @@ async fn lb_malformed_annotation_among_200_services_gets_its_warning_and_delays_
     let bed = TestBed::start(BedOptions::default())
         .await
         .unwrap_or_else(|e| panic!("the test bed must start for this test: {e}"));
-    let pool: IPPool = serde_json::from_value(json!({
-        "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
-        "metadata": {"name": "load"},
-        "spec": {"ranges": [{"subnet": "10.60.0.0/23"}],
-                 "selector": {"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]}}
-    }))
-    .expect("pool literal");
-    Api::<IPPool>::all(bed.harvester.client.clone())
-        .create(&PostParams::default(), &pool)
+    bed.sim
+        .create_pool("load", "10.60.0.0/23")
         .await
         .expect("create pool");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

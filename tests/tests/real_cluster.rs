@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use harvester_common::harvester::{IPPool, LoadBalancer, VirtualMachine};
+use harvester_common::harvester::{LoadBalancer, VirtualMachine};
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
@@ -170,15 +170,8 @@ async fn node_is_initialised_by_the_cloud_provider_pod(bed: &TestBed) {
 /// A LoadBalancer Service gets an address of the Harvester pool through its LoadBalancer CR;
 /// deleted, the CR goes too.
 async fn load_balancer_service_gets_its_address(bed: &TestBed) {
-    let pool: IPPool = serde_json::from_value(json!({
-        "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
-        "metadata": {"name": "real-pool"},
-        "spec": {"ranges": [{"subnet": "192.168.177.0/29"}],
-                 "selector": {"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]}}
-    }))
-    .expect("pool");
-    Api::<IPPool>::all(bed.harvester.client.clone())
-        .create(&PostParams::default(), &pool)
+    bed.sim
+        .create_pool("real-pool", "192.168.177.0/29")
         .await
         .expect("create the IPPool");
     let svc: Service = serde_json::from_value(json!({

@@ -26,7 +26,7 @@ use harvester_cloud_provider::node::patch::UNINITIALIZED_TAINT;
 use harvester_cloud_provider::service::plan::LABEL_SERVICE_NAME;
 use harvester_cloud_provider::service::plan::ingress_ip;
 use harvester_cloud_provider::{Config, Telemetry};
-use harvester_common::harvester::{IPPool, LoadBalancer};
+use harvester_common::harvester::LoadBalancer;
 use harvester_common::telemetry::Metrics;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Service};
 use kube::ResourceExt;
@@ -397,15 +397,7 @@ impl InProcess {
 }
 
 async fn create_pool(bed: &TestBed) -> anyhow::Result<()> {
-    let pool: IPPool = serde_json::from_value(json!({
-        "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
-        "metadata": {"name": "bench-pool"},
-        "spec": {"ranges": [{"subnet": "10.128.0.0/16"}],
-                 "selector": {"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]}}
-    }))?;
-    Api::<IPPool>::all(bed.harvester.client.clone())
-        .create(&PostParams::default(), &pool)
-        .await?;
+    bed.sim.create_pool("bench-pool", "10.128.0.0/16").await?;
     Ok(())
 }
 
@@ -459,6 +451,22 @@ async fn wait_all(
 }
 
 /// Runs `make(i)` for `0..n` with [`CREATE_CONCURRENCY`] in flight; returns name -> send time.
+/// The guest Node of each VM in `vms` (tainted, as the kubelet registers it), with the time each
+/// create was sent.
+async fn create_nodes(bed: &TestBed, vms: &[String]) -> anyhow::Result<HashMap<String, Instant>> {
+    create_all(vms.len(), |i| {
+        let name = vms[i].clone();
+        async move {
+            bed.sim
+                .create_guest_node(&name)
+                .await
+                .with_context(|| format!("creating Node {name}"))?;
+            Ok(name)
+        }
+    })
+    .await
+}
+
 async fn create_all<F, Fut>(n: usize, make: F) -> anyhow::Result<HashMap<String, Instant>>
 where
     F: Fn(usize) -> Fut,
@@ -705,18 +713,7 @@ async fn node_initialisation(n: usize, report: &mut Report) -> anyhow::Result<()
 
     let before = api_requests(&ccm.telemetry.metrics);
     let t0 = Instant::now();
-    let sent = create_all(n, |i| {
-        let name = vms[i].clone();
-        let bed = &bed;
-        async move {
-            bed.sim
-                .create_guest_node(&name)
-                .await
-                .with_context(|| format!("creating Node {name}"))?;
-            Ok(name)
-        }
-    })
-    .await?;
+    let sent = create_nodes(&bed, &vms).await?;
     let created_in = t0.elapsed();
     let result = wait_all(
         "Nodes initialised",
@@ -1768,18 +1765,7 @@ async fn scale(level: Level, report: &mut Report) -> anyhow::Result<Scaled> {
         observe(Api::<Node>::all(bed.guest.client.clone()), node_initialised);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = scraped_requests(port).await?;
-    let node_sent = create_all(nodes, |i| {
-        let name = vms[i].clone();
-        let bed = &bed;
-        async move {
-            bed.sim
-                .create_guest_node(&name)
-                .await
-                .with_context(|| format!("creating Node {name}"))?;
-            Ok(name)
-        }
-    })
-    .await?;
+    let node_sent = create_nodes(&bed, &vms).await?;
     let node_result = wait_all(
         "Nodes initialised",
         &node_seen,

@@ -93,6 +93,25 @@ impl Sim {
         Ok(())
     }
 
+    /// IPPool `name` on Harvester: one range, `subnet`, for every project, namespace and guest
+    /// cluster.
+    pub async fn create_pool(
+        &self,
+        name: &str,
+        subnet: &str,
+    ) -> Result<harvester_common::harvester::IPPool, BedError> {
+        let pool: harvester_common::harvester::IPPool = serde_json::from_value(serde_json::json!({
+            "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
+            "metadata": {"name": name},
+            "spec": {"ranges": [{"subnet": subnet}],
+                     "selector": {"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]}}
+        }))
+        .map_err(|e| BedError::Setup(format!("IPPool {name}: {e}")))?;
+        Ok(kube::Api::all(self.harvester.clone())
+            .create(&Default::default(), &pool)
+            .await?)
+    }
+
     /// The by-id directory (`/dev/disk/by-id` stand-in) of guest node `node`.
     pub fn by_id_dir(&self, node: &str) -> PathBuf {
         self.hotplug.by_id_dir(node)
