@@ -2,7 +2,8 @@
 # Builds the test bed's guest VM image from Debian's packages into a version-keyed cache outside
 # the repo: a stock Debian kernel (vmlinuz + the few modules a virtio-scsi guest needs) and an
 # initramfs with busybox-static, udev (systemd-udevd, udevadm, scsi_id, 60-persistent-storage.rules),
-# e2fsprogs, xfsprogs, util-linux (blkid, mount, umount, setpriv) and qemu-guest-agent, each
+# e2fsprogs, xfsprogs, util-linux (blkid, mount, umount, setpriv), qemu-guest-agent and the NFS
+# client (the kernel's nfs/nfsv4 modules and nfs-common's mount.nfs, for RWX volumes), each
 # binary with the libraries `ldd` names. Idempotent: a second run only checks.
 #
 #   tests/scripts/guest.sh              # build (as root: installs qemu-system-x86 and cpio)
@@ -18,7 +19,7 @@
 set -euo pipefail
 
 # Bump when the image's content or /init changes: the directory name carries it.
-GUEST_REV=2
+GUEST_REV=3
 CACHE_ROOT=${HARVESTER_TESTBED_CACHE:-$HOME/.cache/harvester-testbed}
 say() { printf '[guest] %s\n' "$*"; }
 # shellcheck source=lib.sh
@@ -59,6 +60,7 @@ cd "$work/debs"
 # Guest-only packages are downloaded, never installed on the host. qemu-ga's libraries that a
 # host usually lacks come from their packages too.
 apt-get download -qq "$KPKG" busybox-static udev qemu-guest-agent libglib2.0-0 libnuma1 liburing2 \
+  nfs-common libtirpc3 libtirpc-common libnfsidmap1 libkeyutils1 \
   2>&1 | grep -v 'unsandboxed' || true
 for d in *.deb; do
   case "$d" in
@@ -71,7 +73,8 @@ done
 MODULES=(virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci
   scsi_common scsi_mod virtio_scsi crc64 crc64-rocksoft crct10dif_common crc-t10dif t10-pi sd_mod
   failover net_failover virtio_net crc16 mbcache jbd2 ext4 crc32c_generic libcrc32c xfs
-  9pnet 9pnet_virtio netfs fscache 9p virtio_console)
+  9pnet 9pnet_virtio netfs fscache 9p virtio_console
+  sunrpc grace lockd dns_resolver nfs nfsv4)
 dpkg-deb --fsys-tarfile linux-image-*.deb \
   | tar -x -C "$work/k" --wildcards "./boot/vmlinuz-$KVER" "./lib/modules/$KVER/kernel/*"
 R="$work/root"
@@ -117,6 +120,10 @@ ln -s udevadm "$R/usr/bin/systemd-udevd"
 copy_bin "$work/x/lib/udev/scsi_id" /usr/lib/udev/scsi_id
 cp "$work/x/lib/udev/rules.d/60-persistent-storage.rules" "$R/usr/lib/udev/rules.d/"
 copy_bin "$work/x/usr/sbin/qemu-ga" /usr/sbin/qemu-ga
+# NFSv4 client (RWX volumes): `mount -t nfs` runs /sbin/mount.nfs.
+copy_bin "$work/x/sbin/mount.nfs" /usr/sbin/mount.nfs
+ln -s mount.nfs "$R/usr/sbin/mount.nfs4"
+cp "$work/x/etc/netconfig" "$R/etc/netconfig"
 for b in /sbin/mke2fs /sbin/resize2fs /sbin/e2fsck /sbin/mkfs.xfs /usr/sbin/xfs_growfs \
   /sbin/blkid /bin/mount /bin/umount /usr/bin/setpriv /sbin/blockdev /usr/bin/findmnt; do
   copy_bin "$b" "/usr/sbin/$(basename "$b")"
