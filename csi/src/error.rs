@@ -222,6 +222,30 @@ pub enum NodeError {
         min: u64,
         min_mib: u64,
     },
+    #[error("volume {volume}: no PersistentVolumeClaim {namespace}/{volume} on Harvester")]
+    VolumeNotFound { namespace: String, volume: String },
+    #[error("volume {volume}: {reason}")]
+    NotBound { volume: String, reason: String },
+    #[error("volume {volume}: NetworkFilesystem {namespace}/{name} cannot be mounted yet: {reason}")]
+    NfsNotReady {
+        volume: String,
+        namespace: String,
+        name: String,
+        reason: String,
+    },
+    #[error("volume {volume}: mounting NFS export {export} at {path} failed: {reason}")]
+    NfsMount {
+        volume: String,
+        export: String,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("Harvester API: {action}: {}", harvester_common::api_error::Describe(.source.as_ref()))]
+    Api {
+        action: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
 }
 
 impl NodeError {
@@ -238,6 +262,17 @@ impl NodeError {
     }
 }
 
+impl NodeError {
+    /// A closure turning a `kube::Error` into [`NodeError::Api`] for `action`.
+    pub fn api(action: impl Into<String>) -> impl FnOnce(kube::Error) -> NodeError {
+        let action = action.into();
+        move |source| NodeError::Api {
+            action,
+            source: Box::new(source),
+        }
+    }
+}
+
 impl From<NodeError> for Status {
     fn from(e: NodeError) -> Status {
         let code = match &e {
@@ -250,6 +285,11 @@ impl From<NodeError> for Status {
             NodeError::OtherMount { .. } => Code::AlreadyExists,
             NodeError::Command { .. } | NodeError::Io { .. } => Code::Internal,
             NodeError::Busy(_) | NodeError::PathBusy { .. } => Code::Aborted,
+            NodeError::VolumeNotFound { .. } => Code::NotFound,
+            NodeError::NotBound { .. } => Code::FailedPrecondition,
+            // The NFS server is not serving (yet): the CO retries.
+            NodeError::NfsNotReady { .. } | NodeError::NfsMount { .. } => Code::Unavailable,
+            NodeError::Api { source, .. } => kube_code(source),
         };
         Status::new(code, e.to_string())
     }

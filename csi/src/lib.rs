@@ -69,6 +69,10 @@ pub struct Timeouts {
     pub snapshot_ready: Duration,
     /// NodeStage/NodePublish: the disk appears in the by-id directory or sysfs.
     pub device: Duration,
+    /// NodeStage of an RWX volume: `mount.nfs` answers (else it is killed: UNAVAILABLE).
+    pub nfs_mount: Duration,
+    /// ControllerPublish of an RWX volume: the NetworkFilesystem's endpoint Ready.
+    pub nfs_ready: Duration,
 }
 
 impl Default for Timeouts {
@@ -80,6 +84,8 @@ impl Default for Timeouts {
             resize: Duration::from_secs(90),
             snapshot_ready: Duration::from_secs(10),
             device: Duration::from_secs(30),
+            nfs_mount: Duration::from_secs(30),
+            nfs_ready: Duration::from_secs(90),
         }
     }
 }

@@ -34,12 +34,19 @@ pub enum Access {
     Block,
 }
 
-/// Access modes this driver serves: one node at a time (the disk is hot-plugged into one VM).
+/// Access modes this driver serves: one node at a time (the disk is hot-plugged into one VM),
+/// or, for a filesystem, many nodes at once (an RWX volume: Longhorn's share manager serves it
+/// over NFS through a NetworkFilesystem; `controller::rwx`, `node::nfs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     SingleNodeWriter,
     SingleNodeReaderOnly,
+    MultiNodeMultiWriter,
 }
+
+/// `fs_type`s an RWX (NFS) capability may name besides [`SUPPORTED_FS`]: the filesystem is the
+/// share manager's, so the CO's choice is not used; an NFS name is what it really is.
+pub const NFS_FS: [&str; 2] = ["nfs", "nfs4"];
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Capability {
@@ -56,6 +63,11 @@ impl Capability {
         self.mode == Mode::SingleNodeReaderOnly
     }
 
+    /// An RWX volume (MULTI_NODE_MULTI_WRITER).
+    pub fn is_rwx(&self) -> bool {
+        self.mode == Mode::MultiNodeMultiWriter
+    }
+
     /// Parses one capability. Unsupported modes and filesystems are errors naming `field`.
     pub fn parse(field: &'static str, cap: &VolumeCapability) -> Result<Capability, ArgError> {
         let invalid = |reason: String| ArgError::Invalid { field, reason };
@@ -68,7 +80,11 @@ impl Capability {
                 } else {
                     m.fs_type.to_ascii_lowercase()
                 };
-                if !SUPPORTED_FS.contains(&fs_type.as_str()) {
+                let multi = cap.access_mode.as_ref().is_some_and(|m| {
+                    m.mode == ProtoMode::MultiNodeMultiWriter as i32
+                });
+                let nfs = multi && NFS_FS.contains(&fs_type.as_str());
+                if !SUPPORTED_FS.contains(&fs_type.as_str()) && !nfs {
                     return Err(invalid(format!(
                         "fs_type {:?} is not supported (supported: {})",
                         m.fs_type,
@@ -100,9 +116,17 @@ impl Capability {
         let mode = match ProtoMode::try_from(mode.mode) {
             Ok(ProtoMode::SingleNodeWriter) => Mode::SingleNodeWriter,
             Ok(ProtoMode::SingleNodeReaderOnly) => Mode::SingleNodeReaderOnly,
+            Ok(ProtoMode::MultiNodeMultiWriter) if access == Access::Block => {
+                return Err(invalid(
+                    "access mode MULTI_NODE_MULTI_WRITER is served for filesystem (mount) volumes \
+                     only, over NFS; a block volume is hot-plugged into one VM at a time"
+                        .into(),
+                ));
+            }
+            Ok(ProtoMode::MultiNodeMultiWriter) => Mode::MultiNodeMultiWriter,
             Ok(other) => {
                 return Err(invalid(format!(
-                    "access mode {} is not supported (supported: SINGLE_NODE_WRITER, SINGLE_NODE_READER_ONLY)",
+                    "access mode {} is not supported (supported: SINGLE_NODE_WRITER, SINGLE_NODE_READER_ONLY, MULTI_NODE_MULTI_WRITER for mount volumes)",
                     other.as_str_name()
                 )));
             }

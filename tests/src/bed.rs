@@ -14,13 +14,14 @@ use crate::guest_cluster::GuestCluster;
 use crate::sim::Sim;
 use crate::{BedError, wait};
 
-const CRDS: [(&str, &str); 3] = [
+const CRDS: [(&str, &str); 4] = [
     ("kubevirt.yaml", include_str!("../crds/kubevirt.yaml")),
     (
         "loadbalancer.yaml",
         include_str!("../crds/loadbalancer.yaml"),
     ),
     ("snapshot.yaml", include_str!("../crds/snapshot.yaml")),
+    ("networkfs.yaml", include_str!("../crds/networkfs.yaml")),
 ];
 
 #[derive(Clone, Debug)]
@@ -111,7 +112,7 @@ impl TestBed {
 
         install_crds(&harvester.client).await?;
         let namespaces = format!(
-            "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {}}}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: kubevirt}}\n",
+            "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {}}}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: kubevirt}}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: harvester-system}}\n",
             opts.vm_namespace
         );
         apply_yaml(&harvester.client, &namespaces, "default").await?;

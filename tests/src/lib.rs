@@ -20,6 +20,7 @@ pub mod images;
 pub mod livenessprobe;
 pub mod mounts;
 pub mod netns;
+pub mod nfs;
 pub mod node;
 pub mod observe;
 pub mod podnet;

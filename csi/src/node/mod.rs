@@ -9,6 +9,7 @@
 pub mod device;
 pub mod filesystem;
 pub mod mount;
+pub mod nfs;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -39,6 +40,10 @@ pub const CONTEXT_SERIAL: &str = "serial";
 
 pub struct NodeService {
     node_id: String,
+    /// Harvester, for RWX volumes: the host PVC and its NetworkFilesystem (`nfs`).
+    harvester: kube::Client,
+    namespace: String,
+    nfs_mount_timeout: Duration,
     by_id: PathBuf,
     sysfs: PathBuf,
     device_wait: Duration,
@@ -194,6 +199,9 @@ impl NodeService {
             .unwrap_or_else(|| max_volumes(vmi.as_ref()));
         NodeService {
             node_id,
+            harvester: harvester.client.clone(),
+            namespace: harvester.namespace.clone(),
+            nfs_mount_timeout: config.timeouts.nfs_mount,
             by_id: config.disk_by_id_dir.clone(),
             sysfs: config.sysfs_dir.clone(),
             device_wait: config.timeouts.device,
@@ -263,6 +271,10 @@ impl NodeService {
         not_a_symlink("staging_target_path", &staging)?;
         if !cap.is_block() {
             directory_or_nothing("staging_target_path", &staging)?;
+        }
+        if let (true, Access::Mount { flags, .. }) = (cap.is_rwx(), &cap.access) {
+            self.stage_nfs(id, &staging, flags).await?;
+            return Ok(NodeStageVolumeResponse {});
         }
         let device = self.find_disk(id, &req.publish_context).await?;
         match &cap.access {
@@ -553,6 +565,8 @@ impl NodeService {
         let st = rustix::fs::statvfs(path).map_err(|e| NodeError::io("statvfs", path)(e.into()))?;
         let frsize = st.f_frsize;
         let condition = match device::device_of_mount(&self.sysfs, m) {
+            // An RWX volume: the NFS mount answered statvfs above, so its server serves.
+            _ if m.fs_type.starts_with("nfs") => normal(),
             Some(dev) if dev.exists() => normal(),
             _ => abnormal(format!(
                 "the device behind {} ({}:{}, {}) is gone",

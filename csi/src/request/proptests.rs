@@ -78,9 +78,14 @@ fn valid_capability() -> impl Strategy<Value = Capability> {
     ];
     let mode = prop_oneof![
         Just(Mode::SingleNodeWriter),
-        Just(Mode::SingleNodeReaderOnly)
+        Just(Mode::SingleNodeReaderOnly),
+        Just(Mode::MultiNodeMultiWriter)
     ];
-    (access, mode).prop_map(|(access, mode)| Capability { access, mode })
+    (access, mode)
+        .prop_filter("RWX is served for mount volumes only", |(a, m)| {
+            !(*a == Access::Block && *m == Mode::MultiNodeMultiWriter)
+        })
+        .prop_map(|(access, mode)| Capability { access, mode })
 }
 
 /// The capability as a CO sends it: `fs_type` in any letter case, or empty for the default.
@@ -104,6 +109,7 @@ fn render(cap: &Capability, upper: &[bool], omit_default: bool) -> VolumeCapabil
     let mode = match cap.mode {
         Mode::SingleNodeWriter => ProtoMode::SingleNodeWriter,
         Mode::SingleNodeReaderOnly => ProtoMode::SingleNodeReaderOnly,
+        Mode::MultiNodeMultiWriter => ProtoMode::MultiNodeMultiWriter,
     };
     VolumeCapability {
         access_type: Some(access_type),
@@ -113,16 +119,18 @@ fn render(cap: &Capability, upper: &[bool], omit_default: bool) -> VolumeCapabil
 
 /// Whether the driver serves `cap`, from the rules in the CSI doc comments.
 fn servable(cap: &VolumeCapability) -> bool {
+    // MULTI_NODE_MULTI_WRITER (5) is an NFS-served filesystem: mount only, and it may name nfs.
+    let rwx = cap.access_mode.as_ref().is_some_and(|m| m.mode == 5);
     let access_ok = match &cap.access_type {
         None => false,
-        Some(ProtoAccessType::Block(_)) => true,
+        Some(ProtoAccessType::Block(_)) => !rwx,
         Some(ProtoAccessType::Mount(m)) => {
             let fs = if m.fs_type.is_empty() {
                 "ext4".to_string()
             } else {
                 m.fs_type.to_ascii_lowercase()
             };
-            SUPPORTED_FS.contains(&fs.as_str())
+            (SUPPORTED_FS.contains(&fs.as_str()) || (rwx && (fs == "nfs" || fs == "nfs4")))
                 && m.mount_flags.iter().all(|f| !f.trim().is_empty())
         }
     };
@@ -130,7 +138,7 @@ fn servable(cap: &VolumeCapability) -> bool {
         && cap
             .access_mode
             .as_ref()
-            .is_some_and(|m| m.mode == 1 || m.mode == 2)
+            .is_some_and(|m| m.mode == 1 || m.mode == 2 || m.mode == 5)
 }
 
 fn capacity(required: i64, limit: i64) -> CapacityRange {

@@ -3,6 +3,7 @@
 //! server. It never stands in for an API: every object lives in kube-apiserver.
 
 pub mod lb;
+pub mod networkfs;
 pub mod snapshot;
 pub mod storage;
 pub mod virt_api;
@@ -22,6 +23,10 @@ use virt_api::{HotplugCtx, VirtApi};
 pub use vm::GuestVm;
 
 pub struct Sim {
+    /// networkfs-manager and its NFS server, once [`Sim::start_networkfs`] ran; dropped before
+    /// `storage` (its host mounts sit on the storage's loop devices).
+    networkfs: std::sync::Mutex<Option<(Arc<networkfs::NetworkFs>, tokio::task::JoinHandle<()>)>>,
+    dir: PathBuf,
     /// Admin client of the Harvester API server.
     pub harvester: kube::Client,
     /// Admin client of the guest API server (guest Nodes are created there).
@@ -62,6 +67,8 @@ impl Sim {
             dir.to_path_buf(),
         ));
         Ok(Sim {
+            networkfs: Default::default(),
+            dir: dir.to_path_buf(),
             harvester,
             guest,
             vm_namespace,
@@ -112,6 +119,25 @@ impl Sim {
             .await?)
     }
 
+    /// Starts the NFS server (nfs-ganesha, [`crate::nfs`]) and networkfs-manager's part
+    /// ([`networkfs`]), reporting `endpoint` as the address clients mount (10.0.2.2 for QEMU
+    /// guests). Idempotent: a second call returns the running one. Only RWX tests need it.
+    pub fn start_networkfs(&self, endpoint: &str) -> Result<Arc<networkfs::NetworkFs>, BedError> {
+        let mut slot = self.networkfs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((fs, _)) = slot.as_ref() {
+            return Ok(fs.clone());
+        }
+        let nfs = Arc::new(crate::nfs::NfsServer::start(&self.dir)?);
+        let fs = Arc::new(networkfs::NetworkFs::new(nfs, endpoint));
+        let task = tokio::spawn(networkfs::run(
+            self.harvester.clone(),
+            self.storage.clone(),
+            fs.clone(),
+        ));
+        *slot = Some((fs.clone(), task));
+        Ok(fs)
+    }
+
     /// The by-id directory (`/dev/disk/by-id` stand-in) of guest node `node`.
     pub fn by_id_dir(&self, node: &str) -> PathBuf {
         self.hotplug.by_id_dir(node)
@@ -121,5 +147,13 @@ impl Sim {
 impl Drop for Sim {
     fn drop(&mut self) {
         self.tasks.abort_all();
+        if let Some((_, task)) = self
+            .networkfs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            task.abort();
+        }
     }
 }

@@ -320,6 +320,22 @@ async fn bind(
         vm.resize(&node, backing.size).await?;
     }
     let access_modes = pvc.spec.as_ref().and_then(|s| s.access_modes.clone());
+    if pvc
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .is_none_or(str::is_empty)
+    {
+        // kube-controller-manager's PV binder names the claim's volume (`pvc-<claim UID>` for a
+        // provisioned one); networkfs-manager and the CSI driver find the NetworkFilesystem by it.
+        let uid = pvc.metadata.uid.clone().unwrap_or_default();
+        api.patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"volumeName": format!("pvc-{uid}")}})),
+        )
+        .await?;
+    }
     api.patch_status(
         &name,
         &PatchParams::default(),

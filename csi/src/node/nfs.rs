@@ -1,0 +1,251 @@
+//! NodeStage of RWX volumes, as upstream's `nodeStageRWXVolume`: the host PVC (volume ID) names
+//! its PV (`spec.volumeName`); the NetworkFilesystem `harvester-system/<pv>` must be Ready; then
+//! `mount.nfs <status.endpoint>:/<pv> <staging> -o <status.mountOpts | vers=4>`. NodePublish binds
+//! the staging mount like any other (`super::NodeService::publish`), NodeUnstage unmounts it.
+//!
+//! Unlike upstream (`nsenter` into the host namespaces, hence its `hostPID: true`), the plugin
+//! mounts from its own privileged container: the chart's Bidirectional mount propagation carries
+//! the mount to the kubelet's staging path. And unlike upstream, the mount has a deadline: an
+//! unreachable endpoint makes `mount.nfs` retry for minutes (a hard mount, `retry=2` minutes by
+//! default) or block in the kernel. The helper is run directly (not through `mount -t nfs`, whose
+//! child would survive a kill), dies with the plugin, and is SIGKILLed at the deadline
+//! ([`crate::Timeouts::nfs_mount`]); a mount that got through anyway is lazily unmounted; the answer is
+//! UNAVAILABLE, which the CO retries. The CR's mount options are used as they are: soft mounts
+//! and short timeouts would change how the volume behaves for its users, the deadline does not.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use harvester_common::harvester::NetworkFilesystem;
+use harvester_common::harvester::networkfs::NAMESPACE;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::api::Api;
+
+use super::NodeService;
+use super::mount::{Cmd, canonical, mount_at, mounts, run_any};
+use crate::error::NodeError;
+
+/// What to mount (pure): `<endpoint>:/<pv>` and the options, the CR's (or `vers=4`) then the
+/// CO's mount flags.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NfsMount {
+    pub export: String,
+    pub options: String,
+}
+
+pub fn plan(
+    volume: &str,
+    pv: &str,
+    nfs: &NetworkFilesystem,
+    flags: &[String],
+) -> Result<NfsMount, NodeError> {
+    let (endpoint, opts) = nfs.ready_endpoint().map_err(|reason| NodeError::NfsNotReady {
+        volume: volume.to_string(),
+        namespace: NAMESPACE.into(),
+        name: pv.to_string(),
+        reason,
+    })?;
+    let mut options = vec![opts.to_string()];
+    options.extend(flags.iter().cloned());
+    // An IPv6 endpoint is written in brackets in an NFS source (`[fd00::1]:/pvc-...`).
+    let host = if endpoint.contains(':') && !endpoint.starts_with('[') {
+        format!("[{endpoint}]")
+    } else {
+        endpoint.to_string()
+    };
+    Ok(NfsMount {
+        export: format!("{host}:/{pv}"),
+        options: options.join(","),
+    })
+}
+
+/// `mount.nfs <export> <staging> -o <options>`, killed with the plugin.
+pub fn mount_cmd(m: &NfsMount, staging: &Path) -> Cmd {
+    Cmd::new("mount.nfs")
+        .arg(&m.export)
+        .arg(staging)
+        .arg("-o")
+        .arg(&m.options)
+        .dies_with_plugin()
+}
+
+/// Whether a mountinfo entry is an NFS mount of `export`.
+fn is_nfs_of(m: &super::mount::MountInfo, export: &str) -> bool {
+    m.fs_type.starts_with("nfs") && m.source == export
+}
+
+impl NodeService {
+    /// NodeStage of an RWX volume `id` at `staging` (see the module doc).
+    pub(super) async fn stage_nfs(
+        &self,
+        id: &str,
+        staging: &Path,
+        flags: &[String],
+    ) -> Result<(), NodeError> {
+        let pvcs: Api<PersistentVolumeClaim> =
+            Api::namespaced(self.harvester.clone(), &self.namespace);
+        let pvc = pvcs
+            .get_opt(id)
+            .await
+            .map_err(NodeError::api(format!(
+                "getting PVC {}/{id}",
+                self.namespace
+            )))?
+            .ok_or_else(|| NodeError::VolumeNotFound {
+                namespace: self.namespace.clone(),
+                volume: id.to_string(),
+            })?;
+        let pv = pvc
+            .spec
+            .as_ref()
+            .and_then(|s| s.volume_name.clone())
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| NodeError::NotBound {
+                volume: id.to_string(),
+                reason: format!(
+                    "PVC {}/{id} has no spec.volumeName yet (not bound to a Longhorn volume)",
+                    self.namespace
+                ),
+            })?;
+        let nfs_api: Api<NetworkFilesystem> = Api::namespaced(self.harvester.clone(), NAMESPACE);
+        let nfs = nfs_api
+            .get_opt(&pv)
+            .await
+            .map_err(NodeError::api(format!(
+                "getting NetworkFilesystem {NAMESPACE}/{pv}"
+            )))?
+            .ok_or_else(|| NodeError::NfsNotReady {
+                volume: id.to_string(),
+                namespace: NAMESPACE.into(),
+                name: pv.clone(),
+                reason: "it does not exist (ControllerPublishVolume enables it)".into(),
+            })?;
+        let m = plan(id, &pv, &nfs, flags)?;
+        std::fs::create_dir_all(staging).map_err(NodeError::io("creating", staging))?;
+        let staging = canonical(staging);
+        if let Some(existing) = mount_at(&mounts()?, &staging) {
+            return if is_nfs_of(existing, &m.export) {
+                Ok(())
+            } else {
+                Err(NodeError::OtherMount {
+                    path: staging.clone(),
+                    found: format!("{} ({})", existing.source, existing.fs_type),
+                    wanted: m.export.clone(),
+                })
+            };
+        }
+        tracing::info!(volume = id, export = %m.export, options = %m.options, staging = %staging.display(), "mounting NFS");
+        let failed = |reason: String| NodeError::NfsMount {
+            volume: id.to_string(),
+            export: m.export.clone(),
+            path: staging.clone(),
+            reason,
+        };
+        let limit = self.nfs_mount_timeout;
+        match tokio::time::timeout(limit, run_any(&mount_cmd(&m, &staging))).await {
+            Ok(Ok(out)) if out.code == Some(0) => Ok(()),
+            Ok(Ok(out)) => {
+                undo_mount(&staging).await;
+                Err(failed(format!(
+                    "mount.nfs exited {}: {}",
+                    out.code.map_or("by a signal".into(), |c| c.to_string()),
+                    out.stderr.trim()
+                )))
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => {
+                // Dropping the future killed mount.nfs (SIGKILL; kill_on_drop).
+                undo_mount(&staging).await;
+                Err(failed(format!(
+                    "no answer within {limit:?}; the mount helper was killed and nothing is left mounted"
+                )))
+            }
+        }
+    }
+}
+
+/// Lazily unmounts whatever a killed or failed mount left at `path` (bounded: a lazy unmount
+/// does not wait for the server).
+async fn undo_mount(path: &PathBuf) {
+    for _ in 0..4 {
+        match mounts() {
+            Ok(all) if mount_at(&all, path).is_some() => {}
+            _ => return,
+        }
+        let umount = Cmd::new("umount").arg("-f").arg("-l").arg(path);
+        match tokio::time::timeout(Duration::from_secs(10), run_any(&umount)).await {
+            Ok(Ok(out)) if out.code == Some(0) => {}
+            other => {
+                tracing::warn!(path = %path.display(), "lazy unmount after a failed NFS mount: {:?}", other.map(|r| r.map(|o| o.stderr)));
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use harvester_common::harvester::networkfs::{
+        NetworkFilesystemSpec, NetworkFilesystemStatus,
+    };
+
+    fn nfs(status: &str, endpoint: &str, opts: Option<&str>) -> NetworkFilesystem {
+        let mut n = NetworkFilesystem::new(
+            "pvc-9",
+            NetworkFilesystemSpec {
+                network_fs_name: "pvc-9".into(),
+                desired_state: "Enabled".into(),
+                ..Default::default()
+            },
+        );
+        n.status = Some(NetworkFilesystemStatus {
+            endpoint: endpoint.into(),
+            state: "Enabled".into(),
+            status: status.into(),
+            mount_opts: opts.map(str::to_string),
+            ..Default::default()
+        });
+        n
+    }
+
+    #[test]
+    fn the_export_is_the_endpoint_and_the_pv_with_upstreams_default_options() {
+        // harvester-csi-driver pkg/csi/node_server.go nodeStageRWXVolume: `mountOpts := "vers=4"`
+        // unless status.mountOpts is set; export `fmt.Sprintf("%s:/%s", endpoint, lhVolName)`.
+        let m = plan("vol", "pvc-9", &nfs("Ready", "10.53.1.2", None), &[]).unwrap();
+        assert_eq!(m.export, "10.53.1.2:/pvc-9");
+        assert_eq!(m.options, "vers=4");
+        let m = plan(
+            "vol",
+            "pvc-9",
+            &nfs("Ready", "10.0.2.2", Some("vers=4,port=2050")),
+            &["noatime".into()],
+        )
+        .unwrap();
+        assert_eq!(m.options, "vers=4,port=2050,noatime");
+        let cmd = mount_cmd(&m, Path::new("/s"));
+        assert_eq!(cmd.program, "mount.nfs");
+        assert!(cmd.dies_with_plugin);
+        assert_eq!(
+            cmd.args,
+            ["10.0.2.2:/pvc-9", "/s", "-o", "vers=4,port=2050,noatime"]
+                .map(std::ffi::OsString::from)
+                .to_vec()
+        );
+        let m = plan("vol", "pvc-9", &nfs("Ready", "fd00::5", None), &[]).unwrap();
+        assert_eq!(m.export, "[fd00::5]:/pvc-9");
+    }
+
+    #[test]
+    fn an_endpoint_that_is_not_ready_is_unavailable_naming_the_cr() {
+        let e = plan("vol", "pvc-9", &nfs("NotReady", "", None), &[]).unwrap_err();
+        let s = tonic::Status::from(e);
+        assert_eq!(s.code(), tonic::Code::Unavailable);
+        assert!(
+            s.message().contains("harvester-system/pvc-9") && s.message().contains("NotReady"),
+            "{}",
+            s.message()
+        );
+    }
+}
