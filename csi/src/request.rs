@@ -357,8 +357,19 @@ mod tests {
                 "btrfs",
             ),
             (
-                cap(mount("ext4"), Some(ProtoMode::MultiNodeMultiWriter)),
-                "MULTI_NODE_MULTI_WRITER",
+                cap(
+                    Some(ProtoAccessType::Block(Default::default())),
+                    Some(ProtoMode::MultiNodeMultiWriter),
+                ),
+                "MULTI_NODE_MULTI_WRITER is served for filesystem (mount) volumes only",
+            ),
+            (
+                cap(mount("ext4"), Some(ProtoMode::MultiNodeSingleWriter)),
+                "MULTI_NODE_SINGLE_WRITER",
+            ),
+            (
+                cap(mount("nfs"), Some(ProtoMode::SingleNodeWriter)),
+                "nfs",
             ),
         ] {
             let e = Capability::parse("volume_capability", &bad)
@@ -373,6 +384,15 @@ mod tests {
             "volume_capability is required"
         );
         assert!(capabilities("volume_capabilities", &[]).is_err());
+        // RWX: a filesystem served over NFS; the CO's fs_type may be its usual one or nfs.
+        for fs in ["", "ext4", "nfs", "NFS4"] {
+            let c = Capability::parse(
+                "volume_capability",
+                &cap(mount(fs), Some(ProtoMode::MultiNodeMultiWriter)),
+            )
+            .unwrap();
+            assert!(c.is_rwx() && !c.read_only() && !c.is_block(), "{fs}: {c:?}");
+        }
     }
 
     fn range(required: i64, limit: i64) -> Option<CapacityRange> {
