@@ -226,7 +226,9 @@ pub enum NodeError {
     VolumeNotFound { namespace: String, volume: String },
     #[error("volume {volume}: {reason}")]
     NotBound { volume: String, reason: String },
-    #[error("volume {volume}: NetworkFilesystem {namespace}/{name} cannot be mounted yet: {reason}")]
+    #[error(
+        "volume {volume}: NetworkFilesystem {namespace}/{name} cannot be mounted yet: {reason}"
+    )]
     NfsNotReady {
         volume: String,
         namespace: String,

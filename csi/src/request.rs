@@ -80,9 +80,10 @@ impl Capability {
                 } else {
                     m.fs_type.to_ascii_lowercase()
                 };
-                let multi = cap.access_mode.as_ref().is_some_and(|m| {
-                    m.mode == ProtoMode::MultiNodeMultiWriter as i32
-                });
+                let multi = cap
+                    .access_mode
+                    .as_ref()
+                    .is_some_and(|m| m.mode == ProtoMode::MultiNodeMultiWriter as i32);
                 let nfs = multi && NFS_FS.contains(&fs_type.as_str());
                 if !SUPPORTED_FS.contains(&fs_type.as_str()) && !nfs {
                     return Err(invalid(format!(
@@ -367,10 +368,7 @@ mod tests {
                 cap(mount("ext4"), Some(ProtoMode::MultiNodeSingleWriter)),
                 "MULTI_NODE_SINGLE_WRITER",
             ),
-            (
-                cap(mount("nfs"), Some(ProtoMode::SingleNodeWriter)),
-                "nfs",
-            ),
+            (cap(mount("nfs"), Some(ProtoMode::SingleNodeWriter)), "nfs"),
         ] {
             let e = Capability::parse("volume_capability", &bad)
                 .unwrap_err()

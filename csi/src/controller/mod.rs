@@ -7,6 +7,7 @@
 //! (the generated stubs answer UNIMPLEMENTED); see docs/csi.md.
 
 mod publish;
+mod rwx;
 pub mod snapshots;
 mod volumes;
 
@@ -35,6 +36,8 @@ pub struct ControllerService {
     max_volumes_per_node: Option<u32>,
     timeouts: Timeouts,
     inflight: InFlight,
+    /// Set once NetworkFilesystems could be listed: RWX volumes are served (`rwx`).
+    rwx: tokio::sync::OnceCell<()>,
     /// The guest cluster, for the out-of-service taint of Nodes (non-graceful shutdown); `None`
     /// when none could be configured: no volume is then ever force-detached.
     guest: Option<kube::Client>,
@@ -86,6 +89,7 @@ impl ControllerService {
             max_volumes_per_node: config.max_volumes_per_node,
             timeouts: config.timeouts.clone(),
             inflight: InFlight::default(),
+            rwx: tokio::sync::OnceCell::new(),
         }
     }
 

@@ -179,7 +179,9 @@ impl ControllerService {
     ) -> Result<ControllerPublishVolumeResponse, ControllerError> {
         let id = required("volume_id", &req.volume_id)?;
         let node = required("node_id", &req.node_id)?;
-        request::capability("volume_capability", req.volume_capability.as_ref())?;
+        if request::capability("volume_capability", req.volume_capability.as_ref())?.is_rwx() {
+            return self.publish_rwx(id, node).await;
+        }
         let ns = self.ns().to_string();
         self.existing(id).await?;
         let vm = self
@@ -275,6 +277,11 @@ impl ControllerService {
         req: ControllerUnpublishVolumeRequest,
     ) -> Result<ControllerUnpublishVolumeResponse, ControllerError> {
         let id = required("volume_id", &req.volume_id)?;
+        if let Some(pv) = self.rwx_of(id).await? {
+            let _guard = self.begin(id)?;
+            self.unpublish_rwx(id, &pv, &req.node_id).await?;
+            return Ok(ControllerUnpublishVolumeResponse {});
+        }
         let _guard = self.begin(id)?;
         let nodes: Vec<String> = if req.node_id.is_empty() {
             // No node: unpublish from every VM that has it.

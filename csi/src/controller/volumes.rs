@@ -305,6 +305,9 @@ impl ControllerService {
     ) -> Result<CreateVolumeResponse, ControllerError> {
         let name = required("name", &req.name)?;
         let caps = request::capabilities("volume_capabilities", &req.volume_capabilities)?;
+        if caps.iter().any(request::Capability::is_rwx) {
+            return self.create_rwx(&req, &caps).await;
+        }
         // A filesystem with a minimum size (xfs) raises the request to it when the limit allows.
         let size = request::volume_size_at_least(
             "capacity_range",
@@ -450,6 +453,10 @@ impl ControllerService {
             return Ok(DeleteVolumeResponse {});
         }
         let _guard = self.begin(id)?;
+        if let Some(pv) = self.rwx_of(id).await? {
+            // An RWX volume: its NetworkFilesystem goes first, then the PVC (below).
+            self.delete_rwx(&pv).await?;
+        }
         // Deleting a published volume would leave its PVC Terminating while the disk stays
         // hot-plugged (the hot-plug pod holds the claim): refuse, naming the node.
         let (vms, vmis) = self.vms_and_vmis().await?;

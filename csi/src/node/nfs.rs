@@ -39,12 +39,14 @@ pub fn plan(
     nfs: &NetworkFilesystem,
     flags: &[String],
 ) -> Result<NfsMount, NodeError> {
-    let (endpoint, opts) = nfs.ready_endpoint().map_err(|reason| NodeError::NfsNotReady {
-        volume: volume.to_string(),
-        namespace: NAMESPACE.into(),
-        name: pv.to_string(),
-        reason,
-    })?;
+    let (endpoint, opts) = nfs
+        .ready_endpoint()
+        .map_err(|reason| NodeError::NfsNotReady {
+            volume: volume.to_string(),
+            namespace: NAMESPACE.into(),
+            name: pv.to_string(),
+            reason,
+        })?;
     let mut options = vec![opts.to_string()];
     options.extend(flags.iter().cloned());
     // An IPv6 endpoint is written in brackets in an NFS source (`[fd00::1]:/pvc-...`).
@@ -186,9 +188,7 @@ async fn undo_mount(path: &PathBuf) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use harvester_common::harvester::networkfs::{
-        NetworkFilesystemSpec, NetworkFilesystemStatus,
-    };
+    use harvester_common::harvester::networkfs::{NetworkFilesystemSpec, NetworkFilesystemStatus};
 
     fn nfs(status: &str, endpoint: &str, opts: Option<&str>) -> NetworkFilesystem {
         let mut n = NetworkFilesystem::new(

@@ -13,10 +13,10 @@ use std::process::Command;
 use std::sync::Arc;
 
 use futures::StreamExt;
+use harvester_common::harvester::NetworkFilesystem;
 use harvester_common::harvester::networkfs::{
     ENDPOINT_READY, NAMESPACE, STATE_DISABLED, STATE_ENABLED, STATE_ENABLING,
 };
-use harvester_common::harvester::NetworkFilesystem;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
