@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # harvester-csi-driver image: the binary plus the filesystem tools the node plugin runs
 # (mkfs.ext4/resize2fs from e2fsprogs, mkfs.xfs/xfs_growfs from xfsprogs, blkid from util-linux,
-# mount/umount from mount). The same image serves --mode controller (which runs none of them).
+# mount/umount from mount, mount.nfs from nfs-common for RWX volumes). The same image serves
+# --mode controller (which runs none of them).
 # Build from the repository root:
 #   docker build -f deploy/csi-driver.Dockerfile -t harvester-rs/harvester-csi-driver:0.1.0 .
 
@@ -15,7 +16,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 
 FROM docker.io/library/debian:bookworm-slim
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends e2fsprogs xfsprogs util-linux mount \
+    && apt-get install -y --no-install-recommends e2fsprogs xfsprogs util-linux mount nfs-common \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/harvester-csi-driver /usr/bin/harvester-csi-driver
 ENTRYPOINT ["/usr/bin/harvester-csi-driver"]

@@ -30,8 +30,9 @@ source "$(dirname "$0")/lib.sh"
 DEBS=(e2fsprogs xfsprogs util-linux mount dnsmasq-base iproute2 openssl)
 install_debs -- "${DEBS[@]}"
 # The NFS server of the RWX tests (the stand-in's networkfs-manager exports volumes with it): a
-# userspace NFSv4 server, since the host kernel has no nfsd. Debian 12: nfs-ganesha 4.3.
-install_debs --no-install-recommends -- nfs-ganesha nfs-ganesha-vfs
+# userspace NFSv4 server, since the host kernel has no nfsd. Debian 12: nfs-ganesha 4.3. nfs-common:
+# mount.nfs for the CSI node image (tests/src/images.rs).
+install_debs --no-install-recommends -- nfs-common nfs-ganesha nfs-ganesha-vfs
 
 # --- Go tools ------------------------------------------------------------------------------
 # build NAME FUNCTION: runs FUNCTION once unless $TOOLS_DIR/NAME exists; logs to the cache.

@@ -44,10 +44,13 @@ pub const NODE_PLUGIN_PROGRAMS: &[&str] = &[
     "umount",
     "resize2fs",
     "xfs_growfs",
+    // RWX volumes (`csi/src/node/nfs.rs`): Debian nfs-common's NFS mount helper.
+    "mount.nfs",
 ];
 
-/// Configuration files the node plugin's programs read, brought along when the host has them.
-pub const NODE_PLUGIN_FILES: &[&str] = &["/etc/mke2fs.conf"];
+/// Configuration files the node plugin's programs read, brought along when the host has them
+/// (`/etc/netconfig`: libtirpc's transports, read by mount.nfs).
+pub const NODE_PLUGIN_FILES: &[&str] = &["/etc/mke2fs.conf", "/etc/netconfig"];
 
 /// `PATH` in every image, Debian's default for root.
 pub const PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -314,7 +317,7 @@ fn host_program(name: &str) -> Result<Program, BedError> {
         .ok_or_else(|| {
             BedError::Setup(format!(
                 "{name} is not installed on this host (the CSI driver image needs it; \
-                 tests/scripts/tools.sh installs e2fsprogs, xfsprogs and util-linux)"
+                 tests/scripts/tools.sh installs e2fsprogs, xfsprogs, util-linux and, with nfs-ganesha, nfs-common)"
             ))
         })?;
     program(&found, &found)
