@@ -1,0 +1,773 @@
+//! RWX filesystem volumes through Longhorn's share manager, end to end on real kernels: the
+//! stand-in plays networkfs-manager with a real NFS server (nfs-ganesha on the host's loopback,
+//! `testbed::nfs`), and the NFS mounts run in two QEMU guests (the host kernel has no NFS
+//! client), each running our node plugin (binary through 9p, reached over a forwarded port); the
+//! controller runs on the host. One story over two guests (a boot is the expensive part), and the
+//! bad-input checks, which need no guest.
+
+#[path = "csi_common.rs"]
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Driver, Vol, assert_root};
+use csi_proto::csi::v1::controller_client::ControllerClient;
+use csi_proto::csi::v1::identity_client::IdentityClient;
+use csi_proto::csi::v1::node_client::NodeClient;
+use csi_proto::csi::v1::volume_capability::access_mode::Mode as ProtoMode;
+use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
+use csi_proto::csi::v1::*;
+use harvester_common::harvester::NetworkFilesystem;
+use harvester_csi_driver::Mode;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
+use kube::Api;
+use serde_json::json;
+use testbed::sim::GuestVm;
+use testbed::vm::{GUEST_SHARE, HOST_FROM_GUEST, Vm, VmOptions};
+use testbed::{TestBed, wait};
+use tonic::transport::Channel;
+
+/// The node plugin's port in each guest.
+const CSI_PORT: u16 = 10000;
+const GUEST_WORK: &str = "/var/lib/guest-csi";
+const MIB: u64 = 1 << 20;
+/// A Longhorn RWX host StorageClass (Harvester docs: a Longhorn class without live migration).
+const RWX_CLASS: &str = "longhorn-rwx";
+
+/// Wire facts from upstream, as data. harvester/harvester-csi-driver
+/// 97b6c358d78468211be26b871f88de6bcaafd7e3 `pkg/csi/controller_server.go`:
+/// `HarvesterNS = "harvester-system"`, `longhornProvisioner = "driver.longhorn.io"`, and
+/// `createNetworkFilesystem` (`{networkFSName: <pv>, desiredState: Disabled, provisioner: LHName}`
+/// named `<pvc.spec.volumeName>`); `buildHostPVCFromScratch` + `getVolumeMode`: ReadWriteMany,
+/// Filesystem for MULTI_NODE_MULTI_WRITER. `pkg/csi/node_server.go` `nodeStageRWXVolume`:
+/// `mountOpts := "vers=4"` unless `status.mountOpts`; source `<status.endpoint>:/<pv>`.
+mod upstream {
+    pub const NFS_NAMESPACE: &str = "harvester-system";
+    pub const LONGHORN_PROVISIONER: &str = "driver.longhorn.io";
+    pub const NFS_PROVISIONER: &str = "Longhorn";
+    pub const DESIRED_DISABLED: &str = "Disabled";
+    pub const DESIRED_ENABLED: &str = "Enabled";
+    pub const ENDPOINT_READY: &str = "Ready";
+    pub const HOST_ACCESS_MODE: &str = "ReadWriteMany";
+    pub const HOST_VOLUME_MODE: &str = "Filesystem";
+}
+
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "[csi_rwx] {line}");
+}
+
+fn rwx_cap() -> VolumeCapability {
+    VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume::default())),
+        access_mode: Some(AccessMode {
+            mode: ProtoMode::MultiNodeMultiWriter as i32,
+        }),
+    }
+}
+
+fn rwx_request(name: &str, params: &[(&str, &str)]) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: (64 * MIB) as i64,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![rwx_cap()],
+        parameters: params
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..Default::default()
+    }
+}
+
+async fn create_class(bed: &TestBed, name: &str, provisioner: &str, params: serde_json::Value) {
+    let sc: StorageClass = serde_json::from_value(json!({
+        "metadata": {"name": name}, "provisioner": provisioner,
+        "allowVolumeExpansion": true, "reclaimPolicy": "Delete",
+        "volumeBindingMode": "Immediate", "parameters": params
+    }))
+    .expect("StorageClass");
+    Api::<StorageClass>::all(bed.sim.harvester.clone())
+        .create(&Default::default(), &sc)
+        .await
+        .expect("creating a StorageClass on Harvester");
+}
+
+/// The node plugin running in a guest.
+struct GuestPlugin {
+    channel: Channel,
+}
+
+impl AsRef<Channel> for GuestPlugin {
+    fn as_ref(&self) -> &Channel {
+        &self.channel
+    }
+}
+
+/// Starts `harvester-csi-driver --mode node --nodeid=<vm>` in the guest (binary and cloud-config
+/// through its 9p share; the cloud-config names the Harvester API server as the guest reaches it)
+/// and waits until it answers Probe.
+async fn start_plugin(bed: &TestBed, vm: &Vm) -> GuestPlugin {
+    std::fs::copy(
+        testbed::process::built_binary("harvester-csi-driver"),
+        vm.share.join("harvester-csi-driver"),
+    )
+    .expect("copying the driver into the share");
+    let cloud_config = std::fs::read_to_string(&bed.cloud_config)
+        .expect("cloud-config")
+        .replace("https://127.0.0.1:", &format!("https://{HOST_FROM_GUEST}:"));
+    std::fs::write(vm.share.join("cloud-config"), cloud_config).expect("guest cloud-config");
+    vm.run(&format!(
+        "setsid {GUEST_SHARE}/harvester-csi-driver --mode=node --nodeid={} \
+         --endpoint=tcp://0.0.0.0:{CSI_PORT} --kubeconfig={GUEST_SHARE}/cloud-config \
+         >{GUEST_SHARE}/node-plugin.log 2>&1 </dev/null &",
+        vm.name
+    ))
+    .await
+    .expect("starting the node plugin in the guest");
+    let port = vm.host_port(CSI_PORT).expect("forwarded CSI port");
+    let log = vm.share.join("node-plugin.log");
+    let channel = wait::until(
+        &format!("the node plugin in {} to answer Probe", vm.name),
+        Duration::from_secs(120),
+        || {
+            let log = log.clone();
+            async move {
+                let ch = match tonic::transport::Endpoint::from_shared(format!(
+                    "http://127.0.0.1:{port}"
+                ))
+                .map_err(|e| e.to_string())?
+                .connect()
+                .await
+                {
+                    Ok(ch) => ch,
+                    Err(e) => {
+                        return Ok(Err(format!(
+                            "{e}; log: {}",
+                            std::fs::read_to_string(&log).unwrap_or_default()
+                        )));
+                    }
+                };
+                Ok(
+                    match IdentityClient::new(ch.clone()).probe(ProbeRequest {}).await {
+                        Ok(_) => Ok(ch),
+                        Err(e) => Err(e.to_string()),
+                    },
+                )
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    GuestPlugin { channel }
+}
+
+fn guest_vol(id: &str, node: &str) -> Vol {
+    let dir = Path::new(GUEST_WORK).join(id);
+    Vol {
+        id: id.to_string(),
+        ctx: HashMap::new(),
+        staging: dir.join(format!("staging-{node}")),
+        target: dir.join(format!("target-{node}")),
+    }
+}
+
+async fn controller_publish(c: &Driver, id: &str, node: &str) -> Result<Duration, tonic::Status> {
+    let t0 = Instant::now();
+    ControllerClient::new(c.channel.clone())
+        .controller_publish_volume(ControllerPublishVolumeRequest {
+            volume_id: id.into(),
+            node_id: node.into(),
+            volume_capability: Some(rwx_cap()),
+            ..Default::default()
+        })
+        .await
+        .map(|_| t0.elapsed())
+}
+
+async fn controller_unpublish(c: &Driver, id: &str, node: &str) {
+    ControllerClient::new(c.channel.clone())
+        .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+            volume_id: id.into(),
+            node_id: node.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("ControllerUnpublishVolume");
+}
+
+async fn network_fs(bed: &TestBed, pv: &str) -> Option<NetworkFilesystem> {
+    Api::<NetworkFilesystem>::namespaced(bed.sim.harvester.clone(), upstream::NFS_NAMESPACE)
+        .get_opt(pv)
+        .await
+        .expect("reading the NetworkFilesystem")
+}
+
+async fn host_pvc(bed: &TestBed, id: &str) -> Option<PersistentVolumeClaim> {
+    Api::<PersistentVolumeClaim>::namespaced(bed.sim.harvester.clone(), &bed.vm_namespace)
+        .get_opt(id)
+        .await
+        .expect("reading the host PVC")
+}
+
+/// Waits until the host PVC has a `spec.volumeName` (the PV, which names its NetworkFilesystem).
+async fn pv_of(bed: &TestBed, id: &str) -> String {
+    wait::until(
+        &format!("host PVC {id} bound to a PV"),
+        Duration::from_secs(60),
+        || async move {
+            let pvc = host_pvc(bed, id).await;
+            let pv = pvc
+                .as_ref()
+                .and_then(|p| p.spec.as_ref())
+                .and_then(|s| s.volume_name.clone());
+            Ok(pv.filter(|v| !v.is_empty()).ok_or("no spec.volumeName"))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The NFS mount at `path` in the guest: "<source> <fstype>" from /proc/mounts, if any.
+async fn guest_nfs_mount(vm: &Vm, path: &Path) -> Option<String> {
+    let out = vm
+        .run(&format!(
+            "awk '$2 == \"{}\" {{print $1, $3}}' /proc/mounts",
+            path.display()
+        ))
+        .await
+        .expect("reading /proc/mounts in the guest");
+    let line = out.trim();
+    (!line.is_empty()).then(|| line.to_string())
+}
+
+async fn stage(n: &GuestPlugin, v: &Vol) -> Result<(), tonic::Status> {
+    common::stage(n, v, &rwx_cap()).await
+}
+
+async fn unstage(n: &GuestPlugin, v: &Vol) {
+    common::unpublish_and_unstage(n, v).await;
+}
+
+/// Guest-cluster objects as a real cluster has them for a shared claim: the PV of our driver,
+/// the claim, a Pod on `node` using it, and the node's VolumeAttachment.
+async fn guest_user(bed: &TestBed, id: &str, node: &str) {
+    let g = bed.guest.client.clone();
+    let pv: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": id},
+        "spec": {"capacity": {"storage": "64Mi"}, "accessModes": ["ReadWriteMany"],
+                 "persistentVolumeReclaimPolicy": "Delete",
+                 "csi": {"driver": "driver.harvesterhci.io", "volumeHandle": id},
+                 "claimRef": {"namespace": "default", "name": "shared"}}
+    }))
+    .unwrap();
+    Api::<PersistentVolume>::all(g.clone())
+        .create(&Default::default(), &pv)
+        .await
+        .expect("guest PV");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": format!("user-{node}"), "namespace": "default"},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}],
+                 "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "shared"}}]}
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(g.clone(), "default")
+        .create(&Default::default(), &pod)
+        .await
+        .expect("guest Pod");
+    for n in ["rwx-a", "rwx-b"] {
+        let va: VolumeAttachment = serde_json::from_value(json!({
+            "metadata": {"name": format!("va-{n}")},
+            "spec": {"attacher": "driver.harvesterhci.io", "nodeName": n,
+                     "source": {"persistentVolumeName": id}}
+        }))
+        .unwrap();
+        Api::<VolumeAttachment>::all(g.clone())
+            .create(&Default::default(), &va)
+            .await
+            .expect("guest VolumeAttachment");
+    }
+}
+
+async fn delete_guest<K>(api: Api<K>, name: &str)
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    // Grace period 0: no kubelet here to finish a Pod's termination.
+    api.delete(name, &kube::api::DeleteParams::default().grace_period(0))
+        .await
+        .unwrap_or_else(|e| panic!("deleting {name}: {e}"));
+}
+
+async fn boot(bed: &TestBed, name: &str) -> Arc<Vm> {
+    let vm = match Vm::start(
+        bed.dir.path(),
+        VmOptions::new(name)
+            .without_udev()
+            .without_agent()
+            .forward(CSI_PORT),
+    )
+    .await
+    {
+        Ok(vm) => Arc::new(vm),
+        Err(e) => panic!("the guest VM must boot for this test: {e}"),
+    };
+    say(&format!(
+        "guest {name} booted in {:.1}s",
+        vm.booted_in.as_secs_f64()
+    ));
+    bed.sim
+        .create_vm_backed(&GuestVm::new(name).on_host("harvester-1"), vm.clone())
+        .await
+        .expect("VM and VMI backed by the guest");
+    vm
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rwx_volume_shared_by_two_guests_root() {
+    assert_root();
+    let t0 = Instant::now();
+    let bed = common::bed().await;
+    common::install_default_storage_class(&bed).await;
+    create_class(
+        &bed,
+        RWX_CLASS,
+        upstream::LONGHORN_PROVISIONER,
+        json!({"numberOfReplicas": "1", "migratable": "false"}),
+    )
+    .await;
+    bed.sim
+        .create_host("harvester-1", Some("region-a"), Some("zone-1"))
+        .await
+        .expect("host");
+    let fs = bed
+        .sim
+        .start_networkfs(HOST_FROM_GUEST)
+        .unwrap_or_else(|e| panic!("the NFS server must start for this test: {e}"));
+    say(&format!("nfs-ganesha serving on 127.0.0.1:{}", fs.nfs.port));
+    let (a, b) = tokio::join!(boot(&bed, "rwx-a"), boot(&bed, "rwx-b"));
+    let ctrl = Driver::start(&bed, |c| c.mode = Mode::Controller).await;
+    let (na, nb) = tokio::join!(start_plugin(&bed, &a), start_plugin(&bed, &b));
+
+    // CreateVolume: a Filesystem RWX host PVC on the Longhorn class, and upstream's CR.
+    let created = ControllerClient::new(ctrl.channel.clone())
+        .create_volume(rwx_request(
+            "shared-vol",
+            &[("hostStorageClass", RWX_CLASS)],
+        ))
+        .await
+        .expect("CreateVolume RWX")
+        .into_inner()
+        .volume
+        .expect("volume");
+    let id = created.volume_id.clone();
+    let pvc = host_pvc(&bed, &id).await.expect("host PVC");
+    let spec = pvc.spec.clone().unwrap_or_default();
+    assert_eq!(
+        spec.access_modes,
+        Some(vec![upstream::HOST_ACCESS_MODE.into()])
+    );
+    assert_eq!(
+        spec.volume_mode.as_deref(),
+        Some(upstream::HOST_VOLUME_MODE)
+    );
+    assert_eq!(spec.storage_class_name.as_deref(), Some(RWX_CLASS));
+    let pv = pv_of(&bed, &id).await;
+    let cr = network_fs(&bed, &pv)
+        .await
+        .expect("NetworkFilesystem created by CreateVolume");
+    let cr_spec = serde_json::to_value(&cr.spec).unwrap();
+    assert_eq!(
+        cr_spec,
+        json!({"networkFSName": pv, "desiredState": upstream::DESIRED_DISABLED,
+               "provisioner": upstream::NFS_PROVISIONER})
+    );
+
+    // Published to both guests: the CR is enabled and Ready, nothing is hot-plugged.
+    for node in ["rwx-a", "rwx-b"] {
+        let took = controller_publish(&ctrl, &id, node)
+            .await
+            .unwrap_or_else(|e| panic!("ControllerPublishVolume to {node}: {e:?}"));
+        say(&format!(
+            "ControllerPublishVolume RWX to {node} in {:.2}s",
+            took.as_secs_f64()
+        ));
+    }
+    let cr = network_fs(&bed, &pv).await.expect("CR");
+    assert_eq!(cr.spec.desired_state, upstream::DESIRED_ENABLED);
+    let status = cr.status.clone().expect("status");
+    assert_eq!(status.status, upstream::ENDPOINT_READY);
+    assert_eq!(status.endpoint, HOST_FROM_GUEST);
+    assert!(
+        fs.nfs.exports().contains(&pv),
+        "exported: {:?}",
+        fs.nfs.exports()
+    );
+    assert!(
+        !a.is_plugged(&testbed::vm::device_id(&id)) && !b.is_plugged(&testbed::vm::device_id(&id)),
+        "an RWX volume is never hot-plugged"
+    );
+
+    // Staged and published in both guests; a write on one is read on the other.
+    let (va, vb) = (guest_vol(&id, "rwx-a"), guest_vol(&id, "rwx-b"));
+    let export = format!("{HOST_FROM_GUEST}:/{pv}");
+    for (vm, n, v) in [(&a, &na, &va), (&b, &nb, &vb)] {
+        let t = Instant::now();
+        stage(n, v)
+            .await
+            .unwrap_or_else(|e| panic!("NodeStageVolume in {}: {e:?}", vm.name));
+        // Idempotent: the same mount again is success.
+        stage(n, v)
+            .await
+            .unwrap_or_else(|e| panic!("NodeStageVolume again: {e:?}"));
+        common::publish(n, v, &rwx_cap())
+            .await
+            .unwrap_or_else(|e| panic!("NodePublishVolume in {}: {e:?}", vm.name));
+        let m = guest_nfs_mount(vm, &v.staging)
+            .await
+            .expect("an NFS mount at staging");
+        assert!(m.starts_with(&format!("{export} nfs")), "{}: {m}", vm.name);
+        say(&format!(
+            "{}: staged and published in {:.2}s: {m}",
+            vm.name,
+            t.elapsed().as_secs_f64()
+        ));
+    }
+    a.run(&format!(
+        "echo written-on-a > {}/from-a && sync",
+        va.target.display()
+    ))
+    .await
+    .expect("writing in guest a");
+    let seen = b
+        .run(&format!("cat {}/from-a", vb.target.display()))
+        .await
+        .expect("reading in guest b");
+    assert_eq!(seen.trim(), "written-on-a", "b reads what a wrote");
+    b.run(&format!(
+        "echo written-on-b > {}/from-b && sync",
+        vb.target.display()
+    ))
+    .await
+    .expect("writing in guest b");
+    assert_eq!(
+        a.run(&format!("cat {}/from-b", va.target.display()))
+            .await
+            .expect("reading in a")
+            .trim(),
+        "written-on-b"
+    );
+    assert_eq!(
+        std::fs::read_to_string(fs.host_mount(&pv).join("from-a")).expect("on the server"),
+        "written-on-a\n",
+        "the data is on the exported volume"
+    );
+
+    // Unpublished from a while b's Pod and attachment hold it: the export stays, b works on.
+    guest_user(&bed, &id, "rwx-b").await;
+    unstage(&na, &va).await;
+    assert_eq!(guest_nfs_mount(&a, &va.staging).await, None, "a unmounted");
+    delete_guest(
+        Api::<VolumeAttachment>::all(bed.guest.client.clone()),
+        "va-rwx-a",
+    )
+    .await;
+    controller_unpublish(&ctrl, &id, "rwx-a").await;
+    let cr = network_fs(&bed, &pv).await.expect("CR");
+    assert_eq!(
+        cr.spec.desired_state,
+        upstream::DESIRED_ENABLED,
+        "b still uses it"
+    );
+    b.run(&format!(
+        "echo still-writing > {0}/after-a && sync && cat {0}/from-a",
+        vb.target.display()
+    ))
+    .await
+    .expect("b still reads and writes after a left");
+    // The last user goes: unpublish from b disables the export.
+    unstage(&nb, &vb).await;
+    delete_guest(
+        Api::<Pod>::namespaced(bed.guest.client.clone(), "default"),
+        "user-rwx-b",
+    )
+    .await;
+    delete_guest(
+        Api::<VolumeAttachment>::all(bed.guest.client.clone()),
+        "va-rwx-b",
+    )
+    .await;
+    controller_unpublish(&ctrl, &id, "rwx-b").await;
+    let cr = network_fs(&bed, &pv).await.expect("CR");
+    assert_eq!(
+        cr.spec.desired_state,
+        upstream::DESIRED_DISABLED,
+        "nobody uses it"
+    );
+    wait::until("the export to be removed", Duration::from_secs(30), || {
+        let fs = fs.clone();
+        let pv = pv.clone();
+        async move {
+            let e = fs.nfs.exports();
+            Ok(if e.contains(&pv) { Err(e) } else { Ok(()) })
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    delete_guest(Api::<PersistentVolume>::all(bed.guest.client.clone()), &id).await;
+
+    // A volume made the way upstream makes it (host PVC + NetworkFilesystem, not by our
+    // driver) is published and staged by ours, and keeps what was written to it.
+    let up_id = "pvc-made-by-upstream";
+    let up_pvc: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": up_id},
+        "spec": {"accessModes": [upstream::HOST_ACCESS_MODE], "volumeMode": upstream::HOST_VOLUME_MODE,
+                 "storageClassName": RWX_CLASS, "resources": {"requests": {"storage": "64Mi"}}}
+    }))
+    .unwrap();
+    Api::<PersistentVolumeClaim>::namespaced(bed.sim.harvester.clone(), &bed.vm_namespace)
+        .create(&Default::default(), &up_pvc)
+        .await
+        .expect("upstream-style host PVC");
+    let up_pv = pv_of(&bed, up_id).await;
+    let up_cr: NetworkFilesystem = serde_json::from_value(json!({
+        "apiVersion": "harvesterhci.io/v1beta1", "kind": "NetworkFilesystem",
+        "metadata": {"name": up_pv, "namespace": upstream::NFS_NAMESPACE},
+        "spec": {"networkFSName": up_pv, "desiredState": upstream::DESIRED_DISABLED,
+                 "provisioner": upstream::NFS_PROVISIONER}
+    }))
+    .unwrap();
+    Api::<NetworkFilesystem>::namespaced(bed.sim.harvester.clone(), upstream::NFS_NAMESPACE)
+        .create(&Default::default(), &up_cr)
+        .await
+        .expect("upstream-style NetworkFilesystem");
+    controller_publish(&ctrl, up_id, "rwx-a")
+        .await
+        .expect("ControllerPublishVolume of the upstream-made volume");
+    std::fs::write(fs.host_mount(&up_pv).join("made-upstream"), "kept\n")
+        .expect("server-side write");
+    let vu = guest_vol(up_id, "rwx-a");
+    stage(&na, &vu)
+        .await
+        .expect("NodeStageVolume of the upstream-made volume");
+    assert_eq!(
+        a.run(&format!("cat {}/made-upstream", vu.staging.display()))
+            .await
+            .expect("reading it in a")
+            .trim(),
+        "kept"
+    );
+    NodeClient::new(na.channel.clone())
+        .node_unstage_volume(NodeUnstageVolumeRequest {
+            volume_id: up_id.into(),
+            staging_target_path: vu.staging.display().to_string(),
+        })
+        .await
+        .expect("NodeUnstageVolume");
+
+    // The NFS server stopped: NodeStage is UNAVAILABLE within its bound, with no mount and no
+    // mount helper left in the guest.
+    fs.nfs.stop();
+    let bound = harvester_csi_driver::Timeouts::default().nfs_mount;
+    let vdown = guest_vol(up_id, "rwx-b");
+    let t = Instant::now();
+    let err = stage(&nb, &vdown)
+        .await
+        .expect_err("the NFS server is down");
+    let took = t.elapsed();
+    say(&format!(
+        "NodeStageVolume with the NFS server stopped: {:?} after {:.1}s (bound {bound:?}): {}",
+        err.code(),
+        took.as_secs_f64(),
+        err.message()
+    ));
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert!(err.message().contains(&up_pv), "{}", err.message());
+    assert!(took < bound + Duration::from_secs(15), "bounded: {took:?}");
+    assert_eq!(
+        guest_nfs_mount(&b, &vdown.staging).await,
+        None,
+        "no mount left behind"
+    );
+    let helpers = b
+        .run("ps -o pid,args | grep '[m]ount.nfs' || true")
+        .await
+        .expect("ps in the guest");
+    assert!(helpers.trim().is_empty(), "no mount helper left: {helpers}");
+    // Back up: the same stage works.
+    fs.nfs.start_again().expect("restarting the NFS server");
+    stage(&nb, &vdown)
+        .await
+        .expect("NodeStageVolume once the server is back");
+    assert!(guest_nfs_mount(&b, &vdown.staging).await.is_some());
+    NodeClient::new(nb.channel.clone())
+        .node_unstage_volume(NodeUnstageVolumeRequest {
+            volume_id: up_id.into(),
+            staging_target_path: vdown.staging.display().to_string(),
+        })
+        .await
+        .expect("NodeUnstageVolume");
+
+    // DeleteVolume: the NetworkFilesystem goes first, then the PVC.
+    for (vol, pv) in [(id.as_str(), pv.as_str()), (up_id, up_pv.as_str())] {
+        ControllerClient::new(ctrl.channel.clone())
+            .delete_volume(DeleteVolumeRequest {
+                volume_id: vol.into(),
+                ..Default::default()
+            })
+            .await
+            .expect("DeleteVolume");
+        assert!(
+            network_fs(&bed, pv).await.is_none(),
+            "{pv}: NetworkFilesystem deleted"
+        );
+        let bed = &bed;
+        wait::until(
+            "the host PVC to go",
+            Duration::from_secs(30),
+            || async move {
+                Ok(if host_pvc(bed, vol).await.is_none() {
+                    Ok(())
+                } else {
+                    Err("still there")
+                })
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+    ctrl.stop().await;
+    a.stop().await;
+    b.stop().await;
+    say(&format!(
+        "rwx_volume_shared_by_two_guests_root took {:.0}s",
+        t0.elapsed().as_secs_f64()
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rwx_bad_input_is_invalid_argument() {
+    let bed = common::bed().await;
+    common::install_default_storage_class(&bed).await;
+    create_class(&bed, "nfs-other", "nfs.csi.k8s.io", json!({})).await;
+    create_class(&bed, RWX_CLASS, upstream::LONGHORN_PROVISIONER, json!({})).await;
+    let ctrl = Driver::start(&bed, |c| c.mode = Mode::Controller).await;
+    let mut c = ControllerClient::new(ctrl.channel.clone());
+    let block_rwx = VolumeCapability {
+        access_type: Some(AccessType::Block(BlockVolume {})),
+        access_mode: Some(AccessMode {
+            mode: ProtoMode::MultiNodeMultiWriter as i32,
+        }),
+    };
+    let mut block = rwx_request("rwx-block", &[("hostStorageClass", RWX_CLASS)]);
+    block.volume_capabilities = vec![block_rwx];
+    let mut from_snapshot = rwx_request("rwx-snap", &[("hostStorageClass", RWX_CLASS)]);
+    from_snapshot.volume_content_source = Some(VolumeContentSource {
+        r#type: Some(volume_content_source::Type::Snapshot(
+            volume_content_source::SnapshotSource {
+                snapshot_id: "snap-1".into(),
+            },
+        )),
+    });
+    let cases: Vec<(&str, CreateVolumeRequest, Vec<&str>)> = vec![
+        (
+            "RWX block",
+            block,
+            vec!["volume_capabilities", "MULTI_NODE_MULTI_WRITER", "block"],
+        ),
+        (
+            "RWX on a class that is not Longhorn",
+            rwx_request("rwx-other", &[("hostStorageClass", "nfs-other")]),
+            vec![
+                "parameters",
+                "hostStorageClass",
+                "\"nfs-other\"",
+                "nfs.csi.k8s.io",
+            ],
+        ),
+        (
+            "RWX on a StorageClass Harvester does not have",
+            rwx_request(
+                "rwx-missing-class",
+                &[("hostStorageClass", "no-such-class")],
+            ),
+            vec!["parameters", "hostStorageClass", "\"no-such-class\""],
+        ),
+        (
+            "RWX with hostVolumeMode block",
+            rwx_request(
+                "rwx-hostblock",
+                &[("hostStorageClass", RWX_CLASS), ("hostVolumeMode", "block")],
+            ),
+            vec!["parameters", "hostVolumeMode", "\"block\""],
+        ),
+        (
+            "RWX from a snapshot",
+            from_snapshot,
+            vec!["volume_content_source"],
+        ),
+    ];
+    for (what, req, needles) in cases {
+        let err = c.create_volume(req).await.expect_err(what);
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{what}: {err:?}");
+        for n in needles {
+            assert!(
+                err.message().contains(n),
+                "{what}: {n:?} in {}",
+                err.message()
+            );
+        }
+        say(&format!("{what}: {}", err.message()));
+    }
+    let pvcs =
+        Api::<PersistentVolumeClaim>::namespaced(bed.sim.harvester.clone(), &bed.vm_namespace)
+            .list(&Default::default())
+            .await
+            .expect("listing host PVCs");
+    assert!(
+        pvcs.items.is_empty(),
+        "no host PVC for refused requests: {:?}",
+        pvcs.items
+    );
+    let crs = Api::<NetworkFilesystem>::all(bed.sim.harvester.clone())
+        .list(&Default::default())
+        .await
+        .expect("listing NetworkFilesystems");
+    assert!(crs.items.is_empty());
+    // Publishing a single-node (block) volume MULTI_NODE_MULTI_WRITER is refused too.
+    let single = c
+        .create_volume(common::create_request(
+            "rwo",
+            64 * MIB,
+            &common::block_cap(),
+        ))
+        .await
+        .expect("CreateVolume RWO")
+        .into_inner()
+        .volume
+        .expect("volume");
+    bed.sim
+        .create_host("harvester-1", None, None)
+        .await
+        .expect("host");
+    bed.sim
+        .create_vm(&GuestVm::new(common::NODE).on_host("harvester-1"))
+        .await
+        .expect("VM");
+    let err = controller_publish(&ctrl, &single.volume_id, common::NODE)
+        .await
+        .expect_err("an RWO volume published RWX");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("MULTI_NODE_MULTI_WRITER"),
+        "{}",
+        err.message()
+    );
+    ctrl.stop().await;
+}
