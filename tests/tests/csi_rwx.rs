@@ -271,6 +271,19 @@ async fn guest_user(bed: &TestBed, id: &str, node: &str) {
         .create(&Default::default(), &pv)
         .await
         .expect("guest PV");
+    // No kube-controller-manager on this guest API server: its ServiceAccount controller would
+    // make the namespace's `default` account, which Pod admission looks up.
+    let sa: k8s_openapi::api::core::v1::ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "default", "namespace": "default"}}))
+            .unwrap();
+    match Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(g.clone(), "default")
+        .create(&Default::default(), &sa)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("guest ServiceAccount: {e}"),
+    }
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": format!("user-{node}"), "namespace": "default"},
         "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}],
