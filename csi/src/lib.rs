@@ -358,11 +358,16 @@ pub async fn serve_with(
         }
     });
     let identity = identity::IdentityService::new(config.mode);
+    let mut hotplug_follower = None;
     let controller = if config.mode.controller() {
         let guest = controller::guest_client(config.guest_kubeconfig.as_deref(), &metrics).await;
+        let (modes, task) =
+            controller::hotplug_mode::HotplugModes::follow(harvester.client.clone(), readiness.clone());
+        hotplug_follower = Some(task);
         Some(controller::ControllerService::new(
             harvester.clone(),
             guest,
+            modes,
             &config,
         ))
     } else {
@@ -416,6 +421,9 @@ pub async fn serve_with(
         }
     };
     credentials.abort();
+    if let Some(task) = hotplug_follower {
+        task.abort();
+    }
     if let Some(path) = socket {
         let _ = std::fs::remove_file(&path);
     }

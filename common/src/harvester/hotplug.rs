@@ -141,3 +141,107 @@ async fn put_subresource<B: Serialize>(
             source,
         })
 }
+
+/// The JSON patch (RFC 6902) that hot-plugs PVC `claim` as SCSI disk `name` with `serial` into VM
+/// `vm` under KubeVirt's `DeclarativeHotplugVolumes`, as upstream sends it (harvester-csi-driver
+/// `addVolumeToVM`): a `test` of the VM's resourceVersion (the API server refuses the whole patch
+/// if the VM changed since it was read), then an `add` of each entry the spec lacks. `None` when
+/// the spec has both already.
+pub fn declarative_add_patch(
+    vm: &super::VirtualMachine,
+    name: &str,
+    claim: &str,
+    serial: &str,
+) -> Option<serde_json::Value> {
+    let spec = &vm.spec.template.spec;
+    let mut ops = Vec::new();
+    if !spec.volumes.iter().any(|v| v.name == name) {
+        let volume = serde_json::json!({"name": name,
+            "persistentVolumeClaim": {"claimName": claim, "hotpluggable": true}});
+        ops.push(append_op(
+            "/spec/template/spec/volumes",
+            spec.volumes.is_empty(),
+            volume,
+        ));
+    }
+    if !spec.domain.devices.disks.iter().any(|d| d.name == name) {
+        let disk = serde_json::json!({"name": name, "serial": serial, "disk": {"bus": "scsi"}});
+        ops.push(append_op(
+            "/spec/template/spec/domain/devices/disks",
+            spec.domain.devices.disks.is_empty(),
+            disk,
+        ));
+    }
+    (!ops.is_empty()).then(|| with_version_test(vm, ops))
+}
+
+/// The JSON patch that hot-unplugs volume `name` from VM `vm` declaratively, as upstream sends it
+/// (`removeVolumeFromVM`): a `test` of the resourceVersion, then a `replace` of the volume and
+/// disk lists without it. `None` when the spec has neither.
+pub fn declarative_remove_patch(
+    vm: &super::VirtualMachine,
+    name: &str,
+) -> Option<serde_json::Value> {
+    let spec = &vm.spec.template.spec;
+    let has_volume = spec.volumes.iter().any(|v| v.name == name);
+    let has_disk = spec.domain.devices.disks.iter().any(|d| d.name == name);
+    if !has_volume && !has_disk {
+        return None;
+    }
+    let volumes: Vec<_> = spec.volumes.iter().filter(|v| v.name != name).collect();
+    let disks: Vec<_> = spec
+        .domain
+        .devices
+        .disks
+        .iter()
+        .filter(|d| d.name != name)
+        .collect();
+    let ops = vec![
+        serde_json::json!({"op": "replace", "path": "/spec/template/spec/volumes", "value": volumes}),
+        serde_json::json!({"op": "replace", "path": "/spec/template/spec/domain/devices/disks", "value": disks}),
+    ];
+    Some(with_version_test(vm, ops))
+}
+
+/// `add` at the end of the list at `path`; a missing or empty list is added whole (`/-` needs an
+/// existing array).
+fn append_op(path: &str, list_empty: bool, item: serde_json::Value) -> serde_json::Value {
+    if list_empty {
+        serde_json::json!({"op": "add", "path": path, "value": [item]})
+    } else {
+        serde_json::json!({"op": "add", "path": format!("{path}/-"), "value": item})
+    }
+}
+
+fn with_version_test(
+    vm: &super::VirtualMachine,
+    ops: Vec<serde_json::Value>,
+) -> serde_json::Value {
+    let rv = vm.metadata.resource_version.clone().unwrap_or_default();
+    let mut all = vec![serde_json::json!({"op": "test", "path": "/metadata/resourceVersion", "value": rv})];
+    all.extend(ops);
+    serde_json::Value::Array(all)
+}
+
+/// Whether a VM patch failed only because its resourceVersion `test` no longer held (the VM
+/// changed since it was read): the API server answers 422 naming the failed test (or 409).
+pub fn patch_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s)
+        if s.code == 409 || (s.code == 422 && s.message.contains("/metadata/resourceVersion")))
+}
+
+/// `PATCH` VM `vm` with the JSON patch `patch` (`application/json-patch+json`).
+pub async fn patch_vm(
+    client: &kube::Client,
+    namespace: &str,
+    vm: &str,
+    patch: &serde_json::Value,
+) -> Result<super::VirtualMachine, kube::Error> {
+    let url = format!("/apis/kubevirt.io/v1/namespaces/{namespace}/virtualmachines/{vm}");
+    let body = serde_json::to_vec(patch).map_err(kube::Error::SerdeError)?;
+    let req = http::Request::patch(url)
+        .header(http::header::CONTENT_TYPE, "application/json-patch+json")
+        .body(body)
+        .map_err(kube::Error::HttpError)?;
+    client.request(req).await
+}

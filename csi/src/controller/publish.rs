@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use csi_proto::csi::v1::*;
 use harvester_common::harvester::hotplug::{self, AddVolumeOptions, HotplugError};
 use harvester_common::harvester::kubevirt::VOLUME_READY;
+use harvester_common::harvester::settings::HotplugMode;
 use harvester_common::harvester::{
     RemoveVolumeOptions, Rest, VirtualMachine, VirtualMachineInstance,
 };
@@ -18,6 +19,9 @@ use super::ControllerService;
 use crate::error::ControllerError;
 use crate::naming;
 use crate::request::{self, required};
+
+/// How often a declarative VM patch is tried when the VM keeps changing under it.
+const DECLARATIVE_ATTEMPTS: u32 = 5;
 
 /// Publish context key carrying the disk serial to the node plugin.
 pub const CONTEXT_SERIAL: &str = "serial";
@@ -180,6 +184,7 @@ impl ControllerService {
         let id = required("volume_id", &req.volume_id)?;
         let node = required("node_id", &req.node_id)?;
         request::capability("volume_capability", req.volume_capability.as_ref())?;
+        let mode = self.hotplug.current()?;
         let ns = self.ns().to_string();
         self.existing(id).await?;
         let vm = self
@@ -226,12 +231,7 @@ impl ControllerService {
                     });
                 }
                 let serial = naming::disk_serial(id);
-                let body = AddVolumeOptions::scsi_pvc(id, id, &serial);
-                match hotplug::add_volume(&self.harvester.client, &ns, node, &body).await {
-                    Ok(()) => tracing::info!(volume = id, node, serial, "addvolume sent"),
-                    Err(e) if already_added(&e) => {}
-                    Err(e) => return Err(e.into()),
-                }
+                self.add_to_vm(mode, vm, id, &serial).await?;
                 Some(serial)
             }
         };
@@ -299,6 +299,113 @@ impl ControllerService {
             self.detach(id, &node).await?;
         }
         Ok(ControllerUnpublishVolumeResponse {})
+    }
+
+    /// Hot-plugs PVC `id` into VM `vm` as disk `id` with `serial`, the way `mode` says.
+    async fn add_to_vm(
+        &self,
+        mode: HotplugMode,
+        vm: VirtualMachine,
+        id: &str,
+        serial: &str,
+    ) -> Result<(), ControllerError> {
+        let node = vm.metadata.name.clone().unwrap_or_default();
+        match mode {
+            HotplugMode::Subresource => {
+                let body = AddVolumeOptions::scsi_pvc(id, id, serial);
+                match hotplug::add_volume(&self.harvester.client, self.ns(), &node, &body).await {
+                    Ok(()) => tracing::info!(volume = id, node, serial, "addvolume sent"),
+                    Err(e) if already_added(&e) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                Ok(())
+            }
+            HotplugMode::Declarative => {
+                self.patch_vm_spec(vm, id, "hot-plug", |vm| {
+                    hotplug::declarative_add_patch(vm, id, id, serial)
+                })
+                .await
+            }
+        }
+    }
+
+    /// Hot-unplugs volume `id` from VM `vm`, the way `mode` says.
+    async fn remove_from_vm(
+        &self,
+        mode: HotplugMode,
+        vm: VirtualMachine,
+        id: &str,
+    ) -> Result<(), ControllerError> {
+        let node = vm.metadata.name.clone().unwrap_or_default();
+        match mode {
+            HotplugMode::Subresource => {
+                let body = RemoveVolumeOptions {
+                    name: id.to_string(),
+                    rest: Rest::new(),
+                };
+                match hotplug::remove_volume(&self.harvester.client, self.ns(), &node, &body).await
+                {
+                    Ok(()) => tracing::info!(volume = id, node, "removevolume sent"),
+                    Err(e) if already_removed(&e) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                Ok(())
+            }
+            HotplugMode::Declarative => {
+                self.patch_vm_spec(vm, id, "hot-unplug", |vm| {
+                    hotplug::declarative_remove_patch(vm, id)
+                })
+                .await
+            }
+        }
+    }
+
+    /// Declarative hot-plug: JSON-patches VM `vm` with `plan(vm)` (which `test`s the VM's
+    /// resourceVersion). When the VM changed since it was read, the patch is refused whole; the
+    /// VM is read again and the plan made anew, so an entry is never added twice.
+    async fn patch_vm_spec(
+        &self,
+        mut vm: VirtualMachine,
+        id: &str,
+        what: &str,
+        plan: impl Fn(&VirtualMachine) -> Option<serde_json::Value>,
+    ) -> Result<(), ControllerError> {
+        let ns = self.ns().to_string();
+        let node = vm.metadata.name.clone().unwrap_or_default();
+        for attempt in 1..=DECLARATIVE_ATTEMPTS {
+            let Some(patch) = plan(&vm) else {
+                return Ok(());
+            };
+            match hotplug::patch_vm(&self.harvester.client, &ns, &node, &patch).await {
+                Ok(_) => {
+                    tracing::info!(volume = id, node, "declarative {what}: VM spec patched");
+                    return Ok(());
+                }
+                Err(e) if hotplug::patch_conflict(&e) && attempt < DECLARATIVE_ATTEMPTS => {
+                    tracing::debug!(volume = id, node, attempt, "VM changed meanwhile: {e}");
+                    vm = match self.vms().get_opt(&node).await {
+                        Ok(Some(vm)) => vm,
+                        Ok(None) => {
+                            return Err(ControllerError::NodeNotFound {
+                                namespace: ns,
+                                node,
+                            });
+                        }
+                        Err(e) => {
+                            return Err(ControllerError::api(format!("getting VM {node}"))(e));
+                        }
+                    };
+                }
+                Err(e) => {
+                    return Err(ControllerError::api(format!(
+                        "patching VM {ns}/{node} (declarative {what} of volume {id})"
+                    ))(e));
+                }
+            }
+        }
+        Err(ControllerError::Busy(format!(
+            "{id}: VM {ns}/{node} changed during each of {DECLARATIVE_ATTEMPTS} patch attempts"
+        )))
     }
 
     /// The VMIs other than `node` holding claim `id` that are [`fenced`]: stopped, on a guest Node
@@ -420,15 +527,8 @@ impl ControllerService {
                 )));
             }
             if hotplugged {
-                let body = RemoveVolumeOptions {
-                    name: id.to_string(),
-                    rest: Rest::new(),
-                };
-                match hotplug::remove_volume(&self.harvester.client, &ns, node, &body).await {
-                    Ok(()) => tracing::info!(volume = id, node, "removevolume sent"),
-                    Err(e) if already_removed(&e) => {}
-                    Err(e) => return Err(e.into()),
-                }
+                self.remove_from_vm(self.hotplug.current()?, vm.clone(), id)
+                    .await?;
             }
         }
         if !stale_vmi {
