@@ -245,3 +245,72 @@ pub async fn patch_vm(
         .map_err(kube::Error::HttpError)?;
     client.request(req).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn vm(rv: &str, volumes: serde_json::Value, disks: serde_json::Value) -> super::super::VirtualMachine {
+        serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": "w1", "resourceVersion": rv},
+            "spec": {"template": {"spec": {"volumes": volumes, "domain": {"devices": {"disks": disks}}}}}
+        }))
+        .expect("vm literal")
+    }
+
+    #[test]
+    fn declarative_add_tests_the_version_then_appends_what_is_missing() {
+        // The shape upstream sends (harvester-csi-driver pkg/csi/controller_server.go
+        // addVolumeToVM, commit 97b6c358), plus our serial in the disk entry.
+        let root = json!([{"name": "rootdisk", "persistentVolumeClaim": {"claimName": "root"}}]);
+        let root_disk = json!([{"name": "rootdisk", "disk": {"bus": "virtio"}}]);
+        let v = vm("42", root.clone(), root_disk.clone());
+        assert_eq!(
+            declarative_add_patch(&v, "pvc-1", "pvc-1", "s1"),
+            Some(json!([
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "42"},
+                {"op": "add", "path": "/spec/template/spec/volumes/-",
+                 "value": {"name": "pvc-1", "persistentVolumeClaim": {"claimName": "pvc-1", "hotpluggable": true}}},
+                {"op": "add", "path": "/spec/template/spec/domain/devices/disks/-",
+                 "value": {"name": "pvc-1", "serial": "s1", "disk": {"bus": "scsi"}}}
+            ]))
+        );
+        // Only the disk is missing: only the disk is added.
+        let mut vols = root.as_array().unwrap().clone();
+        vols.push(json!({"name": "pvc-1", "persistentVolumeClaim": {"claimName": "pvc-1", "hotpluggable": true}}));
+        let half = vm("43", json!(vols), root_disk);
+        let patch = declarative_add_patch(&half, "pvc-1", "pvc-1", "s1").expect("a patch");
+        assert_eq!(patch.as_array().map(Vec::len), Some(2));
+        assert_eq!(patch[1]["path"], "/spec/template/spec/domain/devices/disks/-");
+        // Both present: nothing to send.
+        let mut disks = vec![json!({"name": "rootdisk"})];
+        disks.push(json!({"name": "pvc-1", "serial": "s1"}));
+        assert_eq!(declarative_add_patch(&vm("44", json!(vols), json!(disks)), "pvc-1", "pvc-1", "s1"), None);
+        // No list yet: the list is added whole.
+        let empty = vm("45", json!([]), json!([]));
+        let patch = declarative_add_patch(&empty, "pvc-1", "pvc-1", "s1").expect("a patch");
+        assert_eq!(patch[1]["path"], "/spec/template/spec/volumes");
+        assert!(patch[1]["value"].is_array());
+    }
+
+    #[test]
+    fn declarative_remove_replaces_both_lists_without_the_volume() {
+        let v = vm(
+            "7",
+            json!([{"name": "rootdisk"}, {"name": "pvc-1", "persistentVolumeClaim": {"claimName": "pvc-1", "hotpluggable": true}}]),
+            json!([{"name": "rootdisk", "bootOrder": 1}, {"name": "pvc-1", "serial": "s1"}]),
+        );
+        assert_eq!(
+            declarative_remove_patch(&v, "pvc-1"),
+            Some(json!([
+                {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
+                {"op": "replace", "path": "/spec/template/spec/volumes", "value": [{"name": "rootdisk"}]},
+                {"op": "replace", "path": "/spec/template/spec/domain/devices/disks",
+                 "value": [{"name": "rootdisk", "bootOrder": 1}]}
+            ]))
+        );
+        assert_eq!(declarative_remove_patch(&v, "pvc-2"), None);
+    }
+}

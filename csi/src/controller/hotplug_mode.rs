@@ -42,6 +42,12 @@ impl HotplugModes {
         (HotplugModes { rx }, task)
     }
 
+    /// Waits (at most `limit`) for the follower's first answer, success or not, so a driver
+    /// does not serve its first calls while the setting is still being read.
+    pub async fn first_read(&mut self, limit: Duration) {
+        let _ = tokio::time::timeout(limit, self.rx.changed()).await;
+    }
+
     /// The current mode; UNAVAILABLE (with the reason) while it is unknown.
     pub fn current(&self) -> Result<HotplugMode, ControllerError> {
         self.rx.borrow().clone().map_err(|reason| {

@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use tokio::task::JoinSet;
 
+use harvester_common::harvester::HotplugMode;
+
 use crate::BedError;
 use crate::certs::Pki;
 use storage::Storage;
@@ -41,6 +43,7 @@ impl Sim {
         vm_namespace: String,
         dir: &Path,
         hotplug_delay: Duration,
+        hotplug_mode: HotplugMode,
     ) -> Result<Sim, BedError> {
         let storage = Arc::new(Storage::new(dir)?);
         let hotplug = Arc::new(HotplugCtx {
@@ -51,11 +54,13 @@ impl Sim {
             calls: Default::default(),
             vms: Default::default(),
             by_id_dirs: Default::default(),
+            declarative: (hotplug_mode == HotplugMode::Declarative).into(),
         });
         let virt_api = VirtApi::start(pki, hotplug.clone()).await?;
         let mut tasks = JoinSet::new();
         tasks.spawn(storage::run_pvc_binder(harvester.clone(), storage.clone()));
         tasks.spawn(lb::run(harvester.clone()));
+        tasks.spawn(virt_api::run_declarative(hotplug.clone()));
         tasks.spawn(snapshot::run(
             harvester.clone(),
             storage.clone(),
