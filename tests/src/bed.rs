@@ -140,11 +140,6 @@ impl TestBed {
             opts.vm_namespace
         );
         apply_yaml(&harvester.client, &namespaces, "default").await?;
-        let version = format!(
-            "apiVersion: harvesterhci.io/v1beta1\nkind: Setting\nmetadata: {{name: server-version}}\nvalue: {}\n",
-            server_version_for(opts.hotplug)
-        );
-        apply_yaml(&harvester.client, &version, "default").await?;
 
         let sim = Sim::start(
             &pki,
@@ -156,6 +151,7 @@ impl TestBed {
             opts.hotplug,
         )
         .await?;
+        sim.set_hotplug_mode(opts.hotplug).await?;
         register_virt_api(&harvester.client, &pki, sim.virt_api.port).await?;
         let cluster = if opts.real_node {
             Some(

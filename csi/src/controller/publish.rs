@@ -3,6 +3,7 @@
 //! watch until the VMI says the disk is Ready (or gone).
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use csi_proto::csi::v1::*;
 use harvester_common::harvester::hotplug::{self, AddVolumeOptions, HotplugError};
@@ -21,7 +22,7 @@ use crate::naming;
 use crate::request::{self, required};
 
 /// How often a declarative VM patch is tried when the VM keeps changing under it.
-const DECLARATIVE_ATTEMPTS: u32 = 5;
+const DECLARATIVE_ATTEMPTS: u32 = 8;
 
 /// Publish context key carrying the disk serial to the node plugin.
 pub const CONTEXT_SERIAL: &str = "serial";
@@ -321,8 +322,8 @@ impl ControllerService {
                 Ok(())
             }
             HotplugMode::Declarative => {
-                self.patch_vm_spec(vm, id, "hot-plug", |vm| {
-                    hotplug::declarative_add_patch(vm, id, id, serial)
+                self.patch_vm_spec(&node, id, "hot-plug", |spec| {
+                    hotplug::declarative_add_patch(spec, id, id, serial)
                 })
                 .await
             }
@@ -352,60 +353,68 @@ impl ControllerService {
                 Ok(())
             }
             HotplugMode::Declarative => {
-                self.patch_vm_spec(vm, id, "hot-unplug", |vm| {
-                    hotplug::declarative_remove_patch(vm, id)
+                self.patch_vm_spec(&node, id, "hot-unplug", |spec| {
+                    hotplug::declarative_remove_patch(spec, id)
                 })
                 .await
             }
         }
     }
 
-    /// Declarative hot-plug: JSON-patches VM `vm` with `plan(vm)` (which `test`s the VM's
-    /// resourceVersion). When the VM changed since it was read, the patch is refused whole; the
-    /// VM is read again and the plan made anew, so an entry is never added twice.
+    /// Declarative hot-plug: JSON-patches VM `node` with `plan(spec)`, made from its
+    /// `spec.template.spec` as stored (the patch `test`s the volume and disk lists as read). When
+    /// another writer changed them since, the patch is refused whole; the VM is read again and
+    /// the plan made anew, so an entry is never added twice nor another writer's lost.
     async fn patch_vm_spec(
         &self,
-        mut vm: VirtualMachine,
+        node: &str,
         id: &str,
         what: &str,
-        plan: impl Fn(&VirtualMachine) -> Option<serde_json::Value>,
+        plan: impl Fn(&serde_json::Value) -> Option<serde_json::Value>,
     ) -> Result<(), ControllerError> {
         let ns = self.ns().to_string();
-        let node = vm.metadata.name.clone().unwrap_or_default();
+        let client = &self.harvester.client;
         for attempt in 1..=DECLARATIVE_ATTEMPTS {
-            let Some(patch) = plan(&vm) else {
+            let spec = hotplug::vm_template_spec(client, &ns, node)
+                .await
+                .map_err(ControllerError::api(format!("getting VM {node}")))?
+                .ok_or_else(|| ControllerError::NodeNotFound {
+                    namespace: ns.clone(),
+                    node: node.to_string(),
+                })?;
+            let Some(patch) = plan(&spec) else {
                 return Ok(());
             };
-            match hotplug::patch_vm(&self.harvester.client, &ns, &node, &patch).await {
+            let refused = match hotplug::patch_vm(client, &ns, node, &patch).await {
                 Ok(_) => {
                     tracing::info!(volume = id, node, "declarative {what}: VM spec patched");
                     return Ok(());
                 }
-                Err(e) if hotplug::patch_conflict(&e) && attempt < DECLARATIVE_ATTEMPTS => {
-                    tracing::debug!(volume = id, node, attempt, "VM changed meanwhile: {e}");
-                    vm = match self.vms().get_opt(&node).await {
-                        Ok(Some(vm)) => vm,
-                        Ok(None) => {
-                            return Err(ControllerError::NodeNotFound {
-                                namespace: ns,
-                                node,
-                            });
-                        }
-                        Err(e) => {
-                            return Err(ControllerError::api(format!("getting VM {node}"))(e));
-                        }
-                    };
-                }
+                Err(e) if hotplug::patch_refused(&e) => e,
                 Err(e) => {
                     return Err(ControllerError::api(format!(
                         "patching VM {ns}/{node} (declarative {what} of volume {id})"
                     ))(e));
                 }
+            };
+            let now = hotplug::vm_template_spec(client, &ns, node)
+                .await
+                .map_err(ControllerError::api(format!("getting VM {node}")))?;
+            if now.as_ref().map(hotplug::hotplug_lists) == Some(hotplug::hotplug_lists(&spec)) {
+                // Not a lost race: the patch itself was refused.
+                return Err(ControllerError::api(format!(
+                    "patching VM {ns}/{node} (declarative {what} of volume {id})"
+                ))(refused));
             }
+            tracing::debug!(volume = id, node, attempt, "VM volumes changed meanwhile: {refused}");
+            // Back off a little more each time, so two writers stop colliding.
+            tokio::time::sleep(Duration::from_millis(20 * u64::from(attempt))).await;
         }
-        Err(ControllerError::Busy(format!(
-            "{id}: VM {ns}/{node} changed during each of {DECLARATIVE_ATTEMPTS} patch attempts"
-        )))
+        Err(ControllerError::Contended {
+            volume: id.to_string(),
+            vm: format!("{ns}/{node}"),
+            attempts: DECLARATIVE_ATTEMPTS,
+        })
     }
 
     /// The VMIs other than `node` holding claim `id` that are [`fenced`]: stopped, on a guest Node

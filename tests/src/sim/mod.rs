@@ -117,6 +117,20 @@ impl Sim {
             .await?)
     }
 
+    /// Harvester upgraded or downgraded across v1.8: `server-version` set for `mode` (created when
+    /// missing) and the stand-in's KubeVirt feature gates switched with it.
+    pub async fn set_hotplug_mode(&self, mode: HotplugMode) -> Result<(), BedError> {
+        let yaml = format!(
+            "apiVersion: harvesterhci.io/v1beta1\nkind: Setting\nmetadata: {{name: server-version}}\nvalue: {}\n",
+            crate::bed::server_version_for(mode)
+        );
+        self.hotplug
+            .set_declarative(mode == HotplugMode::Declarative);
+        crate::apply::apply_yaml(&self.harvester, &yaml, "default")
+            .await
+            .map(|_| ())
+    }
+
     /// The by-id directory (`/dev/disk/by-id` stand-in) of guest node `node`.
     pub fn by_id_dir(&self, node: &str) -> PathBuf {
         self.hotplug.by_id_dir(node)
