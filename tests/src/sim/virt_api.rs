@@ -60,13 +60,19 @@ pub struct HotplugCtx {
     pub declarative: std::sync::atomic::AtomicBool,
 }
 
+/// [`HotplugCall::verb`] of a declarative hot-plug: the VM spec gained the volume.
+pub const SPEC_ADD: &str = "spec-add";
+/// [`HotplugCall::verb`] of a declarative hot-unplug: the VM spec lost the volume.
+pub const SPEC_REMOVE: &str = "spec-remove";
+
 /// How long a VM-backed hot-plug waits for the guest kernel to show the disk.
 const GUEST_DISK_WAIT: Duration = Duration::from_secs(60);
 
-/// One `addvolume` / `removevolume` request as virt-api received it.
+/// One `addvolume` / `removevolume` request as virt-api received it, or one declarative change
+/// of a VM's volumes as virt-controller saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HotplugCall {
-    /// `addvolume` or `removevolume`.
+    /// `addvolume`, `removevolume`, [`SPEC_ADD`] or [`SPEC_REMOVE`].
     pub verb: String,
     pub namespace: String,
     pub vm: String,
@@ -131,6 +137,20 @@ impl HotplugCtx {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(node.to_string(), dir);
+    }
+
+    /// How many times volume `volume` was hot-plugged into VM `vm` the way the current gate says:
+    /// `addvolume` requests, or (declarative) VM spec edits that added it, as virt-controller saw
+    /// them.
+    pub fn plugs(&self, vm: &str, volume: &str) -> usize {
+        let verb = if self.is_declarative() { SPEC_ADD } else { "addvolume" };
+        self.count(verb, vm, volume)
+    }
+
+    /// [`HotplugCtx::plugs`] for unplugging (`removevolume`, or spec edits that removed it).
+    pub fn unplugs(&self, vm: &str, volume: &str) -> usize {
+        let verb = if self.is_declarative() { SPEC_REMOVE } else { "removevolume" };
+        self.count(verb, vm, volume)
     }
 
     /// How many `verb` requests for volume `volume` of VM `vm` virt-api has received.
@@ -836,6 +856,7 @@ async fn sync_declarative(ctx: &Arc<HotplugCtx>, vm: &VirtualMachine) -> Result<
     let present = hotplugged(&vmi.spec);
     for (volume, disk, claim, serial) in &wanted {
         if !present.iter().any(|p| p.0.name == volume.name) {
+            ctx.record(SPEC_ADD, &ns, &vm_name, &volume.name);
             plug_into_vmi(ctx, &ns, &vm_name, volume.clone(), disk.clone(), claim, serial)
                 .await
                 .map_err(|e| e.to_string())?;
@@ -843,6 +864,7 @@ async fn sync_declarative(ctx: &Arc<HotplugCtx>, vm: &VirtualMachine) -> Result<
     }
     for (volume, _, claim, serial) in &present {
         if !wanted.iter().any(|w| w.0.name == volume.name) {
+            ctx.record(SPEC_REMOVE, &ns, &vm_name, &volume.name);
             unplug_from_vmi(ctx, &ns, &vm_name, &volume.name, claim, serial)
                 .await
                 .map_err(|_| format!("unplugging {} failed", volume.name))?;
