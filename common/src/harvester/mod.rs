@@ -6,11 +6,13 @@ pub mod kubevirt;
 pub mod lenient;
 pub mod loadbalancer;
 pub mod networkfs;
+pub mod settings;
 
 pub use hotplug::{AddVolumeOptions, HotplugError, RemoveVolumeOptions};
 pub use kubevirt::{VirtualMachine, VirtualMachineInstance};
 pub use loadbalancer::{IPPool, LoadBalancer};
 pub use networkfs::NetworkFilesystem;
+pub use settings::{HotplugMode, Setting};
 
 /// Unknown fields of an object part, preserved on write-back.
 pub type Rest = serde_json::Map<String, serde_json::Value>;

@@ -15,6 +15,8 @@ use std::time::Duration;
 
 use tokio::task::JoinSet;
 
+use harvester_common::harvester::HotplugMode;
+
 use crate::BedError;
 use crate::certs::Pki;
 use storage::Storage;
@@ -46,6 +48,7 @@ impl Sim {
         vm_namespace: String,
         dir: &Path,
         hotplug_delay: Duration,
+        hotplug_mode: HotplugMode,
     ) -> Result<Sim, BedError> {
         let storage = Arc::new(Storage::new(dir)?);
         let hotplug = Arc::new(HotplugCtx {
@@ -56,11 +59,13 @@ impl Sim {
             calls: Default::default(),
             vms: Default::default(),
             by_id_dirs: Default::default(),
+            declarative: (hotplug_mode == HotplugMode::Declarative).into(),
         });
         let virt_api = VirtApi::start(pki, hotplug.clone()).await?;
         let mut tasks = JoinSet::new();
         tasks.spawn(storage::run_pvc_binder(harvester.clone(), storage.clone()));
         tasks.spawn(lb::run(harvester.clone()));
+        tasks.spawn(virt_api::run_declarative(hotplug.clone()));
         tasks.spawn(snapshot::run(
             harvester.clone(),
             storage.clone(),
@@ -136,6 +141,20 @@ impl Sim {
         ));
         *slot = Some((fs.clone(), task));
         Ok(fs)
+    }
+
+    /// Harvester upgraded or downgraded across v1.8: `server-version` set for `mode` (created when
+    /// missing) and the stand-in's KubeVirt feature gates switched with it.
+    pub async fn set_hotplug_mode(&self, mode: HotplugMode) -> Result<(), BedError> {
+        let yaml = format!(
+            "apiVersion: harvesterhci.io/v1beta1\nkind: Setting\nmetadata: {{name: server-version}}\nvalue: {}\n",
+            crate::bed::server_version_for(mode)
+        );
+        self.hotplug
+            .set_declarative(mode == HotplugMode::Declarative);
+        crate::apply::apply_yaml(&self.harvester, &yaml, "default")
+            .await
+            .map(|_| ())
     }
 
     /// The by-id directory (`/dev/disk/by-id` stand-in) of guest node `node`.
