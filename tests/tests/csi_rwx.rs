@@ -782,5 +782,18 @@ async fn rwx_bad_input_is_invalid_argument() {
         "{}",
         err.message()
     );
+    let v = c
+        .validate_volume_capabilities(ValidateVolumeCapabilitiesRequest {
+            volume_id: single.volume_id.clone(),
+            volume_capabilities: vec![rwx_cap()],
+            ..Default::default()
+        })
+        .await
+        .expect("ValidateVolumeCapabilities")
+        .into_inner();
+    assert!(
+        v.confirmed.is_none() && v.message.contains("MULTI_NODE_MULTI_WRITER"),
+        "an RWO volume is not confirmed for RWX: {v:?}"
+    );
     ctrl.stop().await;
 }

@@ -597,6 +597,27 @@ impl ControllerService {
         ))
     }
 
+    /// ValidateVolumeCapabilities: why `caps` do not fit volume `id` as to RWX, if they do not.
+    /// MULTI_NODE_MULTI_WRITER fits only an RWX volume (served through its NetworkFilesystem),
+    /// and an RWX volume is served only that way (one node's hot-plug cannot reach it).
+    pub(super) async fn rwx_mismatch(
+        &self,
+        id: &str,
+        caps: &[Capability],
+    ) -> Result<Option<String>, ControllerError> {
+        let wants_rwx = caps.iter().any(Capability::is_rwx);
+        let is_rwx = self.rwx_of(id).await?.is_some();
+        Ok(match (wants_rwx, is_rwx) {
+            (true, false) => Some(format!(
+                "volume {id} is a single-node volume (hot-plugged into one VM);                  MULTI_NODE_MULTI_WRITER needs an RWX volume"
+            )),
+            (false, true) => Some(format!(
+                "volume {id} is an RWX volume served over NFS; only MULTI_NODE_MULTI_WRITER                  mount capabilities fit it"
+            )),
+            _ => None,
+        })
+    }
+
     /// DeleteVolume of an RWX volume: its NetworkFilesystem first (the caller deletes the PVC).
     pub(super) async fn delete_rwx(&self, pv: &str) -> Result<(), ControllerError> {
         match self

@@ -509,10 +509,19 @@ impl ControllerService {
         }
         self.existing(id).await?;
         // Unsupported capabilities are not an error here: the answer is "not confirmed".
-        if let Err(e) = request::capabilities("volume_capabilities", &req.volume_capabilities) {
+        let caps = match request::capabilities("volume_capabilities", &req.volume_capabilities) {
+            Ok(caps) => caps,
+            Err(e) => {
+                return Ok(ValidateVolumeCapabilitiesResponse {
+                    confirmed: None,
+                    message: e.to_string(),
+                });
+            }
+        };
+        if let Some(why) = self.rwx_mismatch(id, &caps).await? {
             return Ok(ValidateVolumeCapabilitiesResponse {
                 confirmed: None,
-                message: e.to_string(),
+                message: why,
             });
         }
         if let Err(e) = Params::parse(&req.parameters, self.host_storage_class.as_deref()) {
