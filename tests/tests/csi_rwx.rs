@@ -795,5 +795,49 @@ async fn rwx_bad_input_is_invalid_argument() {
         v.confirmed.is_none() && v.message.contains("MULTI_NODE_MULTI_WRITER"),
         "an RWO volume is not confirmed for RWX: {v:?}"
     );
+    // A Harvester without networkfs-manager (before 1.4: no NetworkFilesystem CRD): RWX is not
+    // served, as upstream decides by listing NetworkFilesystems, and nothing is created.
+    Api::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>::all(
+        bed.sim.harvester.clone(),
+    )
+    .delete("networkfilesystems.harvesterhci.io", &Default::default())
+    .await
+    .expect("deleting the NetworkFilesystem CRD");
+    wait::until(
+        "the NetworkFilesystem API to be gone",
+        Duration::from_secs(60),
+        || async {
+            Ok(
+                match Api::<NetworkFilesystem>::all(bed.sim.harvester.clone())
+                    .list(&Default::default())
+                    .await
+                {
+                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                    other => Err(format!("{:?}", other.map(|l| l.items.len()))),
+                },
+            )
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    // A controller started against that Harvester (upstream decides at start; ours on first use).
+    ctrl.stop().await;
+    let ctrl = Driver::start(&bed, |c| c.mode = Mode::Controller).await;
+    let err = ControllerClient::new(ctrl.channel.clone())
+        .create_volume(rwx_request("rwx-old", &[("hostStorageClass", RWX_CLASS)]))
+        .await
+        .expect_err("RWX without NetworkFilesystems");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().contains("MULTI_NODE_MULTI_WRITER")
+            && err.message().contains("NetworkFilesystems"),
+        "{}",
+        err.message()
+    );
+    say(&format!("without networkfs-manager: {}", err.message()));
+    assert!(
+        host_pvc(&bed, "rwx-old").await.is_none(),
+        "no host PVC when RWX is not served"
+    );
     ctrl.stop().await;
 }

@@ -558,6 +558,55 @@ async fn csi_controller_runs_the_volume_flow_with_only_the_documented_harvester_
         .volume
         .expect("restored volume");
 
+    // An RWX volume (Harvester 1.4+; the role harvester-guest-csi-driver-rwx bound in
+    // harvester-system): Harvester's default class found by listing (a Longhorn one), the
+    // NetworkFilesystem listed, created with the volume and deleted with it.
+    let rwx = c
+        .create_volume(CreateVolumeRequest {
+            name: "pvc-rbac-rwx".into(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: 64 << 20,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![VolumeCapability {
+                access_type: Some(AccessType::Mount(MountVolume::default())),
+                access_mode: Some(AccessMode {
+                    mode: Mode::MultiNodeMultiWriter as i32,
+                }),
+            }],
+            ..Default::default()
+        })
+        .await
+        .expect("CreateVolume RWX")
+        .into_inner()
+        .volume
+        .expect("RWX volume");
+    let nfs: Api<harvester_common::harvester::NetworkFilesystem> =
+        Api::namespaced(bed.harvester.client.clone(), "harvester-system");
+    assert_eq!(
+        nfs.list(&ListParams::default())
+            .await
+            .expect("listing NetworkFilesystems")
+            .items
+            .len(),
+        1,
+        "CreateVolume RWX made its NetworkFilesystem"
+    );
+    c.delete_volume(DeleteVolumeRequest {
+        volume_id: rwx.volume_id,
+        ..Default::default()
+    })
+    .await
+    .expect("DeleteVolume RWX");
+    assert!(
+        nfs.list(&ListParams::default())
+            .await
+            .expect("listing NetworkFilesystems")
+            .items
+            .is_empty(),
+        "DeleteVolume RWX deleted its NetworkFilesystem"
+    );
+
     // And back down: unpublish (removevolume, wait until gone), delete everything.
     c.controller_unpublish_volume(ControllerUnpublishVolumeRequest {
         volume_id: id.clone(),
