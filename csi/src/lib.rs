@@ -365,8 +365,10 @@ pub async fn serve_with(
     let mut hotplug_follower = None;
     let controller = if config.mode.controller() {
         let guest = controller::guest_client(config.guest_kubeconfig.as_deref(), &metrics).await;
-        let (mut modes, task) =
-            controller::hotplug_mode::HotplugModes::follow(harvester.client.clone(), readiness.clone());
+        let (mut modes, task) = controller::hotplug_mode::HotplugModes::follow(
+            harvester.client.clone(),
+            readiness.clone(),
+        );
         hotplug_follower = Some(task);
         modes.first_read(HOTPLUG_MODE_FIRST_READ).await;
         Some(controller::ControllerService::new(

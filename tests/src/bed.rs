@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use harvester_common::harvester::HotplugMode;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::Api;
 
 use crate::apply::apply_yaml;
@@ -54,9 +54,9 @@ pub fn hotplug_from_env() -> HotplugMode {
     match std::env::var("TESTBED_HOTPLUG").as_deref() {
         Err(_) | Ok("") | Ok("subresource") => HotplugMode::Subresource,
         Ok("declarative") => HotplugMode::Declarative,
-        Ok(other) => panic!(
-            "TESTBED_HOTPLUG={other:?}: expected \"subresource\" or \"declarative\""
-        ),
+        Ok(other) => {
+            panic!("TESTBED_HOTPLUG={other:?}: expected \"subresource\" or \"declarative\"")
+        }
     }
 }
 
@@ -140,6 +140,12 @@ impl TestBed {
             opts.vm_namespace
         );
         apply_yaml(&harvester.client, &namespaces, "default").await?;
+        apply_yaml(
+            &harvester.client,
+            include_str!("../crds/harvester-authenticated.yaml"),
+            "default",
+        )
+        .await?;
 
         let sim = Sim::start(
             &pki,

@@ -307,29 +307,42 @@ mod tests {
         let half = vm("43", json!(vols), root_disk);
         let patch = declarative_add_patch(&half, "pvc-1", "pvc-1", "s1").expect("a patch");
         assert_eq!(patch.as_array().map(Vec::len), Some(3));
-        assert_eq!(patch[2]["path"], "/spec/template/spec/domain/devices/disks/-");
+        assert_eq!(
+            patch[2]["path"],
+            "/spec/template/spec/domain/devices/disks/-"
+        );
         // Both present: nothing to send.
         let mut disks = vec![json!({"name": "rootdisk"})];
         disks.push(json!({"name": "pvc-1", "serial": "s1"}));
-        assert_eq!(declarative_add_patch(&vm("44", json!(vols), json!(disks)), "pvc-1", "pvc-1", "s1"), None);
+        assert_eq!(
+            declarative_add_patch(&vm("44", json!(vols), json!(disks)), "pvc-1", "pvc-1", "s1"),
+            None
+        );
         // No lists yet: each is tested to be missing (null) and added whole; an empty list is
         // tested to be empty.
         let missing = json!({"domain": {"devices": {}}});
         let patch = declarative_add_patch(&missing, "pvc-1", "pvc-1", "s1").expect("a patch");
-        assert_eq!(patch[0], json!({"op": "test", "path": "/spec/template/spec/volumes", "value": null}));
+        assert_eq!(
+            patch[0],
+            json!({"op": "test", "path": "/spec/template/spec/volumes", "value": null})
+        );
         assert_eq!(patch[2]["path"], "/spec/template/spec/volumes");
         assert_eq!(patch[2]["op"], "add");
         assert!(patch[2]["value"].is_array());
         let empty = vm("46", json!([]), json!([]));
         let patch = declarative_add_patch(&empty, "pvc-1", "pvc-1", "s1").expect("a patch");
-        assert_eq!(patch[0], json!({"op": "test", "path": "/spec/template/spec/volumes", "value": []}));
+        assert_eq!(
+            patch[0],
+            json!({"op": "test", "path": "/spec/template/spec/volumes", "value": []})
+        );
         assert_eq!(patch[2]["path"], "/spec/template/spec/volumes");
     }
 
     #[test]
     fn declarative_remove_replaces_both_lists_without_the_volume() {
         let vols = json!([{"name": "rootdisk"}, {"name": "pvc-1", "persistentVolumeClaim": {"claimName": "pvc-1", "hotpluggable": true}}]);
-        let disks = json!([{"name": "rootdisk", "bootOrder": 1}, {"name": "pvc-1", "serial": "s1"}]);
+        let disks =
+            json!([{"name": "rootdisk", "bootOrder": 1}, {"name": "pvc-1", "serial": "s1"}]);
         let v = vm("7", vols.clone(), disks.clone());
         assert_eq!(
             declarative_remove_patch(&v, "pvc-1"),

@@ -181,7 +181,10 @@ mod tests {
             default: default.map(Into::into),
             ..Default::default()
         };
-        assert_eq!(s(Some("v1.8.0"), Some("v1.7.0")).effective_value(), "v1.8.0");
+        assert_eq!(
+            s(Some("v1.8.0"), Some("v1.7.0")).effective_value(),
+            "v1.8.0"
+        );
         assert_eq!(s(Some(""), Some("v1.7.0")).effective_value(), "v1.7.0");
         assert_eq!(s(None, None).effective_value(), "");
     }

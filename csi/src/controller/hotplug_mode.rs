@@ -121,7 +121,11 @@ async fn follow(
             }
         };
         publish(&tx, &readiness, Ok((&setting, mode_of(&setting))));
-        let rv = setting.metadata.resource_version.clone().unwrap_or_default();
+        let rv = setting
+            .metadata
+            .resource_version
+            .clone()
+            .unwrap_or_default();
         let params = WatchParams::default()
             .fields(&format!("metadata.name={SERVER_VERSION}"))
             .timeout(290);

@@ -406,7 +406,12 @@ impl ControllerService {
                     "patching VM {ns}/{node} (declarative {what} of volume {id})"
                 ))(refused));
             }
-            tracing::debug!(volume = id, node, attempt, "VM volumes changed meanwhile: {refused}");
+            tracing::debug!(
+                volume = id,
+                node,
+                attempt,
+                "VM volumes changed meanwhile: {refused}"
+            );
             // Back off a little more each time, so two writers stop colliding.
             tokio::time::sleep(Duration::from_millis(20 * u64::from(attempt))).await;
         }

@@ -143,13 +143,21 @@ impl HotplugCtx {
     /// `addvolume` requests, or (declarative) VM spec edits that added it, as virt-controller saw
     /// them.
     pub fn plugs(&self, vm: &str, volume: &str) -> usize {
-        let verb = if self.is_declarative() { SPEC_ADD } else { "addvolume" };
+        let verb = if self.is_declarative() {
+            SPEC_ADD
+        } else {
+            "addvolume"
+        };
         self.count(verb, vm, volume)
     }
 
     /// [`HotplugCtx::plugs`] for unplugging (`removevolume`, or spec edits that removed it).
     pub fn unplugs(&self, vm: &str, volume: &str) -> usize {
-        let verb = if self.is_declarative() { SPEC_REMOVE } else { "removevolume" };
+        let verb = if self.is_declarative() {
+            SPEC_REMOVE
+        } else {
+            "removevolume"
+        };
         self.count(verb, vm, volume)
     }
 
@@ -786,7 +794,11 @@ async fn unplug_from_vmi(
     if let Some(backend) = ctx.vm(vm_name)
         && let Err(e) = unplug_from_vm(ctx, &backend, ns, claim, name).await
     {
-        return Err(failure(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", e));
+        return Err(failure(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            e,
+        ));
     }
     let mut node = None;
     let res = update_vmi(&vmis, vm_name, |vmi| {
@@ -806,13 +818,20 @@ async fn unplug_from_vmi(
 
 /// The hot-plugged PVC volumes of a VM or VMI spec: `(volume, its disk, claim, serial)`. A disk
 /// without a serial (upstream's driver sets none) is found by its name.
-fn hotplugged(spec: &harvester_common::harvester::kubevirt::VmiSpec) -> Vec<(Volume, Disk, String, String)> {
+fn hotplugged(
+    spec: &harvester_common::harvester::kubevirt::VmiSpec,
+) -> Vec<(Volume, Disk, String, String)> {
     spec.volumes
         .iter()
         .filter_map(|v| {
             let pvc = v.persistent_volume_claim.as_ref()?;
             (pvc.hotpluggable == Some(true)).then_some(())?;
-            let disk = spec.domain.devices.disks.iter().find(|d| d.name == v.name)?;
+            let disk = spec
+                .domain
+                .devices
+                .disks
+                .iter()
+                .find(|d| d.name == v.name)?;
             let serial = disk.serial.clone().unwrap_or_else(|| v.name.clone());
             Some((v.clone(), disk.clone(), pvc.claim_name.clone(), serial))
         })
@@ -857,9 +876,17 @@ async fn sync_declarative(ctx: &Arc<HotplugCtx>, vm: &VirtualMachine) -> Result<
     for (volume, disk, claim, serial) in &wanted {
         if !present.iter().any(|p| p.0.name == volume.name) {
             ctx.record(SPEC_ADD, &ns, &vm_name, &volume.name);
-            plug_into_vmi(ctx, &ns, &vm_name, volume.clone(), disk.clone(), claim, serial)
-                .await
-                .map_err(|e| e.to_string())?;
+            plug_into_vmi(
+                ctx,
+                &ns,
+                &vm_name,
+                volume.clone(),
+                disk.clone(),
+                claim,
+                serial,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
         }
     }
     for (volume, _, claim, serial) in &present {
