@@ -17,6 +17,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::ControllerService;
+use super::snapshots::backup::BackupId;
 use crate::error::{ArgError, ControllerError};
 use crate::naming::{self, ORIGINAL_NAME_ANNOTATION};
 use crate::request::{self, required};
@@ -157,6 +158,16 @@ impl<'a> Source<'a> {
                 )?)),
             },
         )
+    }
+}
+
+/// The backup a CreateVolume restores from, when its snapshot source is a `backup:` ID.
+pub fn backup_source(source: Option<Source>) -> Result<Option<BackupId>, ArgError> {
+    match source {
+        Some(Source::Snapshot(id)) => {
+            BackupId::parse("volume_content_source.snapshot.snapshot_id", id)
+        }
+        _ => Ok(None),
     }
 }
 
@@ -314,6 +325,12 @@ impl ControllerService {
         let (asked, limit) = request::range_bytes("capacity_range", req.capacity_range.as_ref())?;
         let mut params = Params::parse(&req.parameters, self.host_storage_class.as_deref())?;
         let source = Source::of(&req)?;
+        if let Some(from) = backup_source(source)? {
+            let (id, size) = self.restore_from_backup(name, &from, asked, limit).await?;
+            return Ok(CreateVolumeResponse {
+                volume: Some(volume(&id, size, req.volume_content_source)),
+            });
+        }
         let pvc_name = naming::host_volume_name(name);
         let _guard = self.begin(&pvc_name)?;
         let pvcs = self.pvcs();
@@ -461,6 +478,9 @@ impl ControllerService {
                 node,
             });
         }
+        // A volume restored from a backup: its VolumeRemoteRestore goes first; the PVC it owns
+        // is deleted below too, without waiting for Harvester's garbage collector.
+        self.delete_restore(id).await?;
         match self.pvcs().delete(id, &DeleteParams::default()).await {
             Ok(_) => {
                 tracing::info!(volume = id, "deleted Harvester PVC");
