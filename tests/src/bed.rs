@@ -14,13 +14,14 @@ use crate::guest_cluster::GuestCluster;
 use crate::sim::Sim;
 use crate::{BedError, wait};
 
-const CRDS: [(&str, &str); 3] = [
+const CRDS: [(&str, &str); 4] = [
     ("kubevirt.yaml", include_str!("../crds/kubevirt.yaml")),
     (
         "loadbalancer.yaml",
         include_str!("../crds/loadbalancer.yaml"),
     ),
     ("snapshot.yaml", include_str!("../crds/snapshot.yaml")),
+    ("backup.yaml", include_str!("../crds/backup.yaml")),
 ];
 
 #[derive(Clone, Debug)]
