@@ -48,22 +48,14 @@ impl<'a> SnapshotKind<'a> {
     /// naming it (upstream ignores unknown keys and takes any `type` but `backup` as local); the
     /// external-snapshotter's own `csi.storage.k8s.io/*` keys pass.
     pub fn parse(params: &'a HashMap<String, String>) -> Result<SnapshotKind<'a>, ArgError> {
-        let mut unknown: Vec<String> = params
-            .keys()
-            .filter(|k| {
-                ![PARAM_HOST_SNAPSHOT_CLASS, PARAM_TYPE].contains(&k.as_str())
-                    && !k.starts_with(super::volumes::PROVISIONER_PARAM_PREFIX)
-            })
-            .map(|k| format!("{k:?}"))
-            .collect();
-        if !unknown.is_empty() {
-            unknown.sort_unstable();
+        if let Some(unknown) =
+            super::volumes::unknown_params(params, &[PARAM_HOST_SNAPSHOT_CLASS, PARAM_TYPE])
+        {
             return Err(ArgError::Invalid {
                 field: "parameters",
                 reason: format!(
-                    "unknown VolumeSnapshotClass parameter {} (known: {PARAM_TYPE}, \
+                    "unknown VolumeSnapshotClass parameter {unknown} (known: {PARAM_TYPE}, \
                      {PARAM_HOST_SNAPSHOT_CLASS}, {}*)",
-                    unknown.join(", "),
                     super::volumes::PROVISIONER_PARAM_PREFIX
                 ),
             });
@@ -281,6 +273,50 @@ pub fn page<T: Clone>(
     Ok((items[from..end].to_vec(), next))
 }
 
+/// The object `name` of `api`, which must pass `matches`, else `new` created (and logged); one
+/// created concurrently by another call is judged like an existing one. CreateSnapshot and
+/// CreateVolume retry with the same name, so this is what makes them idempotent.
+pub(super) async fn get_or_create<K>(
+    api: &Api<K>,
+    name: &str,
+    matches: impl Fn(&K) -> Result<(), ControllerError>,
+    new: impl Future<Output = Result<K, ControllerError>>,
+) -> Result<K, ControllerError>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + Serialize
+        + serde::de::DeserializeOwned,
+{
+    let kind = K::kind(&());
+    let get = || async {
+        api.get_opt(name)
+            .await
+            .map_err(ControllerError::api(format!("getting {kind} {name}")))
+    };
+    if let Some(existing) = get().await? {
+        matches(&existing)?;
+        return Ok(existing);
+    }
+    match api.create(&PostParams::default(), &new.await?).await {
+        Ok(created) => {
+            tracing::info!(%kind, name, "created on Harvester");
+            Ok(created)
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            let existing = get().await?.ok_or_else(|| {
+                ControllerError::Precondition(format!(
+                    "{kind} {name} was created and deleted concurrently"
+                ))
+            })?;
+            matches(&existing)?;
+            Ok(existing)
+        }
+        Err(e) => Err(ControllerError::api(format!("creating {kind} {name}"))(e)),
+    }
+}
+
 impl ControllerService {
     fn snapshots(&self) -> Api<VolumeSnapshot> {
         Api::namespaced(self.harvester.client.clone(), self.ns())
@@ -331,44 +367,16 @@ impl ControllerService {
         };
         let snap_name = naming::host_volume_name(name);
         let _guard = self.begin(&format!("snapshot/{snap_name}"))?;
-        let api = self.snapshots();
-        let get = || async {
-            api.get_opt(&snap_name)
-                .await
-                .map_err(ControllerError::api(format!(
-                    "getting VolumeSnapshot {snap_name}"
-                )))
-        };
-        let snap = match get().await? {
-            Some(existing) => {
-                existing_snapshot_matches(name, source, &existing)?;
-                existing
-            }
-            None => {
+        let snap = get_or_create(
+            &self.snapshots(),
+            &snap_name,
+            |existing| existing_snapshot_matches(name, source, existing),
+            async {
                 let pvc = self.existing(source).await?;
-                let snap = host_snapshot(&snap_name, name, &pvc, class);
-                match api.create(&PostParams::default(), &snap).await {
-                    Ok(created) => {
-                        tracing::info!(snapshot = %snap_name, volume = source, "created VolumeSnapshot");
-                        created
-                    }
-                    Err(kube::Error::Api(s)) if s.code == 409 => {
-                        let existing = get().await?.ok_or_else(|| {
-                            ControllerError::Precondition(format!(
-                                "VolumeSnapshot {snap_name} was created and deleted concurrently"
-                            ))
-                        })?;
-                        existing_snapshot_matches(name, source, &existing)?;
-                        existing
-                    }
-                    Err(e) => {
-                        return Err(ControllerError::api(format!(
-                            "creating VolumeSnapshot {snap_name}"
-                        ))(e));
-                    }
-                }
-            }
-        };
+                Ok(host_snapshot(&snap_name, name, &pvc, class))
+            },
+        )
+        .await?;
         let snap = self.settle(snap).await?;
         let fallback = match self.pvcs().get_opt(source).await {
             Ok(Some(pvc)) => super::volumes::requested_bytes(&pvc).unwrap_or(0),

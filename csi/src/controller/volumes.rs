@@ -45,6 +45,18 @@ impl HostVolumeMode {
     }
 }
 
+/// The keys of `params` that are neither `known` nor the sidecars' own `csi.storage.k8s.io/*`,
+/// quoted, sorted and joined with ", "; `None` when there are none.
+pub fn unknown_params(params: &HashMap<String, String>, known: &[&str]) -> Option<String> {
+    let mut unknown: Vec<String> = params
+        .keys()
+        .filter(|k| !known.contains(&k.as_str()) && !k.starts_with(PROVISIONER_PARAM_PREFIX))
+        .map(|k| format!("{k:?}"))
+        .collect();
+    unknown.sort_unstable();
+    (!unknown.is_empty()).then(|| unknown.join(", "))
+}
+
 /// CreateVolume parameters (the guest StorageClass's `parameters`). An unknown key is refused
 /// naming it (upstream ignores it, so a typo such as `hostStorageClas` silently gave the default
 /// class); the provisioner's own `csi.storage.k8s.io/*` keys pass.
@@ -62,26 +74,14 @@ impl Params {
         params: &HashMap<String, String>,
         default_class: Option<&str>,
     ) -> Result<Params, ArgError> {
-        let mut unknown: Vec<&str> = params
-            .keys()
-            .map(String::as_str)
-            .filter(|k| {
-                ![PARAM_HOST_STORAGE_CLASS, PARAM_HOST_VOLUME_MODE].contains(k)
-                    && !k.starts_with(PROVISIONER_PARAM_PREFIX)
-            })
-            .collect();
-        if !unknown.is_empty() {
-            unknown.sort_unstable();
+        if let Some(unknown) =
+            unknown_params(params, &[PARAM_HOST_STORAGE_CLASS, PARAM_HOST_VOLUME_MODE])
+        {
             return Err(ArgError::Invalid {
                 field: "parameters",
                 reason: format!(
-                    "unknown StorageClass parameter {} (known: {PARAM_HOST_STORAGE_CLASS}, \
-                     {PARAM_HOST_VOLUME_MODE}, {PROVISIONER_PARAM_PREFIX}*)",
-                    unknown
-                        .iter()
-                        .map(|k| format!("{k:?}"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    "unknown StorageClass parameter {unknown} (known: {PARAM_HOST_STORAGE_CLASS}, \
+                     {PARAM_HOST_VOLUME_MODE}, {PROVISIONER_PARAM_PREFIX}*)"
                 ),
             });
         }

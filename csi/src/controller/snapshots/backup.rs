@@ -17,9 +17,10 @@ use csi_proto::csi::v1::*;
 use harvester_common::quantity;
 use k8s_openapi::api::core::v1::PersistentVolumeClaimSpec;
 use kube::CustomResource;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta};
 use serde::{Deserialize, Serialize};
 
+use super::get_or_create;
 use crate::controller::ControllerService;
 use crate::error::{ArgError, ControllerError};
 use crate::naming::{self, ORIGINAL_NAME_ANNOTATION};
@@ -328,48 +329,16 @@ impl ControllerService {
         let vrb_name = naming::host_volume_name(name);
         let _guard = self.begin(&format!("snapshot/{vrb_name}"))?;
         let api = self.backups(self.ns());
-        let get = || async {
-            api.get_opt(&vrb_name)
-                .await
-                .map_err(ControllerError::api(format!(
-                    "getting VolumeRemoteBackup {vrb_name}"
-                )))
-        };
-        let vrb = match get().await? {
-            Some(existing) => {
-                existing_backup_matches(name, source, &existing)?;
-                existing
-            }
-            None => {
+        let vrb = get_or_create(
+            &api,
+            &vrb_name,
+            |existing| existing_backup_matches(name, source, existing),
+            async {
                 self.existing(source).await?;
-                match api
-                    .create(
-                        &PostParams::default(),
-                        &host_backup(&vrb_name, name, source),
-                    )
-                    .await
-                {
-                    Ok(created) => {
-                        tracing::info!(backup = %vrb_name, volume = source, "created VolumeRemoteBackup");
-                        created
-                    }
-                    Err(kube::Error::Api(s)) if s.code == 409 => {
-                        let existing = get().await?.ok_or_else(|| {
-                            ControllerError::Precondition(format!(
-                                "VolumeRemoteBackup {vrb_name} was created and deleted concurrently"
-                            ))
-                        })?;
-                        existing_backup_matches(name, source, &existing)?;
-                        existing
-                    }
-                    Err(e) => {
-                        return Err(ControllerError::api(format!(
-                            "creating VolumeRemoteBackup {vrb_name}"
-                        ))(e));
-                    }
-                }
-            }
-        };
+                Ok(host_backup(&vrb_name, name, source))
+            },
+        )
+        .await?;
         let vrb = if vrb.ready() {
             vrb
         } else {
@@ -514,57 +483,28 @@ impl ControllerService {
         })?;
         let size = restore_size(asked, limit, from, bytes)?;
         let api = self.restores();
-        let get = || async {
-            api.get_opt(&vol)
-                .await
-                .map_err(ControllerError::api(format!(
-                    "getting VolumeRemoteRestore {vol}"
-                )))
-        };
-        let vrr = match get().await? {
-            Some(existing) => {
-                existing_restore_matches(name, from, &existing)?;
-                existing
-            }
-            None => {
-                if self
+        let vrr = get_or_create(
+            &api,
+            &vol,
+            |existing| existing_restore_matches(name, from, existing),
+            async {
+                // A volume of that name made another way is a clash, not a restore.
+                let pvc = self
                     .pvcs()
                     .get_opt(&vol)
                     .await
-                    .map_err(ControllerError::api(format!("getting PVC {vol}")))?
-                    .is_some()
-                {
-                    return Err(ControllerError::AlreadyExists {
+                    .map_err(ControllerError::api(format!("getting PVC {vol}")))?;
+                match pvc {
+                    Some(_) => Err(ControllerError::AlreadyExists {
                         name: name.to_string(),
                         pvc: vol.clone(),
                         reason: format!("no VolumeRemoteRestore: it was not restored from {from}"),
-                    });
+                    }),
+                    None => Ok(host_restore(&vol, name, from)),
                 }
-                match api
-                    .create(&PostParams::default(), &host_restore(&vol, name, from))
-                    .await
-                {
-                    Ok(created) => {
-                        tracing::info!(volume = %vol, backup = %from, "created VolumeRemoteRestore");
-                        created
-                    }
-                    Err(kube::Error::Api(s)) if s.code == 409 => {
-                        let existing = get().await?.ok_or_else(|| {
-                            ControllerError::Precondition(format!(
-                                "VolumeRemoteRestore {vol} was created and deleted concurrently"
-                            ))
-                        })?;
-                        existing_restore_matches(name, from, &existing)?;
-                        existing
-                    }
-                    Err(e) => {
-                        return Err(ControllerError::api(format!(
-                            "creating VolumeRemoteRestore {vol}"
-                        ))(e));
-                    }
-                }
-            }
-        };
+            },
+        )
+        .await?;
         if !vrr.ready() {
             let waited = self
                 .wait_for(
