@@ -536,7 +536,8 @@ impl ControllerService {
     }
 
     /// DeleteVolume of a restored volume: delete its VRR (Harvester's garbage collector then
-    /// deletes the PVC it owns). Whether there was one.
+    /// deletes the PVC it owns). Whether there was one; a role that may not delete VRRs (one
+    /// granted before backups existed) is logged and taken as none.
     pub(in crate::controller) async fn delete_restore(
         &self,
         id: &str,
@@ -547,6 +548,14 @@ impl ControllerService {
                 Ok(true)
             }
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+            // A role from before backups (no volumeremoterestores) must not stop every delete.
+            Err(kube::Error::Api(s)) if s.code == 403 => {
+                tracing::warn!(
+                    volume = id,
+                    "may not delete VolumeRemoteRestores (grant volumeremoterestores, see docs/install.md); deleting the PVC only"
+                );
+                Ok(false)
+            }
             Err(e) => Err(ControllerError::api(format!(
                 "deleting VolumeRemoteRestore {id}"
             ))(e)),
