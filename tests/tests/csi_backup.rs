@@ -20,7 +20,8 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 use testbed::TestBed;
 use testbed::sim::backup::{
-    BACKUP_DELAY_ANNOTATION, backup_resource, restore_resource, target_file,
+    BACKUP_DELAY_ANNOTATION, RESTORE_DELAY_ANNOTATION, backup_resource, restore_resource,
+    target_file,
 };
 use tonic::Code;
 
@@ -322,7 +323,7 @@ async fn a_backup_restores_its_data_into_a_new_volume_root() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_running_backup_is_not_ready_and_cannot_be_restored_yet() {
+async fn running_backups_and_restores_are_not_ready_then_ready() {
     let bed = bed_with_vm().await;
     let wait = Duration::from_secs(1);
     let d = Driver::start(&bed, |c| c.timeouts.snapshot_ready = wait).await;
@@ -412,6 +413,61 @@ async fn a_running_backup_is_not_ready_and_cannot_be_restored_yet() {
     .await
     .expect("ready");
     assert_eq!(ready.snapshot_id, pending.snapshot_id);
+
+    // A restore still running is UNAVAILABLE (the provisioner asks again), then the volume.
+    vrbs(&bed)
+        .patch(
+            "snap-slow",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {RESTORE_DELAY_ANNOTATION: "8000"}}})),
+        )
+        .await
+        .expect("annotating the VRB");
+    let running = d
+        .controller()
+        .create_volume(from_snapshot(
+            "pvc-slow-restore",
+            16 << 20,
+            &ready.snapshot_id,
+        ))
+        .await
+        .expect_err("a restore still running");
+    assert_eq!(running.code(), Code::Unavailable, "{running:?}");
+    assert!(
+        running.message().contains("still being restored"),
+        "{}",
+        running.message()
+    );
+    let restored = testbed::wait::until("the restore done", Duration::from_secs(60), || {
+        let mut c = d.controller();
+        let id = ready.snapshot_id.clone();
+        async move {
+            Ok(
+                match c
+                    .create_volume(from_snapshot("pvc-slow-restore", 16 << 20, &id))
+                    .await
+                {
+                    Ok(v) => Ok(v.into_inner().volume.ok_or("no volume")?),
+                    Err(e) if e.code() == Code::Unavailable => Err(e.message().to_string()),
+                    Err(e) => return Err(format!("{e:?}")),
+                },
+            )
+        }
+    })
+    .await
+    .expect("restored");
+    assert_eq!(
+        (restored.volume_id.as_str(), restored.capacity_bytes),
+        ("pvc-slow-restore", 16 << 20)
+    );
+    d.controller()
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: restored.volume_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("DeleteVolume restored");
+    gone("the VRR deleted", &vrrs(&bed), "pvc-slow-restore").await;
     d.controller()
         .delete_snapshot(DeleteSnapshotRequest {
             snapshot_id: ready.snapshot_id.clone(),

@@ -14,8 +14,9 @@
 //!
 //! Differences from Harvester, on purpose: the restored PVC has no `dataSource` (Harvester goes
 //! through a VolumeSnapshotContent and VolumeSnapshot of the backup handle; here the copy is
-//! written directly), and a source PVC annotated [`BACKUP_DELAY_ANNOTATION`] makes its backups
-//! take that long, so tests can see a backup that is still running.
+//! written directly), and a source PVC annotated [`BACKUP_DELAY_ANNOTATION`] (a VRB annotated
+//! [`RESTORE_DELAY_ANNOTATION`]) makes its backups (restores from it) take that long, so tests
+//! can see a backup or a restore that is still running.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -36,6 +37,15 @@ use super::storage::{Storage, backing, flush, write_over};
 
 /// On a source PVC: its backups take this many milliseconds before they succeed.
 pub const BACKUP_DELAY_ANNOTATION: &str = "sim.harvesterhci.io/backup-delay-ms";
+/// On a VolumeRemoteBackup: restores from it take this many milliseconds before they succeed.
+pub const RESTORE_DELAY_ANNOTATION: &str = "sim.harvesterhci.io/restore-delay-ms";
+
+fn delay(o: &impl kube::Resource, annotation: &str) -> Option<Duration> {
+    o.annotations()
+        .get(annotation)
+        .and_then(|ms| ms.parse().ok())
+        .map(Duration::from_millis)
+}
 
 pub fn backup_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
@@ -177,12 +187,7 @@ async fn back_up(ctx: Arc<Ctx>, vrb: DynamicObject) -> Result<(), String> {
         set_status(&api, &vrb, json!({"success": false}), Err(&why)).await?;
         return Err(why);
     };
-    let delay = pvc
-        .annotations()
-        .get(BACKUP_DELAY_ANNOTATION)
-        .and_then(|ms| ms.parse().ok())
-        .map(Duration::from_millis);
-    if let Some(d) = delay {
+    if let Some(d) = delay(&pvc, BACKUP_DELAY_ANNOTATION) {
         set_status(&api, &vrb, json!({}), Err("Operation in progress")).await?;
         tokio::time::sleep(d).await;
     }
@@ -269,6 +274,10 @@ async fn restore(ctx: Arc<Ctx>, vrr: DynamicObject) -> Result<(), String> {
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.code == 409 => {}
         Err(e) => return Err(format!("creating the restored PVC {ns}/{name}: {e}")),
+    }
+    if let Some(d) = delay(&vrb, RESTORE_DELAY_ANNOTATION) {
+        set_status(&api, &vrr, json!({}), Err("Operation in progress")).await?;
+        tokio::time::sleep(d).await;
     }
     let b = backing(&ctx.storage, &ns, &name).await?;
     tokio::task::spawn_blocking(move || write_over(&data, &b))

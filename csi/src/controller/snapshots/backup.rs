@@ -448,7 +448,7 @@ impl ControllerService {
     }
 
     /// CreateVolume from a backup: get or create the VRR named like the volume, then wait
-    /// (watch, bounded by the bind timeout) for `status.success`; a restore still running is
+    /// (watch, bounded like the snapshot wait) for `status.success`; a restore still running is
     /// UNAVAILABLE so the provisioner asks again. Returns the volume ID and size.
     pub(in crate::controller) async fn restore_from_backup(
         &self,
@@ -511,7 +511,7 @@ impl ControllerService {
                     api.clone(),
                     &vol,
                     format!("VolumeRemoteRestore {}/{vol} to succeed", self.ns()),
-                    self.timeouts.bind,
+                    self.timeouts.snapshot_ready,
                     |r: Option<&VolumeRemoteRestore>| r.is_none_or(VolumeRemoteRestore::ready),
                 )
                 .await;
