@@ -110,6 +110,14 @@ pub enum ControllerError {
     Hotplug(Box<harvester_common::harvester::HotplugError>),
     #[error("operation on volume {0} is already in progress")]
     Busy(String),
+    #[error(
+        "volume {volume}: VM {vm} changed during each of {attempts} attempts to patch its spec; try again"
+    )]
+    Contended {
+        volume: String,
+        vm: String,
+        attempts: u32,
+    },
 }
 
 impl ControllerError {
@@ -165,7 +173,7 @@ impl From<ControllerError> for Status {
                 }
                 _ => Code::Internal,
             },
-            ControllerError::Busy(_) => Code::Aborted,
+            ControllerError::Busy(_) | ControllerError::Contended { .. } => Code::Aborted,
         };
         Status::new(code, e.to_string())
     }

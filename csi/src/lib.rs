@@ -116,6 +116,10 @@ pub struct Config {
     pub guest_kubeconfig: Option<PathBuf>,
 }
 
+/// How long start-up waits for the first read of Harvester's `server-version` (the hot-plug mode)
+/// before serving anyway (then publish answers UNAVAILABLE until it is read).
+const HOTPLUG_MODE_FIRST_READ: Duration = Duration::from_secs(10);
+
 /// Readiness checks: Harvester answers with the cloud-config's credentials; the CSI socket serves.
 pub const READY_HARVESTER: &str = "harvester";
 pub const READY_CSI: &str = "csi";
@@ -358,11 +362,19 @@ pub async fn serve_with(
         }
     });
     let identity = identity::IdentityService::new(config.mode);
+    let mut hotplug_follower = None;
     let controller = if config.mode.controller() {
         let guest = controller::guest_client(config.guest_kubeconfig.as_deref(), &metrics).await;
+        let (mut modes, task) = controller::hotplug_mode::HotplugModes::follow(
+            harvester.client.clone(),
+            readiness.clone(),
+        );
+        hotplug_follower = Some(task);
+        modes.first_read(HOTPLUG_MODE_FIRST_READ).await;
         Some(controller::ControllerService::new(
             harvester.clone(),
             guest,
+            modes,
             &config,
         ))
     } else {
@@ -416,6 +428,9 @@ pub async fn serve_with(
         }
     };
     credentials.abort();
+    if let Some(task) = hotplug_follower {
+        task.abort();
+    }
     if let Some(path) = socket {
         let _ = std::fs::remove_file(&path);
     }

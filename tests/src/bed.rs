@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
+use harvester_common::harvester::HotplugMode;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::Api;
 
@@ -14,7 +15,7 @@ use crate::guest_cluster::GuestCluster;
 use crate::sim::Sim;
 use crate::{BedError, wait};
 
-const CRDS: [(&str, &str); 4] = [
+const CRDS: [(&str, &str); 5] = [
     ("kubevirt.yaml", include_str!("../crds/kubevirt.yaml")),
     (
         "loadbalancer.yaml",
@@ -22,6 +23,7 @@ const CRDS: [(&str, &str); 4] = [
     ),
     ("snapshot.yaml", include_str!("../crds/snapshot.yaml")),
     ("backup.yaml", include_str!("../crds/backup.yaml")),
+    ("settings.yaml", include_str!("../crds/settings.yaml")),
 ];
 
 #[derive(Clone, Debug)]
@@ -35,6 +37,28 @@ pub struct BedOptions {
     /// A real guest cluster on top (root; `make node-tools`): control plane, one real node,
     /// both charts installed ([`GuestCluster`]). One per machine at a time.
     pub real_node: bool,
+    /// How Harvester hot-plugs (its `server-version` setting and the stand-in's KubeVirt feature
+    /// gates): `TESTBED_HOTPLUG=declarative|subresource`, default `subresource` (Harvester v1.7).
+    pub hotplug: HotplugMode,
+}
+
+/// `server-version` the bed gives Harvester for each hot-plug mode.
+pub fn server_version_for(mode: HotplugMode) -> &'static str {
+    match mode {
+        HotplugMode::Subresource => "v1.7.1",
+        HotplugMode::Declarative => "v1.8.0",
+    }
+}
+
+/// The hot-plug mode `TESTBED_HOTPLUG` asks for (`make test` runs the CSI suites in both).
+pub fn hotplug_from_env() -> HotplugMode {
+    match std::env::var("TESTBED_HOTPLUG").as_deref() {
+        Err(_) | Ok("") | Ok("subresource") => HotplugMode::Subresource,
+        Ok("declarative") => HotplugMode::Declarative,
+        Ok(other) => {
+            panic!("TESTBED_HOTPLUG={other:?}: expected \"subresource\" or \"declarative\"")
+        }
+    }
 }
 
 impl Default for BedOptions {
@@ -44,6 +68,7 @@ impl Default for BedOptions {
             hotplug_delay: Duration::from_millis(200),
             keep_dir: std::env::var_os("TESTBED_KEEP_DIR").is_some(),
             real_node: false,
+            hotplug: hotplug_from_env(),
         }
     }
 }
@@ -124,8 +149,10 @@ impl TestBed {
             opts.vm_namespace.clone(),
             &root,
             opts.hotplug_delay,
+            opts.hotplug,
         )
         .await?;
+        sim.set_hotplug_mode(opts.hotplug).await?;
         register_virt_api(&harvester.client, &pki, sim.virt_api.port).await?;
         let cluster = if opts.real_node {
             Some(

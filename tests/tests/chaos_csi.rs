@@ -171,7 +171,7 @@ async fn kill_controller_mid_hotplug(
         killed.is_err(),
         "a publish cut short by SIGKILL cannot have answered OK: {killed:?}"
     );
-    assert_eq!(bed.sim.hotplug.count("addvolume", NODE, &id), 1);
+    assert_eq!(bed.sim.hotplug.plugs(NODE, &id), 1);
     (id, req)
 }
 
@@ -244,7 +244,7 @@ async fn publish_retried_after_the_controller_is_killed_mid_hotplug_attaches_onc
     assert_eq!(ctx.get("target"), Some(&status.target), "{ctx:?}");
     assert_eq!(listed(&bed, &id).await, Listed::ONCE);
     assert_eq!(
-        bed.sim.hotplug.count("addvolume", NODE, &id),
+        bed.sim.hotplug.plugs(NODE, &id),
         1,
         "the retry must not hot-plug again: {:?}",
         bed.sim.hotplug.calls.lock().unwrap()
@@ -260,7 +260,7 @@ async fn publish_retried_after_the_controller_is_killed_mid_hotplug_attaches_onc
         .publish_context;
     assert_eq!(again, ctx, "same publish context");
     assert_eq!(listed(&bed, &id).await, Listed::ONCE);
-    assert_eq!(bed.sim.hotplug.count("addvolume", NODE, &id), 1);
+    assert_eq!(bed.sim.hotplug.plugs(NODE, &id), 1);
 
     // Clean up: detached from VM and VMI with one removevolume, then the PVC goes.
     let unpublish = unpublish_request(&id);
@@ -273,7 +273,7 @@ async fn publish_retried_after_the_controller_is_killed_mid_hotplug_attaches_onc
         .controller_unpublish_volume(unpublish)
         .await
         .expect("ControllerUnpublishVolume again is OK");
-    assert_eq!(bed.sim.hotplug.count("removevolume", NODE, &id), 1);
+    assert_eq!(bed.sim.hotplug.unplugs(NODE, &id), 1);
     delete_and_wait_gone(&ctrl, &bed, &id).await;
     ctrl.kill();
 }
@@ -293,7 +293,7 @@ async fn unpublish_after_the_controller_is_killed_mid_hotplug_detaches_for_good(
         .await
         .expect("ControllerUnpublishVolume of a half-attached volume");
     assert_eq!(listed(&bed, &id).await, Listed::NOWHERE);
-    assert_eq!(bed.sim.hotplug.count("removevolume", NODE, &id), 1);
+    assert_eq!(bed.sim.hotplug.unplugs(NODE, &id), 1);
 
     // The rest of the hot-plug window passes: the disk must not come back, in Harvester or in
     // the guest.
@@ -309,8 +309,8 @@ async fn unpublish_after_the_controller_is_killed_mid_hotplug_detaches_for_good(
         .controller_unpublish_volume(unpublish)
         .await
         .expect("ControllerUnpublishVolume again is OK");
-    assert_eq!(bed.sim.hotplug.count("addvolume", NODE, &id), 1);
-    assert_eq!(bed.sim.hotplug.count("removevolume", NODE, &id), 1);
+    assert_eq!(bed.sim.hotplug.plugs(NODE, &id), 1);
+    assert_eq!(bed.sim.hotplug.unplugs(NODE, &id), 1);
     delete_and_wait_gone(&ctrl, &bed, &id).await;
     ctrl.kill();
 }

@@ -5,10 +5,12 @@ pub mod hotplug;
 pub mod kubevirt;
 pub mod lenient;
 pub mod loadbalancer;
+pub mod settings;
 
 pub use hotplug::{AddVolumeOptions, HotplugError, RemoveVolumeOptions};
 pub use kubevirt::{VirtualMachine, VirtualMachineInstance};
 pub use loadbalancer::{IPPool, LoadBalancer};
+pub use settings::{HotplugMode, Setting};
 
 /// Unknown fields of an object part, preserved on write-back.
 pub type Rest = serde_json::Map<String, serde_json::Value>;

@@ -6,6 +6,7 @@
 //! (`snapshots`). ListVolumes, GetCapacity, GetSnapshot, ControllerGetVolume and ModifyVolume are not offered
 //! (the generated stubs answer UNIMPLEMENTED); see docs/csi.md.
 
+pub mod hotplug_mode;
 mod publish;
 pub mod snapshots;
 mod volumes;
@@ -38,6 +39,8 @@ pub struct ControllerService {
     /// The guest cluster, for the out-of-service taint of Nodes (non-graceful shutdown); `None`
     /// when none could be configured: no volume is then ever force-detached.
     guest: Option<kube::Client>,
+    /// How volumes are hot-plugged (Harvester's `server-version`), followed while serving.
+    hotplug: hotplug_mode::HotplugModes,
 }
 
 /// The controller RPCs this driver implements.
@@ -78,9 +81,15 @@ pub async fn guest_client(
 }
 
 impl ControllerService {
-    pub fn new(harvester: Harvester, guest: Option<kube::Client>, config: &Config) -> Self {
+    pub fn new(
+        harvester: Harvester,
+        guest: Option<kube::Client>,
+        hotplug: hotplug_mode::HotplugModes,
+        config: &Config,
+    ) -> Self {
         ControllerService {
             guest,
+            hotplug,
             harvester,
             host_storage_class: config.host_storage_class.clone(),
             max_volumes_per_node: config.max_volumes_per_node,

@@ -3,10 +3,12 @@
 //! watch until the VMI says the disk is Ready (or gone).
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use csi_proto::csi::v1::*;
 use harvester_common::harvester::hotplug::{self, AddVolumeOptions, HotplugError};
 use harvester_common::harvester::kubevirt::VOLUME_READY;
+use harvester_common::harvester::settings::HotplugMode;
 use harvester_common::harvester::{
     RemoveVolumeOptions, Rest, VirtualMachine, VirtualMachineInstance,
 };
@@ -18,6 +20,9 @@ use super::ControllerService;
 use crate::error::ControllerError;
 use crate::naming;
 use crate::request::{self, required};
+
+/// How often a declarative VM patch is tried when the VM keeps changing under it.
+const DECLARATIVE_ATTEMPTS: u32 = 8;
 
 /// Publish context key carrying the disk serial to the node plugin.
 pub const CONTEXT_SERIAL: &str = "serial";
@@ -180,6 +185,7 @@ impl ControllerService {
         let id = required("volume_id", &req.volume_id)?;
         let node = required("node_id", &req.node_id)?;
         request::capability("volume_capability", req.volume_capability.as_ref())?;
+        let mode = self.hotplug.current()?;
         let ns = self.ns().to_string();
         self.existing(id).await?;
         let vm = self
@@ -226,12 +232,7 @@ impl ControllerService {
                     });
                 }
                 let serial = naming::disk_serial(id);
-                let body = AddVolumeOptions::scsi_pvc(id, id, &serial);
-                match hotplug::add_volume(&self.harvester.client, &ns, node, &body).await {
-                    Ok(()) => tracing::info!(volume = id, node, serial, "addvolume sent"),
-                    Err(e) if already_added(&e) => {}
-                    Err(e) => return Err(e.into()),
-                }
+                self.add_to_vm(mode, vm, id, &serial).await?;
                 Some(serial)
             }
         };
@@ -299,6 +300,126 @@ impl ControllerService {
             self.detach(id, &node).await?;
         }
         Ok(ControllerUnpublishVolumeResponse {})
+    }
+
+    /// Hot-plugs PVC `id` into VM `vm` as disk `id` with `serial`, the way `mode` says.
+    async fn add_to_vm(
+        &self,
+        mode: HotplugMode,
+        vm: VirtualMachine,
+        id: &str,
+        serial: &str,
+    ) -> Result<(), ControllerError> {
+        let node = vm.metadata.name.clone().unwrap_or_default();
+        match mode {
+            HotplugMode::Subresource => {
+                let body = AddVolumeOptions::scsi_pvc(id, id, serial);
+                match hotplug::add_volume(&self.harvester.client, self.ns(), &node, &body).await {
+                    Ok(()) => tracing::info!(volume = id, node, serial, "addvolume sent"),
+                    Err(e) if already_added(&e) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                Ok(())
+            }
+            HotplugMode::Declarative => {
+                self.patch_vm_spec(&node, id, "hot-plug", |spec| {
+                    hotplug::declarative_add_patch(spec, id, id, serial)
+                })
+                .await
+            }
+        }
+    }
+
+    /// Hot-unplugs volume `id` from VM `vm`, the way `mode` says.
+    async fn remove_from_vm(
+        &self,
+        mode: HotplugMode,
+        vm: VirtualMachine,
+        id: &str,
+    ) -> Result<(), ControllerError> {
+        let node = vm.metadata.name.clone().unwrap_or_default();
+        match mode {
+            HotplugMode::Subresource => {
+                let body = RemoveVolumeOptions {
+                    name: id.to_string(),
+                    rest: Rest::new(),
+                };
+                match hotplug::remove_volume(&self.harvester.client, self.ns(), &node, &body).await
+                {
+                    Ok(()) => tracing::info!(volume = id, node, "removevolume sent"),
+                    Err(e) if already_removed(&e) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                Ok(())
+            }
+            HotplugMode::Declarative => {
+                self.patch_vm_spec(&node, id, "hot-unplug", |spec| {
+                    hotplug::declarative_remove_patch(spec, id)
+                })
+                .await
+            }
+        }
+    }
+
+    /// Declarative hot-plug: JSON-patches VM `node` with `plan(spec)`, made from its
+    /// `spec.template.spec` as stored (the patch `test`s the volume and disk lists as read). When
+    /// another writer changed them since, the patch is refused whole; the VM is read again and
+    /// the plan made anew, so an entry is never added twice nor another writer's lost.
+    async fn patch_vm_spec(
+        &self,
+        node: &str,
+        id: &str,
+        what: &str,
+        plan: impl Fn(&serde_json::Value) -> Option<serde_json::Value>,
+    ) -> Result<(), ControllerError> {
+        let ns = self.ns().to_string();
+        let client = &self.harvester.client;
+        for attempt in 1..=DECLARATIVE_ATTEMPTS {
+            let spec = hotplug::vm_template_spec(client, &ns, node)
+                .await
+                .map_err(ControllerError::api(format!("getting VM {node}")))?
+                .ok_or_else(|| ControllerError::NodeNotFound {
+                    namespace: ns.clone(),
+                    node: node.to_string(),
+                })?;
+            let Some(patch) = plan(&spec) else {
+                return Ok(());
+            };
+            let refused = match hotplug::patch_vm(client, &ns, node, &patch).await {
+                Ok(_) => {
+                    tracing::info!(volume = id, node, "declarative {what}: VM spec patched");
+                    return Ok(());
+                }
+                Err(e) if hotplug::patch_refused(&e) => e,
+                Err(e) => {
+                    return Err(ControllerError::api(format!(
+                        "patching VM {ns}/{node} (declarative {what} of volume {id})"
+                    ))(e));
+                }
+            };
+            let now = hotplug::vm_template_spec(client, &ns, node)
+                .await
+                .map_err(ControllerError::api(format!("getting VM {node}")))?;
+            if now.as_ref().map(hotplug::hotplug_lists) == Some(hotplug::hotplug_lists(&spec)) {
+                // Not a lost race: the patch itself was refused.
+                return Err(ControllerError::api(format!(
+                    "patching VM {ns}/{node} (declarative {what} of volume {id})"
+                ))(refused));
+            }
+            tracing::debug!(
+                volume = id,
+                node,
+                attempt,
+                "VM volumes changed meanwhile: {refused}"
+            );
+            // Back off a little more each time, so two writers stop colliding.
+            tokio::time::sleep(Duration::from_millis(20 * u64::from(attempt))).await;
+        }
+        Err(ControllerError::Contended {
+            volume: id.to_string(),
+            vm: format!("{ns}/{node}"),
+            attempts: DECLARATIVE_ATTEMPTS,
+        })
     }
 
     /// The VMIs other than `node` holding claim `id` that are [`fenced`]: stopped, on a guest Node
@@ -420,15 +541,8 @@ impl ControllerService {
                 )));
             }
             if hotplugged {
-                let body = RemoveVolumeOptions {
-                    name: id.to_string(),
-                    rest: Rest::new(),
-                };
-                match hotplug::remove_volume(&self.harvester.client, &ns, node, &body).await {
-                    Ok(()) => tracing::info!(volume = id, node, "removevolume sent"),
-                    Err(e) if already_removed(&e) => {}
-                    Err(e) => return Err(e.into()),
-                }
+                self.remove_from_vm(self.hotplug.current()?, vm.clone(), id)
+                    .await?;
             }
         }
         if !stale_vmi {

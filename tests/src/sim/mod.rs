@@ -15,6 +15,8 @@ use std::time::Duration;
 
 use tokio::task::JoinSet;
 
+use harvester_common::harvester::HotplugMode;
+
 use crate::BedError;
 use crate::certs::Pki;
 use storage::Storage;
@@ -42,6 +44,7 @@ impl Sim {
         vm_namespace: String,
         dir: &Path,
         hotplug_delay: Duration,
+        hotplug_mode: HotplugMode,
     ) -> Result<Sim, BedError> {
         let storage = Arc::new(Storage::new(dir)?);
         let hotplug = Arc::new(HotplugCtx {
@@ -52,6 +55,7 @@ impl Sim {
             calls: Default::default(),
             vms: Default::default(),
             by_id_dirs: Default::default(),
+            declarative: (hotplug_mode == HotplugMode::Declarative).into(),
         });
         let virt_api = VirtApi::start(pki, hotplug.clone()).await?;
         let mut tasks = JoinSet::new();
@@ -62,6 +66,7 @@ impl Sim {
             storage.clone(),
             dir.to_path_buf(),
         ));
+        tasks.spawn(virt_api::run_declarative(hotplug.clone()));
         tasks.spawn(snapshot::run(
             harvester.clone(),
             storage.clone(),
@@ -116,6 +121,20 @@ impl Sim {
         Ok(kube::Api::all(self.harvester.clone())
             .create(&Default::default(), &pool)
             .await?)
+    }
+
+    /// Harvester upgraded or downgraded across v1.8: `server-version` set for `mode` (created when
+    /// missing) and the stand-in's KubeVirt feature gates switched with it.
+    pub async fn set_hotplug_mode(&self, mode: HotplugMode) -> Result<(), BedError> {
+        let yaml = format!(
+            "apiVersion: harvesterhci.io/v1beta1\nkind: Setting\nmetadata: {{name: server-version}}\nvalue: {}\n",
+            crate::bed::server_version_for(mode)
+        );
+        self.hotplug
+            .set_declarative(mode == HotplugMode::Declarative);
+        crate::apply::apply_yaml(&self.harvester, &yaml, "default")
+            .await
+            .map(|_| ())
     }
 
     /// The by-id directory (`/dev/disk/by-id` stand-in) of guest node `node`.

@@ -55,15 +55,24 @@ pub struct HotplugCtx {
     /// Guest nodes whose by-id links go elsewhere than `by_id_root/<node>`: a real node of the
     /// bed reads the host's `/dev/disk/by-id`, where its node plugin Pod looks.
     pub by_id_dirs: Mutex<HashMap<String, PathBuf>>,
+    /// KubeVirt's `DeclarativeHotplugVolumes` gate (without `HotplugVolumes`): the subresources
+    /// are refused and edits of a VM's spec hot-plug (see [`run_declarative`]).
+    pub declarative: std::sync::atomic::AtomicBool,
 }
+
+/// [`HotplugCall::verb`] of a declarative hot-plug: the VM spec gained the volume.
+pub const SPEC_ADD: &str = "spec-add";
+/// [`HotplugCall::verb`] of a declarative hot-unplug: the VM spec lost the volume.
+pub const SPEC_REMOVE: &str = "spec-remove";
 
 /// How long a VM-backed hot-plug waits for the guest kernel to show the disk.
 const GUEST_DISK_WAIT: Duration = Duration::from_secs(60);
 
-/// One `addvolume` / `removevolume` request as virt-api received it.
+/// One `addvolume` / `removevolume` request as virt-api received it, or one declarative change
+/// of a VM's volumes as virt-controller saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HotplugCall {
-    /// `addvolume` or `removevolume`.
+    /// `addvolume`, `removevolume`, [`SPEC_ADD`] or [`SPEC_REMOVE`].
     pub verb: String,
     pub namespace: String,
     pub vm: String,
@@ -71,7 +80,30 @@ pub struct HotplugCall {
     pub volume: String,
 }
 
+/// What virt-api answers (400 BadRequest) to `addvolume`/`removevolume` when the `HotplugVolumes`
+/// feature gate is off, e.g. with only `DeclarativeHotplugVolumes` on: kubevirt/kubevirt
+/// `pkg/virt-api/rest/subresource.go` `addVolumeRequestHandler`/`removeVolumeRequestHandler`, in
+/// the releases whose handlers check `HotplugVolumesEnabled()` alone.
+pub fn gate_refusal(verb: &str) -> &'static str {
+    if verb == "addvolume" {
+        "Unable to Add Volume because HotplugVolumes feature gate is not enabled."
+    } else {
+        "Unable to Remove Volume because HotplugVolumes feature gate is not enabled."
+    }
+}
+
 impl HotplugCtx {
+    /// Whether the declarative gate is on (subresources refused, VM spec edits hot-plug).
+    pub fn is_declarative(&self) -> bool {
+        self.declarative.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Turns the declarative gate on or off (a Harvester upgrade).
+    pub fn set_declarative(&self, on: bool) {
+        self.declarative
+            .store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Backs guest node `node` with the real VM `vm`.
     pub fn back_with_vm(&self, node: &str, vm: Arc<Vm>) {
         self.vms
@@ -105,6 +137,28 @@ impl HotplugCtx {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(node.to_string(), dir);
+    }
+
+    /// How many times volume `volume` was hot-plugged into VM `vm` the way the current gate says:
+    /// `addvolume` requests, or (declarative) VM spec edits that added it, as virt-controller saw
+    /// them.
+    pub fn plugs(&self, vm: &str, volume: &str) -> usize {
+        let verb = if self.is_declarative() {
+            SPEC_ADD
+        } else {
+            "addvolume"
+        };
+        self.count(verb, vm, volume)
+    }
+
+    /// [`HotplugCtx::plugs`] for unplugging (`removevolume`, or spec edits that removed it).
+    pub fn unplugs(&self, vm: &str, volume: &str) -> usize {
+        let verb = if self.is_declarative() {
+            SPEC_REMOVE
+        } else {
+            "removevolume"
+        };
+        self.count(verb, vm, volume)
     }
 
     /// How many `verb` requests for volume `volume` of VM `vm` virt-api has received.
@@ -275,6 +329,18 @@ async fn route(req: Request<Incoming>, ctx: Arc<HotplugCtx>) -> Reply {
             Ok(b) => b.to_bytes(),
             Err(e) => return failure(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
         };
+        if ctx.is_declarative() && matches!(verb.as_str(), "addvolume" | "removevolume") {
+            let name = match verb.as_str() {
+                "addvolume" => serde_json::from_slice::<AddVolumeOptions>(&body).map(|o| o.name),
+                _ => serde_json::from_slice::<RemoveVolumeOptions>(&body).map(|o| o.name),
+            };
+            ctx.record(&verb, &ns, &vm, &name.unwrap_or_default());
+            return failure(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                gate_refusal(&verb).to_string(),
+            );
+        }
         return match verb.as_str() {
             "addvolume" => match serde_json::from_slice::<AddVolumeOptions>(&body) {
                 Ok(opts) => {
@@ -377,7 +443,24 @@ async fn add_volume(
     if let Err(e) = vms.replace(vm_name, &PostParams::default(), &vm).await {
         return api_error(e);
     }
-    // A running VM gets the disk now; a stopped one only keeps it in its spec.
+    match plug_into_vmi(ctx, ns, vm_name, volume, disk, &claim, &serial).await {
+        Ok(()) => reply(StatusCode::ACCEPTED, json!({})),
+        Err(e) => api_error(e),
+    }
+}
+
+/// virt-controller's part of a hot-plug: a running VM's VMI gets the volume in its spec and a
+/// Pending volumeStatus, then (in the background) [`attach`]. A stopped VM only keeps it in its
+/// spec.
+async fn plug_into_vmi(
+    ctx: &Arc<HotplugCtx>,
+    ns: &str,
+    vm_name: &str,
+    volume: Volume,
+    disk: Disk,
+    claim: &str,
+    serial: &str,
+) -> Result<(), kube::Error> {
     let vmis: Api<VirtualMachineInstance> = Api::namespaced(ctx.client.clone(), ns);
     let updated = update_vmi(&vmis, vm_name, |vmi| {
         vmi.spec.volumes.retain(|v| v.name != volume.name);
@@ -398,22 +481,19 @@ async fn add_volume(
             ..Default::default()
         });
     })
-    .await;
-    match updated {
-        Ok(Some(vmi)) => {
-            let ctx = ctx.clone();
-            let (ns, vm_name, name) = (ns.to_string(), vm_name.to_string(), opts.name.clone());
-            let node = vmi_guest_node(&vmi, &vm_name);
-            tokio::spawn(async move {
-                if let Err(e) = attach(&ctx, &ns, &vm_name, &name, &claim, &serial, &node).await {
-                    tracing::warn!("sim hotplug of {ns}/{name} into {vm_name}: {e}");
-                }
-            });
-            reply(StatusCode::ACCEPTED, json!({}))
-        }
-        Ok(None) => reply(StatusCode::ACCEPTED, json!({})),
-        Err(e) => api_error(e),
+    .await?;
+    if let Some(vmi) = updated {
+        let ctx = ctx.clone();
+        let (ns, vm_name, name) = (ns.to_string(), vm_name.to_string(), volume.name.clone());
+        let (claim, serial) = (claim.to_string(), serial.to_string());
+        let node = vmi_guest_node(&vmi, &vm_name);
+        tokio::spawn(async move {
+            if let Err(e) = attach(&ctx, &ns, &vm_name, &name, &claim, &serial, &node).await {
+                tracing::warn!("sim hotplug of {ns}/{name} into {vm_name}: {e}");
+            }
+        });
     }
+    Ok(())
 }
 
 fn hotplug_entries(opts: &AddVolumeOptions, claim: &str, serial: &str) -> (Volume, Disk) {
@@ -684,43 +764,138 @@ async fn remove_volume(
     if let Err(e) = vms.replace(vm_name, &PostParams::default(), &vm).await {
         return api_error(e);
     }
+    match unplug_from_vmi(ctx, ns, vm_name, &opts.name, &claim, &serial).await {
+        Ok(()) => reply(StatusCode::ACCEPTED, json!({})),
+        Err(e) => e,
+    }
+}
+
+/// virt-handler's part of a hot-unplug: a running VMI loses the disk (a real guest first, as with
+/// KubeVirt), then the volume leaves its spec and volumeStatus. A stopped VMI keeps its disks:
+/// KubeVirt unplugs from running VMIs only.
+async fn unplug_from_vmi(
+    ctx: &Arc<HotplugCtx>,
+    ns: &str,
+    vm_name: &str,
+    name: &str,
+    claim: &str,
+    serial: &str,
+) -> Result<(), Reply> {
     let vmis: Api<VirtualMachineInstance> = Api::namespaced(ctx.client.clone(), ns);
     let running = match vmis.get_opt(vm_name).await {
         Ok(v) => {
             v.is_some_and(|v| v.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
         }
-        Err(e) => return api_error(e),
+        Err(e) => return Err(api_error(e)),
     };
     if !running {
-        // No VMI, or a stopped one: only the VM spec changes. KubeVirt's virt-handler unplugs
-        // from running VMIs only; a stopped VMI keeps its disks in spec and volumeStatus.
-        return reply(StatusCode::ACCEPTED, json!({}));
+        return Ok(());
     }
-    // A real guest loses the disk before the VMI stops listing it, as with KubeVirt.
     if let Some(backend) = ctx.vm(vm_name)
-        && let Err(e) = unplug_from_vm(ctx, &backend, ns, &claim, &opts.name).await
+        && let Err(e) = unplug_from_vm(ctx, &backend, ns, claim, name).await
     {
-        return failure(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", e);
+        return Err(failure(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            e,
+        ));
     }
     let mut node = None;
     let res = update_vmi(&vmis, vm_name, |vmi| {
         node = Some(vmi_guest_node(vmi, vm_name));
-        vmi.spec.volumes.retain(|v| v.name != opts.name);
-        vmi.spec
-            .domain
-            .devices
-            .disks
-            .retain(|d| d.name != opts.name);
+        vmi.spec.volumes.retain(|v| v.name != name);
+        vmi.spec.domain.devices.disks.retain(|d| d.name != name);
         if let Some(s) = vmi.status.as_mut() {
-            s.volume_status.retain(|v| v.name != opts.name);
+            s.volume_status.retain(|v| v.name != name);
         }
     })
     .await;
     if let Some(node) = node {
         let _ = std::fs::remove_file(ctx.by_id_dir(&node).join(format!("{BY_ID_PREFIX}{serial}")));
     }
-    match res {
-        Ok(_) => reply(StatusCode::ACCEPTED, json!({})),
-        Err(e) => api_error(e),
+    res.map(|_| ()).map_err(api_error)
+}
+
+/// The hot-plugged PVC volumes of a VM or VMI spec: `(volume, its disk, claim, serial)`. A disk
+/// without a serial (upstream's driver sets none) is found by its name.
+fn hotplugged(
+    spec: &harvester_common::harvester::kubevirt::VmiSpec,
+) -> Vec<(Volume, Disk, String, String)> {
+    spec.volumes
+        .iter()
+        .filter_map(|v| {
+            let pvc = v.persistent_volume_claim.as_ref()?;
+            (pvc.hotpluggable == Some(true)).then_some(())?;
+            let disk = spec
+                .domain
+                .devices
+                .disks
+                .iter()
+                .find(|d| d.name == v.name)?;
+            let serial = disk.serial.clone().unwrap_or_else(|| v.name.clone());
+            Some((v.clone(), disk.clone(), pvc.claim_name.clone(), serial))
+        })
+        .collect()
+}
+
+/// virt-controller under `DeclarativeHotplugVolumes`: whenever a VM changes, the hot-plugged
+/// volumes of its VMI follow its spec (added ones are plugged, removed ones unplugged). Runs for
+/// the whole bed; acts only while the gate is on.
+pub async fn run_declarative(ctx: Arc<HotplugCtx>) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let vms: Api<VirtualMachine> = Api::all(ctx.client.clone());
+    let stream = watcher(vms, watcher::Config::default()).applied_objects();
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = stream.next().await {
+        let vm = match event {
+            Ok(vm) => vm,
+            Err(e) => {
+                tracing::debug!("sim declarative hot-plug: VM watch: {e}");
+                continue;
+            }
+        };
+        if !ctx.is_declarative() {
+            continue;
+        }
+        if let Err(e) = sync_declarative(&ctx, &vm).await {
+            tracing::warn!("sim declarative hot-plug of VM {:?}: {e}", vm.metadata.name);
+        }
     }
+}
+
+async fn sync_declarative(ctx: &Arc<HotplugCtx>, vm: &VirtualMachine) -> Result<(), String> {
+    let ns = vm.metadata.namespace.clone().unwrap_or_default();
+    let vm_name = vm.metadata.name.clone().unwrap_or_default();
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(ctx.client.clone(), &ns);
+    let Some(vmi) = vmis.get_opt(&vm_name).await.map_err(|e| e.to_string())? else {
+        return Ok(());
+    };
+    let wanted = hotplugged(&vm.spec.template.spec);
+    let present = hotplugged(&vmi.spec);
+    for (volume, disk, claim, serial) in &wanted {
+        if !present.iter().any(|p| p.0.name == volume.name) {
+            ctx.record(SPEC_ADD, &ns, &vm_name, &volume.name);
+            plug_into_vmi(
+                ctx,
+                &ns,
+                &vm_name,
+                volume.clone(),
+                disk.clone(),
+                claim,
+                serial,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        }
+    }
+    for (volume, _, claim, serial) in &present {
+        if !wanted.iter().any(|w| w.0.name == volume.name) {
+            ctx.record(SPEC_REMOVE, &ns, &vm_name, &volume.name);
+            unplug_from_vmi(ctx, &ns, &vm_name, &volume.name, claim, serial)
+                .await
+                .map_err(|_| format!("unplugging {} failed", volume.name))?;
+        }
+    }
+    Ok(())
 }
