@@ -54,6 +54,26 @@ fn snapshot_request(name: &str, source: &str) -> CreateSnapshotRequest {
     }
 }
 
+/// CreateSnapshot with `type: backup`: the snapshot, or the error.
+async fn take(d: &Driver, name: &str, source: &str) -> Result<Snapshot, tonic::Status> {
+    d.controller()
+        .create_snapshot(snapshot_request(name, source))
+        .await?
+        .into_inner()
+        .snapshot
+        .ok_or_else(|| tonic::Status::internal("CreateSnapshot answered no snapshot"))
+}
+
+async fn delete_snapshot(d: &Driver, id: &str) -> Result<(), tonic::Status> {
+    d.controller()
+        .delete_snapshot(DeleteSnapshotRequest {
+            snapshot_id: id.into(),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ())
+}
+
 fn from_snapshot(name: &str, size: u64, snapshot_id: &str) -> CreateVolumeRequest {
     CreateVolumeRequest {
         volume_content_source: Some(VolumeContentSource {
@@ -125,14 +145,9 @@ async fn a_backup_restores_its_data_into_a_new_volume_root() {
     );
 
     // A CSI name that is no DNS label is mapped like our local snapshots' names.
-    let snap = d
-        .controller()
-        .create_snapshot(snapshot_request("Backup-Of-Src", &src.id))
+    let snap = take(&d, "Backup-Of-Src", &src.id)
         .await
-        .expect("CreateSnapshot type=backup")
-        .into_inner()
-        .snapshot
-        .expect("snapshot");
+        .expect("CreateSnapshot type=backup");
     let vrb_name = snap
         .snapshot_id
         .strip_prefix(&format!("backup:{}/", bed.vm_namespace))
@@ -163,14 +178,9 @@ async fn a_backup_restores_its_data_into_a_new_volume_root() {
     assert!(copy.exists(), "the backup target holds {}", copy.display());
 
     // Retrying CreateSnapshot is the same backup.
-    let again = d
-        .controller()
-        .create_snapshot(snapshot_request("Backup-Of-Src", &src.id))
+    let again = take(&d, "Backup-Of-Src", &src.id)
         .await
-        .expect("CreateSnapshot again")
-        .into_inner()
-        .snapshot
-        .expect("snapshot");
+        .expect("CreateSnapshot again");
     assert_eq!(again.snapshot_id, snap.snapshot_id);
 
     std::fs::write(src.target.join("after.txt"), b"not in the backup").expect("write");
@@ -294,11 +304,7 @@ async fn a_backup_restores_its_data_into_a_new_volume_root() {
     gone("the VRR deleted", &vrrs(&bed), "pvc-from-backup").await;
     gone("the restored PVC deleted", &pvcs(&bed), "pvc-from-backup").await;
 
-    d.controller()
-        .delete_snapshot(DeleteSnapshotRequest {
-            snapshot_id: snap.snapshot_id.clone(),
-            ..Default::default()
-        })
+    delete_snapshot(&d, &snap.snapshot_id)
         .await
         .expect("DeleteSnapshot");
     gone("the VRB deleted", &vrbs(&bed), &vrb_name).await;
@@ -308,11 +314,7 @@ async fn a_backup_restores_its_data_into_a_new_volume_root() {
     })
     .await
     .expect("backup target emptied");
-    d.controller()
-        .delete_snapshot(DeleteSnapshotRequest {
-            snapshot_id: snap.snapshot_id.clone(),
-            ..Default::default()
-        })
+    delete_snapshot(&d, &snap.snapshot_id)
         .await
         .expect("DeleteSnapshot of a deleted backup succeeds");
 
@@ -346,14 +348,9 @@ async fn running_backups_and_restores_are_not_ready_then_ready() {
         .expect("annotating the source PVC");
 
     let t0 = Instant::now();
-    let pending = d
-        .controller()
-        .create_snapshot(snapshot_request("snap-slow", &vol.volume_id))
+    let pending = take(&d, "snap-slow", &vol.volume_id)
         .await
-        .expect("CreateSnapshot of a running backup is no error")
-        .into_inner()
-        .snapshot
-        .expect("snapshot");
+        .expect("CreateSnapshot of a running backup is no error");
     assert!(!pending.ready_to_use, "{pending:?}");
     assert!(
         t0.elapsed() >= wait,
@@ -468,11 +465,7 @@ async fn running_backups_and_restores_are_not_ready_then_ready() {
         .await
         .expect("DeleteVolume restored");
     gone("the VRR deleted", &vrrs(&bed), "pvc-slow-restore").await;
-    d.controller()
-        .delete_snapshot(DeleteSnapshotRequest {
-            snapshot_id: ready.snapshot_id.clone(),
-            ..Default::default()
-        })
+    delete_snapshot(&d, &ready.snapshot_id)
         .await
         .expect("DeleteSnapshot");
     d.stop().await;
@@ -528,11 +521,7 @@ async fn bad_backup_input_is_refused_naming_it() {
         "{}",
         e.message()
     );
-    let e = c
-        .delete_snapshot(DeleteSnapshotRequest {
-            snapshot_id: "backup:foo".into(),
-            ..Default::default()
-        })
+    let e = delete_snapshot(&d, "backup:foo")
         .await
         .expect_err("DeleteSnapshot of a backup ID without a namespace");
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
@@ -552,12 +541,9 @@ async fn bad_backup_input_is_refused_naming_it() {
             .is_none(),
         "no VRR for a missing backup"
     );
-    c.delete_snapshot(DeleteSnapshotRequest {
-        snapshot_id: missing.clone(),
-        ..Default::default()
-    })
-    .await
-    .expect("DeleteSnapshot of a missing backup succeeds");
+    delete_snapshot(&d, &missing)
+        .await
+        .expect("DeleteSnapshot of a missing backup succeeds");
     let listed = c
         .list_snapshots(ListSnapshotsRequest {
             snapshot_id: missing.clone(),
@@ -568,16 +554,11 @@ async fn bad_backup_input_is_refused_naming_it() {
         .into_inner();
     assert!(listed.entries.is_empty(), "{listed:?}");
 
-    let first = c
-        .create_snapshot(snapshot_request("snap-of-a", &vols[0]))
+    let first = take(&d, "snap-of-a", &vols[0])
         .await
-        .expect("CreateSnapshot")
-        .into_inner()
-        .snapshot
-        .expect("snapshot");
+        .expect("CreateSnapshot");
     assert!(first.ready_to_use, "{first:?}");
-    let e = c
-        .create_snapshot(snapshot_request("snap-of-a", &vols[1]))
+    let e = take(&d, "snap-of-a", &vols[1])
         .await
         .expect_err("the same name for another volume");
     assert_eq!(e.code(), Code::AlreadyExists, "{e:?}");

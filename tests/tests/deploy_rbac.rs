@@ -439,6 +439,26 @@ async fn harvester_storage_class(bed: &TestBed) {
         .expect("Harvester StorageClass");
 }
 
+/// CreateVolume `name` (128 MiB, mount) from snapshot `snapshot_id`.
+fn restore_request(name: &str, snapshot_id: &str) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: 128 << 20,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![mount_cap()],
+        volume_content_source: Some(VolumeContentSource {
+            r#type: Some(volume_content_source::Type::Snapshot(
+                volume_content_source::SnapshotSource {
+                    snapshot_id: snapshot_id.into(),
+                },
+            )),
+        }),
+        ..Default::default()
+    }
+}
+
 #[tokio::test]
 async fn csi_controller_runs_the_volume_flow_with_only_the_documented_harvester_role() {
     let bed = bed().await;
@@ -536,22 +556,7 @@ async fn csi_controller_runs_the_volume_flow_with_only_the_documented_harvester_
         .into_inner();
     assert_eq!(listed.entries.len(), 1, "{listed:?}");
     let restored = c
-        .create_volume(CreateVolumeRequest {
-            name: "pvc-rbac-restored".into(),
-            capacity_range: Some(CapacityRange {
-                required_bytes: 128 << 20,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![mount_cap()],
-            volume_content_source: Some(VolumeContentSource {
-                r#type: Some(volume_content_source::Type::Snapshot(
-                    volume_content_source::SnapshotSource {
-                        snapshot_id: snap.snapshot_id.clone(),
-                    },
-                )),
-            }),
-            ..Default::default()
-        })
+        .create_volume(restore_request("pvc-rbac-restored", &snap.snapshot_id))
         .await
         .expect("CreateVolume from a snapshot")
         .into_inner()
@@ -588,22 +593,7 @@ async fn csi_controller_runs_the_volume_flow_with_only_the_documented_harvester_
         "{listed:?}"
     );
     let from_backup = c
-        .create_volume(CreateVolumeRequest {
-            name: "pvc-rbac-from-backup".into(),
-            capacity_range: Some(CapacityRange {
-                required_bytes: 128 << 20,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![mount_cap()],
-            volume_content_source: Some(VolumeContentSource {
-                r#type: Some(volume_content_source::Type::Snapshot(
-                    volume_content_source::SnapshotSource {
-                        snapshot_id: backup.snapshot_id.clone(),
-                    },
-                )),
-            }),
-            ..Default::default()
-        })
+        .create_volume(restore_request("pvc-rbac-from-backup", &backup.snapshot_id))
         .await
         .expect("CreateVolume from a backup")
         .into_inner()
