@@ -15,13 +15,14 @@ use crate::guest_cluster::GuestCluster;
 use crate::sim::Sim;
 use crate::{BedError, wait};
 
-const CRDS: [(&str, &str); 4] = [
+const CRDS: [(&str, &str); 5] = [
     ("kubevirt.yaml", include_str!("../crds/kubevirt.yaml")),
     (
         "loadbalancer.yaml",
         include_str!("../crds/loadbalancer.yaml"),
     ),
     ("snapshot.yaml", include_str!("../crds/snapshot.yaml")),
+    ("backup.yaml", include_str!("../crds/backup.yaml")),
     ("settings.yaml", include_str!("../crds/settings.yaml")),
 ];
 
