@@ -60,7 +60,7 @@ help-check:
 
 # The CSI suites run twice: with Harvester v1.7's addvolume/removevolume subresources (the bed's
 # default) and with v1.8's declarative hot-plug (VM spec patches; the subresources refused).
-CSI_SUITES = --test csi_sanity --test csi_node --test csi_hardening --test chaos_csi --test deploy_rbac
+CSI_SUITES = --test csi_sanity --test csi_node --test csi_hardening --test chaos_csi --test csi_backup --test deploy_rbac
 
 unit-and-integration:
 	@echo "[test] cargo test (unit, property and test-bed integration tests)"

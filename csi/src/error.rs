@@ -55,6 +55,10 @@ pub enum ControllerError {
     VolumeNotFound { namespace: String, volume: String },
     #[error("snapshot {snapshot}: no VolumeSnapshot {namespace}/{snapshot} on Harvester")]
     SnapshotNotFound { namespace: String, snapshot: String },
+    #[error(
+        "snapshot backup:{namespace}/{name}: no VolumeRemoteBackup {namespace}/{name} on Harvester"
+    )]
+    BackupNotFound { namespace: String, name: String },
     #[error("{0}")]
     NotReady(String),
     #[error("starting_token {0:?} is not a token this driver gave out")]
@@ -150,7 +154,8 @@ impl From<ControllerError> for Status {
             ControllerError::Arg(a) => a.code(),
             ControllerError::VolumeNotFound { .. }
             | ControllerError::NodeNotFound { .. }
-            | ControllerError::SnapshotNotFound { .. } => Code::NotFound,
+            | ControllerError::SnapshotNotFound { .. }
+            | ControllerError::BackupNotFound { .. } => Code::NotFound,
             ControllerError::NotReady(_) => Code::Unavailable,
             ControllerError::BadToken(_) => Code::Aborted,
             ControllerError::AlreadyExists { .. } => Code::AlreadyExists,

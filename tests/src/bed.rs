@@ -22,6 +22,7 @@ const CRDS: [(&str, &str); 5] = [
         include_str!("../crds/loadbalancer.yaml"),
     ),
     ("snapshot.yaml", include_str!("../crds/snapshot.yaml")),
+    ("backup.yaml", include_str!("../crds/backup.yaml")),
     ("settings.yaml", include_str!("../crds/settings.yaml")),
     ("networkfs.yaml", include_str!("../crds/networkfs.yaml")),
 ];
@@ -141,6 +142,12 @@ impl TestBed {
             opts.vm_namespace
         );
         apply_yaml(&harvester.client, &namespaces, "default").await?;
+        apply_yaml(
+            &harvester.client,
+            include_str!("../crds/harvester-authenticated.yaml"),
+            "default",
+        )
+        .await?;
 
         let sim = Sim::start(
             &pki,

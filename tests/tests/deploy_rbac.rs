@@ -439,6 +439,26 @@ async fn harvester_storage_class(bed: &TestBed) {
         .expect("Harvester StorageClass");
 }
 
+/// CreateVolume `name` (128 MiB, mount) from snapshot `snapshot_id`.
+fn restore_request(name: &str, snapshot_id: &str) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: 128 << 20,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![mount_cap()],
+        volume_content_source: Some(VolumeContentSource {
+            r#type: Some(volume_content_source::Type::Snapshot(
+                volume_content_source::SnapshotSource {
+                    snapshot_id: snapshot_id.into(),
+                },
+            )),
+        }),
+        ..Default::default()
+    }
+}
+
 #[tokio::test]
 async fn csi_controller_runs_the_volume_flow_with_only_the_documented_harvester_role() {
     let bed = bed().await;
@@ -536,27 +556,49 @@ async fn csi_controller_runs_the_volume_flow_with_only_the_documented_harvester_
         .into_inner();
     assert_eq!(listed.entries.len(), 1, "{listed:?}");
     let restored = c
-        .create_volume(CreateVolumeRequest {
-            name: "pvc-rbac-restored".into(),
-            capacity_range: Some(CapacityRange {
-                required_bytes: 128 << 20,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![mount_cap()],
-            volume_content_source: Some(VolumeContentSource {
-                r#type: Some(volume_content_source::Type::Snapshot(
-                    volume_content_source::SnapshotSource {
-                        snapshot_id: snap.snapshot_id.clone(),
-                    },
-                )),
-            }),
-            ..Default::default()
-        })
+        .create_volume(restore_request("pvc-rbac-restored", &snap.snapshot_id))
         .await
         .expect("CreateVolume from a snapshot")
         .into_inner()
         .volume
         .expect("restored volume");
+
+    // A remote backup (`type: backup`): taken, listed by its source, restored, deleted.
+    let backup = c
+        .create_snapshot(CreateSnapshotRequest {
+            name: "backup-rbac-proof".into(),
+            source_volume_id: id.clone(),
+            parameters: HashMap::from([("type".to_string(), "backup".into())]),
+            ..Default::default()
+        })
+        .await
+        .expect("CreateSnapshot type=backup")
+        .into_inner()
+        .snapshot
+        .expect("backup");
+    assert!(backup.ready_to_use, "{backup:?}");
+    let listed = c
+        .list_snapshots(ListSnapshotsRequest {
+            source_volume_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("ListSnapshots by source")
+        .into_inner();
+    assert!(
+        listed
+            .entries
+            .iter()
+            .any(|e| e.snapshot.as_ref().map(|s| &s.snapshot_id) == Some(&backup.snapshot_id)),
+        "{listed:?}"
+    );
+    let from_backup = c
+        .create_volume(restore_request("pvc-rbac-from-backup", &backup.snapshot_id))
+        .await
+        .expect("CreateVolume from a backup")
+        .into_inner()
+        .volume
+        .expect("volume restored from a backup");
 
     // An RWX volume (Harvester 1.4+; the role harvester-guest-csi-driver-rwx bound in
     // harvester-system): Harvester's default class found by listing (a Longhorn one), the
@@ -621,7 +663,13 @@ async fn csi_controller_runs_the_volume_flow_with_only_the_documented_harvester_
     })
     .await
     .expect("DeleteSnapshot");
-    for v in [id, restored.volume_id] {
+    c.delete_snapshot(DeleteSnapshotRequest {
+        snapshot_id: backup.snapshot_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .expect("DeleteSnapshot of the backup");
+    for v in [id, restored.volume_id, from_backup.volume_id] {
         c.delete_volume(DeleteVolumeRequest {
             volume_id: v,
             ..Default::default()

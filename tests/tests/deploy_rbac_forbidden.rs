@@ -13,7 +13,7 @@ use csi_proto::csi::v1::*;
 use deploy_common::*;
 use harvester_cloud_provider::Config;
 use harvester_cloud_provider::node::patch::UNINITIALIZED_TAINT;
-use harvester_common::harvester::IPPool;
+use harvester_common::harvester::{HotplugMode, IPPool};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
@@ -191,15 +191,45 @@ async fn without_update_on_loadbalancers_the_service_gets_a_forbidden_event() {
 
 #[tokio::test]
 async fn without_update_on_addvolume_publish_fails_naming_the_subresource() {
+    publish_fails_without(
+        HotplugMode::Subresource,
+        (
+            "subresources.kubevirt.io",
+            "virtualmachines/addvolume",
+            "update",
+        ),
+        "cannot update resource \"virtualmachines/addvolume\"",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn without_patch_on_virtualmachines_declarative_publish_fails_naming_the_verb() {
+    publish_fails_without(
+        HotplugMode::Declarative,
+        ("kubevirt.io", "virtualmachines", "patch"),
+        "cannot patch resource \"virtualmachines\"",
+    )
+    .await;
+}
+
+/// On a Harvester whose hot-plug is `mode`, the controller with the documented RBAC minus
+/// `(group, resource, verb)` fails ControllerPublishVolume with PERMISSION_DENIED saying `says`.
+async fn publish_fails_without(mode: HotplugMode, revoked: (&str, &str, &str), says: &str) {
     let bed = bed_with_vm().await;
+    bed.sim
+        .set_hotplug_mode(mode)
+        .await
+        .expect("setting the bed's Harvester version");
     let mut harvester_docs = harvester_rbac_of(&bed.vm_namespace, HARVESTER_CSI_ROLES);
+    let (group, resource, verb) = revoked;
     revoke(
         &mut harvester_docs,
         "ClusterRole",
         HARVESTER_CSI_ROLES,
-        "subresources.kubevirt.io",
-        "virtualmachines/addvolume",
-        "update",
+        group,
+        resource,
+        verb,
     );
     let accounts = accounts(&bed, &[], None, &harvester_docs).await;
     let socket = bed.dir.path().join("csi-controller.sock");
@@ -255,7 +285,7 @@ async fn without_update_on_addvolume_publish_fails_naming_the_subresource() {
             ..Default::default()
         })
         .await
-        .expect_err("publishing without addvolume must fail");
+        .expect_err("publishing without the revoked verb must fail");
     let msg = err.message();
     eprintln!("ControllerPublishVolume: {:?}: {msg}", err.code());
     assert_eq!(
@@ -263,10 +293,7 @@ async fn without_update_on_addvolume_publish_fails_naming_the_subresource() {
         tonic::Code::PermissionDenied,
         "RBAC's refusal is PERMISSION_DENIED, not INTERNAL: {msg}"
     );
-    for part in [
-        "forbidden",
-        "cannot update resource \"virtualmachines/addvolume\"",
-    ] {
+    for part in ["forbidden", says] {
         assert!(
             msg.contains(part),
             "the error says {part:?}: {:?} {msg}",

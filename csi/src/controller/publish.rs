@@ -234,7 +234,7 @@ impl ControllerService {
                     });
                 }
                 let serial = naming::disk_serial(id);
-                self.add_to_vm(mode, vm, id, &serial).await?;
+                self.add_to_vm(mode, node, id, &serial).await?;
                 Some(serial)
             }
         };
@@ -309,19 +309,18 @@ impl ControllerService {
         Ok(ControllerUnpublishVolumeResponse {})
     }
 
-    /// Hot-plugs PVC `id` into VM `vm` as disk `id` with `serial`, the way `mode` says.
+    /// Hot-plugs PVC `id` into VM `node` as disk `id` with `serial`, the way `mode` says.
     async fn add_to_vm(
         &self,
         mode: HotplugMode,
-        vm: VirtualMachine,
+        node: &str,
         id: &str,
         serial: &str,
     ) -> Result<(), ControllerError> {
-        let node = vm.metadata.name.clone().unwrap_or_default();
         match mode {
             HotplugMode::Subresource => {
                 let body = AddVolumeOptions::scsi_pvc(id, id, serial);
-                match hotplug::add_volume(&self.harvester.client, self.ns(), &node, &body).await {
+                match hotplug::add_volume(&self.harvester.client, self.ns(), node, &body).await {
                     Ok(()) => tracing::info!(volume = id, node, serial, "addvolume sent"),
                     Err(e) if already_added(&e) => {}
                     Err(e) => return Err(e.into()),
@@ -329,7 +328,7 @@ impl ControllerService {
                 Ok(())
             }
             HotplugMode::Declarative => {
-                self.patch_vm_spec(&node, id, "hot-plug", |spec| {
+                self.patch_vm_spec(node, id, "hot-plug", |spec| {
                     hotplug::declarative_add_patch(spec, id, id, serial)
                 })
                 .await
@@ -337,22 +336,20 @@ impl ControllerService {
         }
     }
 
-    /// Hot-unplugs volume `id` from VM `vm`, the way `mode` says.
+    /// Hot-unplugs volume `id` from VM `node`, the way `mode` says.
     async fn remove_from_vm(
         &self,
         mode: HotplugMode,
-        vm: VirtualMachine,
+        node: &str,
         id: &str,
     ) -> Result<(), ControllerError> {
-        let node = vm.metadata.name.clone().unwrap_or_default();
         match mode {
             HotplugMode::Subresource => {
                 let body = RemoveVolumeOptions {
                     name: id.to_string(),
                     rest: Rest::new(),
                 };
-                match hotplug::remove_volume(&self.harvester.client, self.ns(), &node, &body).await
-                {
+                match hotplug::remove_volume(&self.harvester.client, self.ns(), node, &body).await {
                     Ok(()) => tracing::info!(volume = id, node, "removevolume sent"),
                     Err(e) if already_removed(&e) => {}
                     Err(e) => return Err(e.into()),
@@ -360,7 +357,7 @@ impl ControllerService {
                 Ok(())
             }
             HotplugMode::Declarative => {
-                self.patch_vm_spec(&node, id, "hot-unplug", |spec| {
+                self.patch_vm_spec(node, id, "hot-unplug", |spec| {
                     hotplug::declarative_remove_patch(spec, id)
                 })
                 .await
@@ -548,7 +545,7 @@ impl ControllerService {
                 )));
             }
             if hotplugged {
-                self.remove_from_vm(self.hotplug.current()?, vm.clone(), id)
+                self.remove_from_vm(self.hotplug.current()?, node, id)
                     .await?;
             }
         }

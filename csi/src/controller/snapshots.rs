@@ -4,8 +4,13 @@
 //!
 //! Unlike upstream, a snapshot that is not ready yet is answered with `ready_to_use: false`
 //! (never INTERNAL), so the external-snapshotter simply asks again.
+//!
+//! With VolumeSnapshotClass parameter `type: backup` the snapshot is a remote backup instead
+//! ([`backup`]); its ID is `backup:<namespace>/<name>`.
 
-use std::collections::BTreeMap;
+pub mod backup;
+
+use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 
 use csi_proto::csi::v1::*;
@@ -24,6 +29,63 @@ pub use super::{LABEL_SNAP_HOST_SC, LABEL_SNAP_HOST_VOLUME_MODE};
 /// CreateSnapshot parameter (the guest VolumeSnapshotClass's `parameters`) naming the Harvester
 /// VolumeSnapshotClass; without it Harvester's default class for the PVC's driver applies.
 pub const PARAM_HOST_SNAPSHOT_CLASS: &str = "hostVolumeSnapshotClass";
+/// CreateSnapshot parameter choosing the kind of snapshot: absent (or empty) for a local
+/// VolumeSnapshot, [`TYPE_BACKUP`] for a remote backup (upstream's parameter and value).
+pub const PARAM_TYPE: &str = "type";
+pub const TYPE_BACKUP: &str = "backup";
+
+/// What CreateSnapshot's parameters ask for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SnapshotKind<'a> {
+    /// A VolumeSnapshot on Harvester, of Harvester VolumeSnapshotClass `class` (else its default).
+    Local { class: Option<&'a str> },
+    /// A VolumeRemoteBackup to Harvester's backup target.
+    Backup,
+}
+
+impl<'a> SnapshotKind<'a> {
+    /// Parses the VolumeSnapshotClass `parameters`. An unknown key or `type` value is refused
+    /// naming it (upstream ignores unknown keys and takes any `type` but `backup` as local); the
+    /// external-snapshotter's own `csi.storage.k8s.io/*` keys pass.
+    pub fn parse(params: &'a HashMap<String, String>) -> Result<SnapshotKind<'a>, ArgError> {
+        if let Some(unknown) =
+            super::volumes::unknown_params(params, &[PARAM_HOST_SNAPSHOT_CLASS, PARAM_TYPE])
+        {
+            return Err(ArgError::Invalid {
+                field: "parameters",
+                reason: format!(
+                    "unknown VolumeSnapshotClass parameter {unknown} (known: {PARAM_TYPE}, \
+                     {PARAM_HOST_SNAPSHOT_CLASS}, {}*)",
+                    super::volumes::PROVISIONER_PARAM_PREFIX
+                ),
+            });
+        }
+        let class = params
+            .get(PARAM_HOST_SNAPSHOT_CLASS)
+            .map(|s| s.trim())
+            .filter(|s| !s.is_empty());
+        match params.get(PARAM_TYPE).map(String::as_str) {
+            None | Some("") => Ok(SnapshotKind::Local { class }),
+            Some(TYPE_BACKUP) => match class {
+                None => Ok(SnapshotKind::Backup),
+                Some(c) => Err(ArgError::Invalid {
+                    field: "parameters",
+                    reason: format!(
+                        "{PARAM_HOST_SNAPSHOT_CLASS} {c:?} does not apply to {PARAM_TYPE} \
+                         {TYPE_BACKUP:?}: Harvester takes backups with its own backup class"
+                    ),
+                }),
+            },
+            Some(other) => Err(ArgError::Invalid {
+                field: "parameters",
+                reason: format!(
+                    "{PARAM_TYPE} {other:?} is not a snapshot type: leave it out for a local \
+                     snapshot, or set {TYPE_BACKUP:?} for a remote backup"
+                ),
+            }),
+        }
+    }
+}
 
 /// `snapshot.storage.k8s.io/v1` VolumeSnapshot: only the fields this driver reads or writes.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -211,6 +273,50 @@ pub fn page<T: Clone>(
     Ok((items[from..end].to_vec(), next))
 }
 
+/// The object `name` of `api`, which must pass `matches`, else `new` created (and logged); one
+/// created concurrently by another call is judged like an existing one. CreateSnapshot and
+/// CreateVolume retry with the same name, so this is what makes them idempotent.
+pub(super) async fn get_or_create<K>(
+    api: &Api<K>,
+    name: &str,
+    matches: impl Fn(&K) -> Result<(), ControllerError>,
+    new: impl Future<Output = Result<K, ControllerError>>,
+) -> Result<K, ControllerError>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + Serialize
+        + serde::de::DeserializeOwned,
+{
+    let kind = K::kind(&());
+    let get = || async {
+        api.get_opt(name)
+            .await
+            .map_err(ControllerError::api(format!("getting {kind} {name}")))
+    };
+    if let Some(existing) = get().await? {
+        matches(&existing)?;
+        return Ok(existing);
+    }
+    match api.create(&PostParams::default(), &new.await?).await {
+        Ok(created) => {
+            tracing::info!(%kind, name, "created on Harvester");
+            Ok(created)
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            let existing = get().await?.ok_or_else(|| {
+                ControllerError::Precondition(format!(
+                    "{kind} {name} was created and deleted concurrently"
+                ))
+            })?;
+            matches(&existing)?;
+            Ok(existing)
+        }
+        Err(e) => Err(ControllerError::api(format!("creating {kind} {name}"))(e)),
+    }
+}
+
 impl ControllerService {
     fn snapshots(&self) -> Api<VolumeSnapshot> {
         Api::namespaced(self.harvester.client.clone(), self.ns())
@@ -255,51 +361,22 @@ impl ControllerService {
     ) -> Result<CreateSnapshotResponse, ControllerError> {
         let name = required("name", &req.name)?;
         let source = required("source_volume_id", &req.source_volume_id)?;
-        let class = req
-            .parameters
-            .get(PARAM_HOST_SNAPSHOT_CLASS)
-            .map(|s| s.trim())
-            .filter(|s| !s.is_empty());
+        let class = match SnapshotKind::parse(&req.parameters)? {
+            SnapshotKind::Local { class } => class,
+            SnapshotKind::Backup => return self.create_backup(name, source).await,
+        };
         let snap_name = naming::host_volume_name(name);
         let _guard = self.begin(&format!("snapshot/{snap_name}"))?;
-        let api = self.snapshots();
-        let get = || async {
-            api.get_opt(&snap_name)
-                .await
-                .map_err(ControllerError::api(format!(
-                    "getting VolumeSnapshot {snap_name}"
-                )))
-        };
-        let snap = match get().await? {
-            Some(existing) => {
-                existing_snapshot_matches(name, source, &existing)?;
-                existing
-            }
-            None => {
+        let snap = get_or_create(
+            &self.snapshots(),
+            &snap_name,
+            |existing| existing_snapshot_matches(name, source, existing),
+            async {
                 let pvc = self.existing(source).await?;
-                let snap = host_snapshot(&snap_name, name, &pvc, class);
-                match api.create(&PostParams::default(), &snap).await {
-                    Ok(created) => {
-                        tracing::info!(snapshot = %snap_name, volume = source, "created VolumeSnapshot");
-                        created
-                    }
-                    Err(kube::Error::Api(s)) if s.code == 409 => {
-                        let existing = get().await?.ok_or_else(|| {
-                            ControllerError::Precondition(format!(
-                                "VolumeSnapshot {snap_name} was created and deleted concurrently"
-                            ))
-                        })?;
-                        existing_snapshot_matches(name, source, &existing)?;
-                        existing
-                    }
-                    Err(e) => {
-                        return Err(ControllerError::api(format!(
-                            "creating VolumeSnapshot {snap_name}"
-                        ))(e));
-                    }
-                }
-            }
-        };
+                Ok(host_snapshot(&snap_name, name, &pvc, class))
+            },
+        )
+        .await?;
         let snap = self.settle(snap).await?;
         let fallback = match self.pvcs().get_opt(source).await {
             Ok(Some(pvc)) => super::volumes::requested_bytes(&pvc).unwrap_or(0),
@@ -315,6 +392,9 @@ impl ControllerService {
         req: DeleteSnapshotRequest,
     ) -> Result<DeleteSnapshotResponse, ControllerError> {
         let id = required("snapshot_id", &req.snapshot_id)?;
+        if let Some(backup) = backup::BackupId::parse("snapshot_id", id)? {
+            return self.delete_backup(&backup).await;
+        }
         if !naming::is_dns1123_label(id) {
             return Ok(DeleteSnapshotResponse {});
         }
@@ -363,14 +443,18 @@ impl ControllerService {
         if !req.source_volume_id.is_empty() {
             snaps.retain(|s| s.source_volume() == Some(req.source_volume_id.as_str()));
         }
-        snaps.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        let (entries, next_token) = page(&snaps, &req.starting_token, req.max_entries)?;
+        // Then the remote backups, all in one order so pages never repeat or skip an entry.
+        let mut all: Vec<Snapshot> = snaps.iter().map(|s| csi_snapshot(s, 0)).collect();
+        all.extend(
+            self.list_backups(&req.snapshot_id, &req.source_volume_id)
+                .await?,
+        );
+        all.sort_by(|a, b| a.snapshot_id.cmp(&b.snapshot_id));
+        let (entries, next_token) = page(&all, &req.starting_token, req.max_entries)?;
         Ok(ListSnapshotsResponse {
             entries: entries
-                .iter()
-                .map(|s| list_snapshots_response::Entry {
-                    snapshot: Some(csi_snapshot(s, 0)),
-                })
+                .into_iter()
+                .map(|s| list_snapshots_response::Entry { snapshot: Some(s) })
                 .collect(),
             next_token,
         })
@@ -455,6 +539,64 @@ mod tests {
         assert!(c.ready_to_use);
         assert_eq!(c.size_bytes, 66 << 20);
         assert_eq!(c.creation_time.map(|t| t.seconds), Some(1_796_032_800));
+    }
+
+    #[test]
+    fn parameters_choose_local_or_backup_and_name_what_is_wrong() {
+        let params = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        for (given, want) in [
+            (params(&[]), SnapshotKind::Local { class: None }),
+            (params(&[("type", "")]), SnapshotKind::Local { class: None }),
+            (
+                params(&[("hostVolumeSnapshotClass", "longhorn-snapshot")]),
+                SnapshotKind::Local {
+                    class: Some("longhorn-snapshot"),
+                },
+            ),
+            (params(&[("type", "backup")]), SnapshotKind::Backup),
+            (
+                params(&[
+                    ("type", "backup"),
+                    ("csi.storage.k8s.io/volumesnapshot/name", "snap"),
+                ]),
+                SnapshotKind::Backup,
+            ),
+        ] {
+            assert_eq!(SnapshotKind::parse(&given).unwrap(), want, "{given:?}");
+        }
+        for (given, says) in [
+            (
+                params(&[("type", "Backup")]),
+                "type \"Backup\" is not a snapshot type",
+            ),
+            (params(&[("type", "remote")]), "type \"remote\""),
+            (
+                params(&[("typ", "backup")]),
+                "unknown VolumeSnapshotClass parameter \"typ\"",
+            ),
+            (
+                params(&[("type", "backup"), ("hostVolumeSnapshotClass", "lh")]),
+                "hostVolumeSnapshotClass \"lh\" does not apply",
+            ),
+        ] {
+            let e = SnapshotKind::parse(&given).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    ArgError::Invalid {
+                        field: "parameters",
+                        ..
+                    }
+                ),
+                "{e}"
+            );
+            assert!(e.to_string().contains(says), "{given:?}: {e}");
+        }
     }
 
     #[test]

@@ -17,6 +17,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::ControllerService;
+use super::snapshots::backup::BackupId;
 use crate::error::{ArgError, ControllerError};
 use crate::naming::{self, ORIGINAL_NAME_ANNOTATION};
 use crate::request::{self, required};
@@ -44,6 +45,18 @@ impl HostVolumeMode {
     }
 }
 
+/// The keys of `params` that are neither `known` nor the sidecars' own `csi.storage.k8s.io/*`,
+/// quoted, sorted and joined with ", "; `None` when there are none.
+pub fn unknown_params(params: &HashMap<String, String>, known: &[&str]) -> Option<String> {
+    let mut unknown: Vec<String> = params
+        .keys()
+        .filter(|k| !known.contains(&k.as_str()) && !k.starts_with(PROVISIONER_PARAM_PREFIX))
+        .map(|k| format!("{k:?}"))
+        .collect();
+    unknown.sort_unstable();
+    (!unknown.is_empty()).then(|| unknown.join(", "))
+}
+
 /// CreateVolume parameters (the guest StorageClass's `parameters`). An unknown key is refused
 /// naming it (upstream ignores it, so a typo such as `hostStorageClas` silently gave the default
 /// class); the provisioner's own `csi.storage.k8s.io/*` keys pass.
@@ -61,26 +74,14 @@ impl Params {
         params: &HashMap<String, String>,
         default_class: Option<&str>,
     ) -> Result<Params, ArgError> {
-        let mut unknown: Vec<&str> = params
-            .keys()
-            .map(String::as_str)
-            .filter(|k| {
-                ![PARAM_HOST_STORAGE_CLASS, PARAM_HOST_VOLUME_MODE].contains(k)
-                    && !k.starts_with(PROVISIONER_PARAM_PREFIX)
-            })
-            .collect();
-        if !unknown.is_empty() {
-            unknown.sort_unstable();
+        if let Some(unknown) =
+            unknown_params(params, &[PARAM_HOST_STORAGE_CLASS, PARAM_HOST_VOLUME_MODE])
+        {
             return Err(ArgError::Invalid {
                 field: "parameters",
                 reason: format!(
-                    "unknown StorageClass parameter {} (known: {PARAM_HOST_STORAGE_CLASS}, \
-                     {PARAM_HOST_VOLUME_MODE}, {PROVISIONER_PARAM_PREFIX}*)",
-                    unknown
-                        .iter()
-                        .map(|k| format!("{k:?}"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    "unknown StorageClass parameter {unknown} (known: {PARAM_HOST_STORAGE_CLASS}, \
+                     {PARAM_HOST_VOLUME_MODE}, {PROVISIONER_PARAM_PREFIX}*)"
                 ),
             });
         }
@@ -157,6 +158,16 @@ impl<'a> Source<'a> {
                 )?)),
             },
         )
+    }
+}
+
+/// The backup a CreateVolume restores from, when its snapshot source is a `backup:` ID.
+pub fn backup_source(source: Option<Source>) -> Result<Option<BackupId>, ArgError> {
+    match source {
+        Some(Source::Snapshot(id)) => {
+            BackupId::parse("volume_content_source.snapshot.snapshot_id", id)
+        }
+        _ => Ok(None),
     }
 }
 
@@ -317,6 +328,12 @@ impl ControllerService {
         let (asked, limit) = request::range_bytes("capacity_range", req.capacity_range.as_ref())?;
         let mut params = Params::parse(&req.parameters, self.host_storage_class.as_deref())?;
         let source = Source::of(&req)?;
+        if let Some(from) = backup_source(source)? {
+            let (id, size) = self.restore_from_backup(name, &from, asked, limit).await?;
+            return Ok(CreateVolumeResponse {
+                volume: Some(volume(&id, size, req.volume_content_source)),
+            });
+        }
         let pvc_name = naming::host_volume_name(name);
         let _guard = self.begin(&pvc_name)?;
         let pvcs = self.pvcs();
@@ -468,6 +485,9 @@ impl ControllerService {
                 node,
             });
         }
+        // A volume restored from a backup: its VolumeRemoteRestore goes first; the PVC it owns
+        // is deleted below too, without waiting for Harvester's garbage collector.
+        self.delete_restore(id).await?;
         match self.pvcs().delete(id, &DeleteParams::default()).await {
             Ok(_) => {
                 tracing::info!(volume = id, "deleted Harvester PVC");

@@ -2,6 +2,7 @@
 //! devices) and the Harvester LB controller (IPPool allocation) against the real Harvester API
 //! server. It never stands in for an API: every object lives in kube-apiserver.
 
+pub mod backup;
 pub mod lb;
 pub mod networkfs;
 pub mod snapshot;
@@ -65,6 +66,11 @@ impl Sim {
         let mut tasks = JoinSet::new();
         tasks.spawn(storage::run_pvc_binder(harvester.clone(), storage.clone()));
         tasks.spawn(lb::run(harvester.clone()));
+        tasks.spawn(backup::run(
+            harvester.clone(),
+            storage.clone(),
+            dir.to_path_buf(),
+        ));
         tasks.spawn(virt_api::run_declarative(hotplug.clone()));
         tasks.spawn(snapshot::run(
             harvester.clone(),

@@ -37,17 +37,26 @@ struct Ctx {
     client: kube::Client,
     storage: Arc<Storage>,
     dir: PathBuf,
-    busy: Mutex<HashSet<String>>,
+    jobs: Arc<Jobs>,
 }
 
 impl Ctx {
     fn data_file(&self, ns: &str, snapshot: &str) -> PathBuf {
         self.dir.join(format!("{ns}_{snapshot}.img"))
     }
+}
 
-    /// Runs `job` for `key` unless one is already running.
-    fn once(
+/// The stand-in's controller jobs in flight, one per key (also used by [`super::backup`]).
+#[derive(Default)]
+pub(crate) struct Jobs {
+    busy: Mutex<HashSet<String>>,
+}
+
+impl Jobs {
+    /// Runs `job` for `key` unless one is already running; its error is logged under `what`.
+    pub(crate) fn once(
         self: &Arc<Self>,
+        what: &'static str,
         key: String,
         job: impl Future<Output = Result<(), String>> + Send + 'static,
     ) {
@@ -59,12 +68,12 @@ impl Ctx {
         if !fresh {
             return;
         }
-        let ctx = self.clone();
+        let jobs = self.clone();
         tokio::spawn(async move {
             if let Err(e) = job.await {
-                tracing::warn!("sim snapshot {key}: {e}");
+                tracing::warn!("{what} {key}: {e}");
             }
-            ctx.busy
+            jobs.busy
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&key);
@@ -83,7 +92,7 @@ pub async fn run(client: kube::Client, storage: Arc<Storage>, dir: PathBuf) {
         client: client.clone(),
         storage,
         dir,
-        busy: Mutex::new(HashSet::new()),
+        jobs: Arc::default(),
     });
     let snaps: Api<DynamicObject> = Api::all_with(client.clone(), &snapshot_resource());
     let pvcs: Api<PersistentVolumeClaim> = Api::all(client);
@@ -96,7 +105,7 @@ pub async fn run(client: kube::Client, storage: Arc<Storage>, dir: PathBuf) {
                     let ready = s.data.pointer("/status/readyToUse").and_then(|v| v.as_bool()) == Some(true);
                     if !ready && s.metadata.deletion_timestamp.is_none() {
                         let key = format!("snap/{}/{}", s.namespace().unwrap_or_default(), s.name_any());
-                        ctx.once(key, take(ctx.clone(), s));
+                        ctx.jobs.once("sim snapshot", key, take(ctx.clone(), s));
                     }
                 }
                 Ok(Event::Delete(s)) => {
@@ -112,7 +121,7 @@ pub async fn run(client: kube::Client, storage: Arc<Storage>, dir: PathBuf) {
                     let done = p.annotations().contains_key(RESTORED_ANNOTATION);
                     if let (Some(snapshot), false, None) = (source, done, &p.metadata.deletion_timestamp) {
                         let key = format!("restore/{}/{}", p.namespace().unwrap_or_default(), p.name_any());
-                        ctx.once(key, restore(ctx.clone(), p.clone(), snapshot));
+                        ctx.jobs.once("sim snapshot", key, restore(ctx.clone(), p.clone(), snapshot));
                     }
                     let clone_of = p.spec.as_ref().and_then(|s| s.data_source.as_ref())
                         .filter(|d| d.kind == "PersistentVolumeClaim").map(|d| d.name.clone());
@@ -120,7 +129,7 @@ pub async fn run(client: kube::Client, storage: Arc<Storage>, dir: PathBuf) {
                     if let (Some(source), false, None) = (clone_of, cloned, &p.metadata.deletion_timestamp) {
                         let key = format!("clone/{}/{}", p.namespace().unwrap_or_default(), p.name_any());
                         let (client, storage) = (ctx.client.clone(), ctx.storage.clone());
-                        ctx.once(key, clone_volume(client, storage, p.clone(), source));
+                        ctx.jobs.once("sim snapshot", key, clone_volume(client, storage, p.clone(), source));
                     }
                 }
                 Ok(_) => {}

@@ -1,0 +1,672 @@
+//! Remote backups: a CSI snapshot taken with VolumeSnapshotClass parameter `type: backup` is a
+//! Harvester `VolumeRemoteBackup` (VRB) of the volume's PVC, which Harvester's controller backs
+//! up to the cluster's backup target; a volume made from it is a `VolumeRemoteRestore` (VRR),
+//! for which Harvester creates a PVC of the same name, owned by the VRR.
+//!
+//! Names, labels, the snapshot ID `backup:<namespace>/<name>` and the CR shapes are upstream's
+//! (harvester/harvester-csi-driver `pkg/csi/controller_server.go`; the types in harvester/harvester
+//! `pkg/apis/harvesterhci.io/v1beta1/volumeremotebackup.go`), so backups made by either driver
+//! restore with the other. Unlike upstream, a backup or restore still running is answered with
+//! `ready_to_use: false` (CreateSnapshot) or UNAVAILABLE (CreateVolume), never INTERNAL, after
+//! the same bounded watch as local snapshots; an unknown backup is NOT_FOUND; the same name
+//! asked again for another source is ALREADY_EXISTS.
+
+use std::collections::BTreeMap;
+
+use csi_proto::csi::v1::*;
+use harvester_common::quantity;
+use k8s_openapi::api::core::v1::PersistentVolumeClaimSpec;
+use kube::CustomResource;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta};
+use serde::{Deserialize, Serialize};
+
+use super::get_or_create;
+use crate::controller::ControllerService;
+use crate::error::{ArgError, ControllerError};
+use crate::naming::{self, ORIGINAL_NAME_ANNOTATION};
+
+/// Label upstream puts on a VolumeRemoteBackup: the volume (Harvester PVC) it backs up.
+pub const LABEL_BACKUP_SOURCE_VOLUME: &str = "harvesterhci.io/backupSourceVolume";
+/// Prefix of a backup's snapshot ID: `backup:<namespace>/<name>` of its VolumeRemoteBackup.
+pub const BACKUP_ID_PREFIX: &str = "backup:";
+/// `spec.type` of VRBs and VRRs: Longhorn's backup target, the only type Harvester has.
+pub const TYPE_LONGHORN: &str = "lh";
+
+/// `harvesterhci.io/v1beta1` VolumeRemoteBackup: only the fields this driver reads or writes.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "harvesterhci.io",
+    version = "v1beta1",
+    kind = "VolumeRemoteBackup",
+    namespaced,
+    status = "VolumeRemoteBackupStatus",
+    schema = "disabled"
+)]
+pub struct VolumeRemoteBackupSpec {
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The backed-up PVC, in the VRB's namespace.
+    pub source: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeRemoteBackupStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handle: Option<String>,
+    /// The source PVC's spec when it was backed up: a restore gets its size and class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_spec: Option<PersistentVolumeClaimSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub success: Option<bool>,
+    #[serde(flatten)]
+    pub rest: serde_json::Map<String, serde_json::Value>,
+}
+
+/// `harvesterhci.io/v1beta1` VolumeRemoteRestore: only the fields this driver reads or writes.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "harvesterhci.io",
+    version = "v1beta1",
+    kind = "VolumeRemoteRestore",
+    namespaced,
+    status = "VolumeRemoteRestoreStatus",
+    schema = "disabled"
+)]
+pub struct VolumeRemoteRestoreSpec {
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The VolumeRemoteBackup restored, `<namespace>/<name>`.
+    pub from: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeRemoteRestoreStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub success: Option<bool>,
+    #[serde(flatten)]
+    pub rest: serde_json::Map<String, serde_json::Value>,
+}
+
+impl VolumeRemoteBackup {
+    pub fn ready(&self) -> bool {
+        self.status.as_ref().and_then(|s| s.success) == Some(true)
+    }
+    /// The backed-up size: `status.sourceSpec.resources.requests.storage` (upstream's restore
+    /// makes the PVC with exactly that request).
+    pub fn size_bytes(&self) -> Option<u64> {
+        let q = self
+            .status
+            .as_ref()?
+            .source_spec
+            .as_ref()?
+            .resources
+            .as_ref()?
+            .requests
+            .as_ref()?
+            .get("storage")?;
+        quantity::to_bytes(&q.0)
+    }
+    pub fn id(&self) -> BackupId {
+        BackupId {
+            namespace: self.metadata.namespace.clone().unwrap_or_default(),
+            name: self.metadata.name.clone().unwrap_or_default(),
+        }
+    }
+}
+
+impl VolumeRemoteRestore {
+    pub fn ready(&self) -> bool {
+        self.status.as_ref().and_then(|s| s.success) == Some(true)
+    }
+}
+
+/// A backup's snapshot ID, `backup:<namespace>/<name>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackupId {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl BackupId {
+    /// `None` when `id` is not a backup ID (a local snapshot's); INVALID_ARGUMENT naming `field`
+    /// when it starts with `backup:` but is not `backup:<namespace>/<name>`.
+    pub fn parse(field: &'static str, id: &str) -> Result<Option<BackupId>, ArgError> {
+        let Some(rest) = id.strip_prefix(BACKUP_ID_PREFIX) else {
+            return Ok(None);
+        };
+        let bad = |reason: String| ArgError::Invalid {
+            field,
+            reason: format!(
+                "{id:?} is not a backup ID {BACKUP_ID_PREFIX}<namespace>/<name>: {reason}"
+            ),
+        };
+        let Some((namespace, name)) = rest.split_once('/') else {
+            return Err(bad("it names no namespace".into()));
+        };
+        if !naming::is_dns1123_label(namespace) {
+            return Err(bad(format!(
+                "namespace {namespace:?} is not a Kubernetes namespace name"
+            )));
+        }
+        if !naming::is_dns1123_label(name) {
+            return Err(bad(format!(
+                "name {name:?} is not a VolumeRemoteBackup name (lowercase letters, digits, '-')"
+            )));
+        }
+        Ok(Some(BackupId {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        }))
+    }
+
+    /// The VRR's `spec.from`: `<namespace>/<name>`.
+    pub fn reference(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+impl std::fmt::Display for BackupId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{BACKUP_ID_PREFIX}{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The CSI name an object was made for: its [`ORIGINAL_NAME_ANNOTATION`], else its own name.
+fn created_for(meta: &ObjectMeta) -> &str {
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(ORIGINAL_NAME_ANNOTATION))
+        .or(meta.name.as_ref())
+        .map_or("", String::as_str)
+}
+
+fn original_name(host_name: &str, csi_name: &str) -> Option<BTreeMap<String, String>> {
+    (host_name != csi_name)
+        .then(|| BTreeMap::from([(ORIGINAL_NAME_ANNOTATION.to_string(), csi_name.to_string())]))
+}
+
+/// The VRB for CSI snapshot `csi_name` (host name `vrb_name`) of volume `source`.
+pub fn host_backup(vrb_name: &str, csi_name: &str, source: &str) -> VolumeRemoteBackup {
+    let mut vrb = VolumeRemoteBackup::new(
+        vrb_name,
+        VolumeRemoteBackupSpec {
+            kind: TYPE_LONGHORN.into(),
+            source: source.into(),
+        },
+    );
+    vrb.metadata.labels = Some(BTreeMap::from([(
+        LABEL_BACKUP_SOURCE_VOLUME.to_string(),
+        source.to_string(),
+    )]));
+    vrb.metadata.annotations = original_name(vrb_name, csi_name);
+    vrb
+}
+
+/// Whether an existing VRB is the backup CreateSnapshot asks for again.
+pub fn existing_backup_matches(
+    csi_name: &str,
+    source: &str,
+    vrb: &VolumeRemoteBackup,
+) -> Result<(), ControllerError> {
+    let clash = |reason: String| ControllerError::AlreadyExists {
+        name: csi_name.to_string(),
+        pvc: format!("VolumeRemoteBackup {}", vrb.id().reference()),
+        reason,
+    };
+    let made_for = created_for(&vrb.metadata);
+    if made_for != csi_name {
+        return Err(clash(format!("for another snapshot name {made_for:?}")));
+    }
+    if vrb.spec.source != source {
+        return Err(clash(format!(
+            "of volume {:?}, not {source}",
+            vrb.spec.source
+        )));
+    }
+    Ok(())
+}
+
+/// The CSI view of a VRB; `fallback_size` while Harvester has not recorded the source's spec.
+pub fn csi_backup(vrb: &VolumeRemoteBackup, fallback_size: u64) -> Snapshot {
+    Snapshot {
+        size_bytes: i64::try_from(vrb.size_bytes().unwrap_or(fallback_size)).unwrap_or(i64::MAX),
+        snapshot_id: vrb.id().to_string(),
+        source_volume_id: vrb.spec.source.clone(),
+        creation_time: vrb
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| prost_types::Timestamp {
+                seconds: t.0.as_second(),
+                nanos: t.0.subsec_nanosecond(),
+            }),
+        ready_to_use: vrb.ready(),
+        group_snapshot_id: String::new(),
+    }
+}
+
+/// The VRR restoring `from` into volume `vol_name` (CSI name `csi_name`).
+pub fn host_restore(vol_name: &str, csi_name: &str, from: &BackupId) -> VolumeRemoteRestore {
+    let mut vrr = VolumeRemoteRestore::new(
+        vol_name,
+        VolumeRemoteRestoreSpec {
+            kind: TYPE_LONGHORN.into(),
+            from: from.reference(),
+        },
+    );
+    vrr.metadata.annotations = original_name(vol_name, csi_name);
+    vrr
+}
+
+/// Whether an existing VRR is the restore CreateVolume asks for again.
+pub fn existing_restore_matches(
+    csi_name: &str,
+    from: &BackupId,
+    vrr: &VolumeRemoteRestore,
+) -> Result<(), ControllerError> {
+    let clash = |reason: String| ControllerError::AlreadyExists {
+        name: csi_name.to_string(),
+        pvc: format!(
+            "VolumeRemoteRestore {}",
+            vrr.metadata.name.as_deref().unwrap_or_default()
+        ),
+        reason,
+    };
+    let made_for = created_for(&vrr.metadata);
+    if made_for != csi_name {
+        return Err(clash(format!("for another volume name {made_for:?}")));
+    }
+    if vrr.spec.from != from.reference() {
+        return Err(clash(format!("from {:?}, not {from}", vrr.spec.from)));
+    }
+    Ok(())
+}
+
+/// The size of a volume restored from a backup of `backup_bytes`: Harvester makes the PVC with
+/// the backed-up request, so a larger `required_bytes` (`asked`) or a `limit` below it cannot be
+/// met: OUT_OF_RANGE (expand the volume after the restore instead).
+pub fn restore_size(
+    asked: u64,
+    limit: u64,
+    from: &BackupId,
+    backup_bytes: u64,
+) -> Result<u64, ArgError> {
+    let out_of_range = |reason: String| ArgError::OutOfRange {
+        field: "capacity_range",
+        reason,
+    };
+    if asked > backup_bytes {
+        return Err(out_of_range(format!(
+            "required_bytes {asked} is above backup {from} ({backup_bytes} bytes); a volume \
+             restored from a backup has the backed-up size: restore, then expand it"
+        )));
+    }
+    if limit > 0 && backup_bytes > limit {
+        return Err(out_of_range(format!(
+            "backup {from} is {backup_bytes} bytes, above limit_bytes {limit}"
+        )));
+    }
+    Ok(backup_bytes)
+}
+
+impl ControllerService {
+    fn backups(&self, namespace: &str) -> Api<VolumeRemoteBackup> {
+        Api::namespaced(self.harvester.client.clone(), namespace)
+    }
+    fn restores(&self) -> Api<VolumeRemoteRestore> {
+        Api::namespaced(self.harvester.client.clone(), self.ns())
+    }
+
+    /// CreateSnapshot with `type: backup`: get or create the VRB, then wait (watch, bounded)
+    /// for `status.success`; still running is `ready_to_use: false`.
+    pub(in crate::controller) async fn create_backup(
+        &self,
+        name: &str,
+        source: &str,
+    ) -> Result<CreateSnapshotResponse, ControllerError> {
+        let vrb_name = naming::host_volume_name(name);
+        let _guard = self.begin(&format!("snapshot/{vrb_name}"))?;
+        let api = self.backups(self.ns());
+        let vrb = get_or_create(
+            &api,
+            &vrb_name,
+            |existing| existing_backup_matches(name, source, existing),
+            async {
+                self.existing(source).await?;
+                Ok(host_backup(&vrb_name, name, source))
+            },
+        )
+        .await?;
+        let vrb = if vrb.ready() {
+            vrb
+        } else {
+            let waited = self
+                .wait_for(
+                    api.clone(),
+                    &vrb_name,
+                    format!("VolumeRemoteBackup {}/{vrb_name} to succeed", self.ns()),
+                    self.timeouts.snapshot_ready,
+                    |b: Option<&VolumeRemoteBackup>| b.is_none_or(VolumeRemoteBackup::ready),
+                )
+                .await;
+            match waited {
+                Ok(Some(b)) => b,
+                Ok(None) => {
+                    return Err(ControllerError::Precondition(format!(
+                        "VolumeRemoteBackup {vrb_name} was deleted while it was being taken"
+                    )));
+                }
+                Err(ControllerError::Timeout { .. }) => vrb,
+                Err(e) => return Err(e),
+            }
+        };
+        let fallback = match self.pvcs().get_opt(source).await {
+            Ok(Some(pvc)) => crate::controller::volumes::requested_bytes(&pvc).unwrap_or(0),
+            _ => 0,
+        };
+        Ok(CreateSnapshotResponse {
+            snapshot: Some(csi_backup(&vrb, fallback)),
+        })
+    }
+
+    /// DeleteSnapshot of a backup: delete the VRB; gone already is success.
+    pub(in crate::controller) async fn delete_backup(
+        &self,
+        id: &BackupId,
+    ) -> Result<DeleteSnapshotResponse, ControllerError> {
+        let _guard = self.begin(&format!("snapshot/{}", id.name))?;
+        match self
+            .backups(&id.namespace)
+            .delete(&id.name, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(backup = %id, "deleted VolumeRemoteBackup");
+                Ok(DeleteSnapshotResponse {})
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(DeleteSnapshotResponse {}),
+            Err(e) => Err(ControllerError::api(format!(
+                "deleting VolumeRemoteBackup {}",
+                id.reference()
+            ))(e)),
+        }
+    }
+
+    /// The backups ListSnapshots reports: by ID, else (as upstream) the VRBs of every namespace
+    /// carrying the source label (of `source_volume_id` when given). Without the cluster-wide
+    /// read (our documented RBAC binds the driver's role in its namespace only) the VRBs of the
+    /// driver's own namespace.
+    pub(in crate::controller) async fn list_backups(
+        &self,
+        snapshot_id: &str,
+        source_volume_id: &str,
+    ) -> Result<Vec<Snapshot>, ControllerError> {
+        let mut vrbs = if !snapshot_id.is_empty() {
+            // A local snapshot's ID or a malformed backup ID names no backup.
+            let Ok(Some(id)) = BackupId::parse("snapshot_id", snapshot_id) else {
+                return Ok(Vec::new());
+            };
+            self.backups(&id.namespace)
+                .get_opt(&id.name)
+                .await
+                .map_err(ControllerError::api(format!(
+                    "getting VolumeRemoteBackup {}",
+                    id.reference()
+                )))?
+                .into_iter()
+                .collect()
+        } else {
+            let params = ListParams::default().labels(&if source_volume_id.is_empty() {
+                LABEL_BACKUP_SOURCE_VOLUME.to_string()
+            } else {
+                format!("{LABEL_BACKUP_SOURCE_VOLUME}={source_volume_id}")
+            });
+            let all: Api<VolumeRemoteBackup> = Api::all(self.harvester.client.clone());
+            match all.list(&params).await {
+                Ok(l) => l.items,
+                Err(kube::Error::Api(s)) if s.code == 403 => {
+                    self.backups(self.ns())
+                        .list(&params)
+                        .await
+                        .map_err(ControllerError::api(format!(
+                            "listing VolumeRemoteBackups in {}",
+                            self.ns()
+                        )))?
+                        .items
+                }
+                Err(e) => {
+                    return Err(ControllerError::api("listing VolumeRemoteBackups")(e));
+                }
+            }
+        };
+        if !source_volume_id.is_empty() {
+            vrbs.retain(|b| b.spec.source == source_volume_id);
+        }
+        Ok(vrbs.iter().map(|b| csi_backup(b, 0)).collect())
+    }
+
+    /// CreateVolume from a backup: get or create the VRR named like the volume, then wait
+    /// (watch, bounded like the snapshot wait) for `status.success`; a restore still running is
+    /// UNAVAILABLE so the provisioner asks again. Returns the volume ID and size.
+    pub(in crate::controller) async fn restore_from_backup(
+        &self,
+        name: &str,
+        from: &BackupId,
+        asked: u64,
+        limit: u64,
+    ) -> Result<(String, u64), ControllerError> {
+        let vol = naming::host_volume_name(name);
+        let _guard = self.begin(&vol)?;
+        let vrb = self
+            .backups(&from.namespace)
+            .get_opt(&from.name)
+            .await
+            .map_err(ControllerError::api(format!(
+                "getting VolumeRemoteBackup {}",
+                from.reference()
+            )))?
+            .ok_or_else(|| ControllerError::BackupNotFound {
+                namespace: from.namespace.clone(),
+                name: from.name.clone(),
+            })?;
+        if !vrb.ready() {
+            return Err(ControllerError::NotReady(format!(
+                "backup {from} is not ready to use yet (VolumeRemoteBackup status.success is not true)"
+            )));
+        }
+        let bytes = vrb.size_bytes().ok_or_else(|| {
+            ControllerError::Precondition(format!(
+                "backup {from}: VolumeRemoteBackup has no status.sourceSpec.resources.requests.storage"
+            ))
+        })?;
+        let size = restore_size(asked, limit, from, bytes)?;
+        let api = self.restores();
+        let vrr = get_or_create(
+            &api,
+            &vol,
+            |existing| existing_restore_matches(name, from, existing),
+            async {
+                // A volume of that name made another way is a clash, not a restore.
+                let pvc = self
+                    .pvcs()
+                    .get_opt(&vol)
+                    .await
+                    .map_err(ControllerError::api(format!("getting PVC {vol}")))?;
+                match pvc {
+                    Some(_) => Err(ControllerError::AlreadyExists {
+                        name: name.to_string(),
+                        pvc: vol.clone(),
+                        reason: format!("no VolumeRemoteRestore: it was not restored from {from}"),
+                    }),
+                    None => Ok(host_restore(&vol, name, from)),
+                }
+            },
+        )
+        .await?;
+        if !vrr.ready() {
+            let waited = self
+                .wait_for(
+                    api.clone(),
+                    &vol,
+                    format!("VolumeRemoteRestore {}/{vol} to succeed", self.ns()),
+                    self.timeouts.snapshot_ready,
+                    |r: Option<&VolumeRemoteRestore>| r.is_none_or(VolumeRemoteRestore::ready),
+                )
+                .await;
+            match waited {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    return Err(ControllerError::Precondition(format!(
+                        "VolumeRemoteRestore {vol} was deleted while restoring {from}"
+                    )));
+                }
+                Err(ControllerError::Timeout { after, .. }) => {
+                    return Err(ControllerError::NotReady(format!(
+                        "volume {vol} is still being restored from {from} (VolumeRemoteRestore \
+                         {}/{vol} not successful after {after:?}); ask again",
+                        self.ns()
+                    )));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((vol, size))
+    }
+
+    /// DeleteVolume of a restored volume: delete its VRR (Harvester's garbage collector then
+    /// deletes the PVC it owns). Whether there was one; a role that may not delete VRRs (one
+    /// granted before backups existed) is logged and taken as none.
+    pub(in crate::controller) async fn delete_restore(
+        &self,
+        id: &str,
+    ) -> Result<bool, ControllerError> {
+        match self.restores().delete(id, &DeleteParams::default()).await {
+            Ok(_) => {
+                tracing::info!(volume = id, "deleted VolumeRemoteRestore");
+                Ok(true)
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+            // A role from before backups (no volumeremoterestores) must not stop every delete.
+            Err(kube::Error::Api(s)) if s.code == 403 => {
+                tracing::warn!(
+                    volume = id,
+                    "may not delete VolumeRemoteRestores (grant volumeremoterestores, see docs/install.md); deleting the PVC only"
+                );
+                Ok(false)
+            }
+            Err(e) => Err(ControllerError::api(format!(
+                "deleting VolumeRemoteRestore {id}"
+            ))(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn id(ns: &str, name: &str) -> BackupId {
+        BackupId {
+            namespace: ns.into(),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn backup_ids_are_upstreams_namespaced_form() {
+        assert_eq!(BackupId::parse("f", "snap-1").unwrap(), None);
+        let got = BackupId::parse("f", "backup:guest-vms/snap-1").unwrap();
+        assert_eq!(got, Some(id("guest-vms", "snap-1")));
+        assert_eq!(got.unwrap().to_string(), "backup:guest-vms/snap-1");
+        for (bad, says) in [
+            ("backup:foo", "no namespace"),
+            ("backup:/foo", "namespace \"\""),
+            ("backup:ns/", "name \"\""),
+            ("backup:ns/a/b", "name \"a/b\""),
+            ("backup:NS/foo", "namespace \"NS\""),
+        ] {
+            let e = BackupId::parse("volume_content_source.snapshot.snapshot_id", bad)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with("volume_content_source.snapshot.snapshot_id: ")
+                    && e.contains(&format!("{bad:?}"))
+                    && e.contains(says),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_backup_is_a_labelled_vrb_of_the_volume() {
+        let vrb = host_backup("snap-1", "snap-1", "pvc-1");
+        let v = serde_json::to_value(&vrb).unwrap();
+        assert_eq!(v["apiVersion"], "harvesterhci.io/v1beta1");
+        assert_eq!(v["kind"], "VolumeRemoteBackup");
+        assert_eq!(v["spec"], json!({"type": "lh", "source": "pvc-1"}));
+        assert_eq!(
+            v["metadata"]["labels"],
+            json!({"harvesterhci.io/backupSourceVolume": "pvc-1"})
+        );
+        assert!(existing_backup_matches("snap-1", "pvc-1", &vrb).is_ok());
+        assert!(matches!(
+            existing_backup_matches("snap-1", "pvc-2", &vrb),
+            Err(ControllerError::AlreadyExists { .. })
+        ));
+        let mapped = naming::host_volume_name("Snap-A");
+        let vrb = host_backup(&mapped, "Snap-A", "pvc-1");
+        assert!(existing_backup_matches("Snap-A", "pvc-1", &vrb).is_ok());
+        assert!(existing_backup_matches("snap-a", "pvc-1", &vrb).is_err());
+    }
+
+    #[test]
+    fn a_pending_backup_is_not_ready_and_a_done_one_has_the_source_size() {
+        let mut vrb = host_backup("snap-1", "snap-1", "pvc-1");
+        vrb.metadata.namespace = Some("guest-vms".into());
+        let s = csi_backup(&vrb, 64 << 20);
+        assert_eq!(
+            (s.snapshot_id.as_str(), s.source_volume_id.as_str()),
+            ("backup:guest-vms/snap-1", "pvc-1")
+        );
+        assert!(!s.ready_to_use);
+        assert_eq!(s.size_bytes, 64 << 20);
+        // The status as Harvester's VRB controller writes it (UpdateSourceSpec copies the PVC spec).
+        vrb.status = Some(
+            serde_json::from_value(json!({
+                "handle": "bs://backup-1", "csiProvider": "driver.longhorn.io", "success": true,
+                "sourceSpec": {"accessModes": ["ReadWriteMany"], "volumeMode": "Block",
+                               "resources": {"requests": {"storage": "66Mi"}}}
+            }))
+            .unwrap(),
+        );
+        let s = csi_backup(&vrb, 0);
+        assert!(s.ready_to_use);
+        assert_eq!(s.size_bytes, 66 << 20);
+    }
+
+    #[test]
+    fn a_restore_is_a_vrr_from_the_backup_with_its_size() {
+        let from = id("other-ns", "snap-1");
+        let vrr = host_restore("pvc-9", "pvc-9", &from);
+        let v = serde_json::to_value(&vrr).unwrap();
+        assert_eq!(v["kind"], "VolumeRemoteRestore");
+        assert_eq!(v["spec"], json!({"type": "lh", "from": "other-ns/snap-1"}));
+        assert!(existing_restore_matches("pvc-9", &from, &vrr).is_ok());
+        assert!(existing_restore_matches("pvc-9", &id("other-ns", "snap-2"), &vrr).is_err());
+        const MI: u64 = 1 << 20;
+        assert_eq!(restore_size(0, 0, &from, 64 * MI).unwrap(), 64 * MI);
+        assert_eq!(restore_size(64 * MI, 0, &from, 64 * MI).unwrap(), 64 * MI);
+        assert_eq!(
+            restore_size(10 * MI, 128 * MI, &from, 64 * MI).unwrap(),
+            64 * MI
+        );
+        for (asked, limit) in [(65 * MI, 0), (0, 32 * MI)] {
+            let e = restore_size(asked, limit, &from, 64 * MI).unwrap_err();
+            assert!(matches!(e, ArgError::OutOfRange { .. }), "{e}");
+            assert!(e.to_string().contains("backup:other-ns/snap-1"), "{e}");
+        }
+    }
+}
