@@ -15,7 +15,7 @@ use crate::guest_cluster::GuestCluster;
 use crate::sim::Sim;
 use crate::{BedError, wait};
 
-const CRDS: [(&str, &str); 5] = [
+const CRDS: [(&str, &str); 6] = [
     ("kubevirt.yaml", include_str!("../crds/kubevirt.yaml")),
     (
         "loadbalancer.yaml",
