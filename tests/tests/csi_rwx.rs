@@ -402,6 +402,20 @@ async fn rwx_volume_shared_by_two_guests_root() {
                "provisioner": upstream::NFS_PROVISIONER})
     );
 
+    let v = ControllerClient::new(ctrl.channel.clone())
+        .validate_volume_capabilities(ValidateVolumeCapabilitiesRequest {
+            volume_id: id.clone(),
+            volume_capabilities: vec![rwx_cap()],
+            ..Default::default()
+        })
+        .await
+        .expect("ValidateVolumeCapabilities")
+        .into_inner();
+    assert!(
+        v.confirmed.is_some(),
+        "RWX confirmed for an RWX volume: {v:?}"
+    );
+
     // Published to both guests: the CR is enabled and Ready, nothing is hot-plugged.
     for node in ["rwx-a", "rwx-b"] {
         let took = controller_publish(&ctrl, &id, node)
@@ -626,6 +640,22 @@ async fn rwx_volume_shared_by_two_guests_root() {
         })
         .await
         .expect("NodeUnstageVolume");
+
+    // Expansion is not offered for RWX volumes (upstream refuses it too).
+    let err = ControllerClient::new(ctrl.channel.clone())
+        .controller_expand_volume(ControllerExpandVolumeRequest {
+            volume_id: id.clone(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: (128 * MIB) as i64,
+                limit_bytes: 0,
+            }),
+            volume_capability: Some(rwx_cap()),
+            ..Default::default()
+        })
+        .await
+        .expect_err("expanding an RWX volume");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("RWX"), "{}", err.message());
 
     // DeleteVolume: the NetworkFilesystem goes first, then the PVC.
     for (vol, pv) in [(id.as_str(), pv.as_str()), (up_id, up_pv.as_str())] {

@@ -579,6 +579,14 @@ impl ControllerService {
             .map(|c| request::Capability::parse("volume_capability", c))
             .transpose()?;
         let node_expansion_required = !cap.is_some_and(|c| c.is_block());
+        if self.rwx_of(id).await?.is_some() {
+            // Upstream refuses too ("rwx volume expansion is not supported"): the share manager's
+            // filesystem would have to grow under its NFS clients.
+            return Err(ControllerError::Precondition(format!(
+                "volume {id} is an RWX volume served over NFS by Longhorn's share manager; \
+                 expanding it is not supported"
+            )));
+        }
         let _guard = self.begin(id)?;
         let pvc = self.existing(id).await?;
         let have = requested_bytes(&pvc).unwrap_or(0);
