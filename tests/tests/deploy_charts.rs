@@ -369,6 +369,13 @@ fn csi_chart_renders_controller_with_driver_node_plugin_csidriver_and_classes() 
     let node = find(&docs, "DaemonSet", "harvester-csi-driver");
     let pod = &node["spec"]["template"]["spec"];
     assert_eq!(pod["automountServiceAccountToken"], false);
+    // RWX volumes' NFS mounts live in the mounting process's network namespace: the host's.
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(
+        pod["hostPID"],
+        serde_json::Value::Null,
+        "no hostPID (upstream's nsenter needs it)"
+    );
     let names: Vec<&str> = pod["containers"]
         .as_array()
         .expect("containers")
