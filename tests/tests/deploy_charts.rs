@@ -376,6 +376,26 @@ fn csi_chart_renders_controller_with_driver_node_plugin_csidriver_and_classes() 
         serde_json::Value::Null,
         "no hostPID (upstream's nsenter needs it)"
     );
+    // On the host network the livenessprobe's port is a port of the node: a value, 9808 by
+    // default, and the same in the sidecar's flag and the plugin's probe port.
+    let health_port = |docs: &[Value]| {
+        let node = find(docs, "DaemonSet", "harvester-csi-driver");
+        let flag = args(container(node, "liveness-probe"))
+            .into_iter()
+            .find_map(|a| a.strip_prefix("--http-endpoint=:").map(str::to_string))
+            .expect("--http-endpoint");
+        let port = container(node, "harvester-csi-driver")["ports"]
+            .as_array()
+            .expect("ports")
+            .iter()
+            .find(|p| p["name"] == "healthz")
+            .expect("healthz port")["containerPort"]
+            .clone();
+        (flag, port)
+    };
+    assert_eq!(health_port(&docs), ("9808".to_string(), json!(9808)));
+    let moved = template(CSI_CHART, None, &["nodeHealthPort=29808"]);
+    assert_eq!(health_port(&moved), ("29808".to_string(), json!(29808)));
     let names: Vec<&str> = pod["containers"]
         .as_array()
         .expect("containers")

@@ -108,14 +108,18 @@ async fn follow(
                 continue;
             }
             Err(e) => {
-                publish(
-                    &tx,
-                    &readiness,
-                    Err(format!(
-                        "reading Harvester setting {SERVER_VERSION}: {}",
-                        harvester_common::api_error::Describe(&e)
-                    )),
+                let reason = format!(
+                    "reading Harvester setting {SERVER_VERSION}: {}",
+                    harvester_common::api_error::Describe(&e)
                 );
+                // Harvester answered no (forbidden, ...): the mode is unknown. Harvester out of
+                // reach: a mode read before still holds (reachability is the `harvester`
+                // check's to report; hot-plug then fails on its own with that error).
+                if matches!(e, kube::Error::Api(_)) || tx.borrow().is_err() {
+                    publish(&tx, &readiness, Err(reason));
+                } else {
+                    tracing::debug!("{reason}; keeping the last hot-plug mode");
+                }
                 tokio::time::sleep(RETRY).await;
                 continue;
             }
