@@ -55,6 +55,12 @@ snapshotter came later to the upstream chart. */}}
 {{- dig "metricsPort" 9810 .Values.AsMap -}}
 {{- end -}}
 
+{{/* nodeHealthPort (not in the upstream chart): the node livenessprobe's port, a node port on
+the host network. */}}
+{{- define "harvester-csi-driver.nodeHealthPort" -}}
+{{- dig "nodeHealthPort" 9808 .Values.AsMap -}}
+{{- end -}}
+
 {{/* imagePullSecrets from global.cattle.imagePullSecrets (names or {name: ...}). */}}
 {{- define "harvester-csi-driver.imagePullSecrets" -}}
 {{- $names := list -}}
