@@ -115,6 +115,22 @@ impl ControllerService {
         Api::namespaced(self.harvester.client.clone(), self.ns())
     }
 
+    /// VM `node` (the CSI node ID), NOT_FOUND when Harvester has none.
+    async fn vm_or_not_found(&self, node: &str) -> Result<VirtualMachine, ControllerError> {
+        self.vms()
+            .get_opt(node)
+            .await
+            .map_err(ControllerError::api(format!("getting VM {node}")))?
+            .ok_or_else(|| self.node_not_found(node))
+    }
+
+    fn node_not_found(&self, node: &str) -> ControllerError {
+        ControllerError::NodeNotFound {
+            namespace: self.ns().to_string(),
+            node: node.to_string(),
+        }
+    }
+
     fn begin(&self, volume: &str) -> Result<crate::inflight::Guard<'_>, ControllerError> {
         self.inflight
             .begin(volume)

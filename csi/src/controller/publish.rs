@@ -190,15 +190,7 @@ impl ControllerService {
         let mode = self.hotplug.current()?;
         let ns = self.ns().to_string();
         self.existing(id).await?;
-        let vm = self
-            .vms()
-            .get_opt(node)
-            .await
-            .map_err(ControllerError::api(format!("getting VM {node}")))?
-            .ok_or_else(|| ControllerError::NodeNotFound {
-                namespace: ns.clone(),
-                node: node.to_string(),
-            })?;
+        let vm = self.vm_or_not_found(node).await?;
         let _guard = self.begin(id)?;
 
         // The hot-plug pod needs a bound claim; Harvester binds it shortly after creation.
@@ -382,10 +374,7 @@ impl ControllerService {
             let spec = hotplug::vm_template_spec(client, &ns, node)
                 .await
                 .map_err(ControllerError::api(format!("getting VM {node}")))?
-                .ok_or_else(|| ControllerError::NodeNotFound {
-                    namespace: ns.clone(),
-                    node: node.to_string(),
-                })?;
+                .ok_or_else(|| self.node_not_found(node))?;
             let Some(patch) = plan(&spec) else {
                 return Ok(());
             };

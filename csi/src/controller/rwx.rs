@@ -141,6 +141,25 @@ impl ControllerService {
         Api::namespaced(self.harvester.client.clone(), NAMESPACE)
     }
 
+    /// Creates upstream's NetworkFilesystem of PV `pv` (Disabled); one already there is kept.
+    async fn create_network_filesystem(
+        &self,
+        pv: &str,
+        doing: &str,
+    ) -> Result<(), ControllerError> {
+        match self
+            .network_filesystems()
+            .create(&PostParams::default(), &network_filesystem(pv))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(ControllerError::api(format!(
+                "{doing} NetworkFilesystem {NAMESPACE}/{pv}"
+            ))(e)),
+        }
+    }
+
     /// Upstream serves MULTI_NODE_MULTI_WRITER only where NetworkFilesystems can be listed in
     /// `harvester-system` (Harvester >= 1.4 with networkfs-manager, and RBAC that allows it).
     /// A success is remembered; a failure is asked again next time.
@@ -349,19 +368,7 @@ impl ControllerService {
                 ControllerError::Precondition(format!("PVC {pvc_name} went away while created"))
             })?
             .to_string();
-        match self
-            .network_filesystems()
-            .create(&PostParams::default(), &network_filesystem(&pv))
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => {
-                return Err(ControllerError::api(format!(
-                    "creating NetworkFilesystem {NAMESPACE}/{pv}"
-                ))(e));
-            }
-        }
+        self.create_network_filesystem(&pv, "creating").await?;
         tracing::info!(volume = %pvc_name, pv, size, class = ?params.storage_class, "created RWX volume (Harvester PVC and NetworkFilesystem)");
         Ok(CreateVolumeResponse {
             volume: Some(Volume {
@@ -409,18 +416,7 @@ impl ControllerService {
         node: &str,
     ) -> Result<ControllerPublishVolumeResponse, ControllerError> {
         let pvc = self.existing(id).await?;
-        if self
-            .vms()
-            .get_opt(node)
-            .await
-            .map_err(ControllerError::api(format!("getting VM {node}")))?
-            .is_none()
-        {
-            return Err(ControllerError::NodeNotFound {
-                namespace: self.ns().to_string(),
-                node: node.to_string(),
-            });
-        }
+        self.vm_or_not_found(node).await?;
         if !is_rwx_filesystem(&pvc) {
             return Err(ControllerError::Precondition(format!(
                 "volume {id} is not an RWX filesystem volume (its Harvester PVC is not \
@@ -454,18 +450,7 @@ impl ControllerService {
             }
             // Upstream recreates it and asks for a retry (with INTERNAL); the retry is the
             // point, so the code says so.
-            match api
-                .create(&PostParams::default(), &network_filesystem(&pv))
-                .await
-            {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(e) => {
-                    return Err(ControllerError::api(format!(
-                        "recreating NetworkFilesystem {NAMESPACE}/{pv}"
-                    ))(e));
-                }
-            }
+            self.create_network_filesystem(&pv, "recreating").await?;
             return Err(ControllerError::NotReady(format!(
                 "NetworkFilesystem {NAMESPACE}/{pv} of volume {id} was missing and has been \
                  recreated; publish again"
