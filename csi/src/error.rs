@@ -111,7 +111,7 @@ pub enum ControllerError {
     #[error("operation on volume {0} is already in progress")]
     Busy(String),
     #[error(
-        "volume {volume}: VM {vm} changed during each of {attempts} attempts to patch its spec; try again"
+        "volume {volume}: other hot-plug requests to VM {vm} won the race in each of {attempts} attempts; try again"
     )]
     Contended {
         volume: String,

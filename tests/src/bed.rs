@@ -5,6 +5,8 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use harvester_common::harvester::HotplugMode;
+
+use crate::sim::virt_api::Gates;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::Api;
 
@@ -38,9 +40,12 @@ pub struct BedOptions {
     /// A real guest cluster on top (root; `make node-tools`): control plane, one real node,
     /// both charts installed ([`GuestCluster`]). One per machine at a time.
     pub real_node: bool,
-    /// How Harvester hot-plugs (its `server-version` setting and the stand-in's KubeVirt feature
-    /// gates): `TESTBED_HOTPLUG=declarative|subresource`, default `subresource` (Harvester v1.7).
+    /// Which Harvester release (its `server-version` setting): `TESTBED_HOTPLUG=subresource`
+    /// (v1.7, the default), `declarative` or `both` (v1.8).
     pub hotplug: HotplugMode,
+    /// The stand-in's KubeVirt feature gates when not the release's own ([`Gates::of`]):
+    /// `TESTBED_HOTPLUG=both` is v1.8 with `HotplugVolumes` enabled again.
+    pub gates: Option<Gates>,
 }
 
 /// `server-version` the bed gives Harvester for each hot-plug mode.
@@ -51,14 +56,16 @@ pub fn server_version_for(mode: HotplugMode) -> &'static str {
     }
 }
 
-/// The hot-plug mode `TESTBED_HOTPLUG` asks for (`make test` runs the CSI suites in both).
-pub fn hotplug_from_env() -> HotplugMode {
+/// The Harvester release and KubeVirt gates `TESTBED_HOTPLUG` asks for (`make test` runs the CSI
+/// suites under each).
+pub fn hotplug_from_env() -> (HotplugMode, Option<Gates>) {
     match std::env::var("TESTBED_HOTPLUG").as_deref() {
-        Err(_) | Ok("") | Ok("subresource") => HotplugMode::Subresource,
-        Ok("declarative") => HotplugMode::Declarative,
-        Ok(other) => {
-            panic!("TESTBED_HOTPLUG={other:?}: expected \"subresource\" or \"declarative\"")
-        }
+        Err(_) | Ok("") | Ok("subresource") => (HotplugMode::Subresource, None),
+        Ok("declarative") => (HotplugMode::Declarative, None),
+        Ok("both") => (HotplugMode::Declarative, Some(Gates::BOTH)),
+        Ok(other) => panic!(
+            "TESTBED_HOTPLUG={other:?}: expected \"subresource\", \"declarative\" or \"both\""
+        ),
     }
 }
 
@@ -69,7 +76,8 @@ impl Default for BedOptions {
             hotplug_delay: Duration::from_millis(200),
             keep_dir: std::env::var_os("TESTBED_KEEP_DIR").is_some(),
             real_node: false,
-            hotplug: hotplug_from_env(),
+            hotplug: hotplug_from_env().0,
+            gates: hotplug_from_env().1,
         }
     }
 }
@@ -149,6 +157,7 @@ impl TestBed {
         )
         .await?;
 
+        let gates = opts.gates.unwrap_or(Gates::of(opts.hotplug));
         let sim = Sim::start(
             &pki,
             harvester.client.clone(),
@@ -156,10 +165,10 @@ impl TestBed {
             opts.vm_namespace.clone(),
             &root,
             opts.hotplug_delay,
-            opts.hotplug,
+            gates,
         )
         .await?;
-        sim.set_hotplug_mode(opts.hotplug).await?;
+        sim.set_harvester(opts.hotplug, gates).await?;
         register_virt_api(&harvester.client, &pki, sim.virt_api.port).await?;
         let cluster = if opts.real_node {
             Some(

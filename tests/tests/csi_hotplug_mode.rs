@@ -1,8 +1,9 @@
-//! The two ways a volume is hot-plugged, chosen from Harvester's `server-version` as upstream does
-//! (v1.8+: KubeVirt `DeclarativeHotplugVolumes`, VM spec JSON patches; before: the
-//! `addvolume`/`removevolume` subresources), against the real Harvester API server and the
-//! stand-in's KubeVirt with the matching feature gate. The rest of the CSI suite runs in both
-//! modes from `make test` (`TESTBED_HOTPLUG=declarative`).
+//! Hot-plug on Harvester v1.7 (KubeVirt `HotplugVolumes`) and v1.8+ (`DeclarativeHotplugVolumes`
+//! alone), against the real Harvester API server and the stand-in's KubeVirt with the matching
+//! feature gates. The driver sends virt-api's `addvolume`/`removevolume` on every release (virt-api
+//! v1.6+ serves them under either gate: a VM status request, or under the declarative gate a VM
+//! spec patch); the driver still requires `server-version` to be readable, as upstream does. The
+//! rest of the CSI suite runs under each gate set from `make test` (`TESTBED_HOTPLUG`).
 
 mod csi_common;
 
@@ -14,7 +15,7 @@ use csi_proto::csi::v1::*;
 use harvester_common::harvester::hotplug::{self, AddVolumeOptions};
 use harvester_common::harvester::{HotplugMode, Setting, VirtualMachine, VirtualMachineInstance};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use testbed::sim::virt_api::gate_refusal;
+use testbed::sim::virt_api::{GATE_REFUSAL, Gates};
 use testbed::{BedOptions, TestBed};
 
 fn opts(mode: HotplugMode) -> BedOptions {
@@ -57,9 +58,13 @@ fn mount() -> VolumeCapability {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn declarative_hot_plug_patches_the_vm_spec_and_never_calls_the_subresources() {
+async fn declarative_hot_plug_goes_through_virt_api_s_vm_spec_patch() {
     let bed = bed_with_vm_and(opts(HotplugMode::Declarative)).await;
-    // The stand-in's KubeVirt refuses the subresources as virt-api does with HotplugVolumes off.
+    // With neither gate on, virt-api refuses the subresources with upstream's text.
+    bed.sim.hotplug.set_gates(Gates {
+        hotplug_volumes: false,
+        declarative: false,
+    });
     let refused = hotplug::add_volume(
         &bed.sim.harvester,
         &bed.vm_namespace,
@@ -67,9 +72,10 @@ async fn declarative_hot_plug_patches_the_vm_spec_and_never_calls_the_subresourc
         &AddVolumeOptions::scsi_pvc("probe", "probe", "probe"),
     )
     .await
-    .expect_err("addvolume must be refused under DeclarativeHotplugVolumes");
+    .expect_err("addvolume must be refused with both hot-plug gates off");
     let text = refused.to_string();
-    assert!(text.contains(gate_refusal("addvolume")), "refusal: {text}");
+    assert!(text.contains(GATE_REFUSAL), "refusal: {text}");
+    bed.sim.hotplug.set_gates(Gates::DECLARATIVE);
 
     let d = Driver::start(&bed, |_| {}).await;
     let dir = bed.dir.path().to_path_buf();
@@ -122,7 +128,21 @@ async fn declarative_hot_plug_patches_the_vm_spec_and_never_calls_the_subresourc
     let status = vmi(&bed).await;
     let vs = status.volume_status(&v.id).expect("VMI volumeStatus");
     assert_eq!(vs.phase.as_deref(), Some("Ready"));
-    assert_eq!(bed.sim.hotplug.count("addvolume", NODE, &v.id), 0);
+    assert_eq!(vs.reason.as_deref(), Some("VolumeReady"));
+    assert_eq!(
+        vs.message.as_deref(),
+        Some(format!("Successfully attach hotplugged volume {} to VM", v.id).as_str())
+    );
+    assert!(bed.sim.hotplug.count("addvolume", NODE, &v.id) >= 1);
+    // Under the declarative gate virt-api patches the spec; it writes no status request.
+    assert!(
+        vm(&bed)
+            .await
+            .status
+            .and_then(|s| s.rest.get("volumeRequests").cloned())
+            .is_none(),
+        "no status.volumeRequests on v1.8"
+    );
 
     // The node plugin finds the disk the declarative hot-plug gave the guest.
     stage(&d, &v, &mount()).await.expect("NodeStage");
@@ -142,9 +162,8 @@ async fn declarative_hot_plug_patches_the_vm_spec_and_never_calls_the_subresourc
         vmi(&bed).await.volume_status(&v.id).is_none(),
         "gone from the VMI"
     );
-    assert_eq!(bed.sim.hotplug.count("addvolume", NODE, &v.id), 0);
-    assert_eq!(bed.sim.hotplug.count("removevolume", NODE, &v.id), 0);
-    // virt-controller saw one spec edit adding it and one removing it.
+    assert!(bed.sim.hotplug.count("removevolume", NODE, &v.id) >= 1);
+    // KubeVirt took it into the VMI once and out once.
     assert_eq!(bed.sim.hotplug.plugs(NODE, &v.id), 1);
     assert_eq!(bed.sim.hotplug.unplugs(NODE, &v.id), 1);
     // Idempotent: unpublishing again finds nothing to remove.
@@ -346,16 +365,16 @@ async fn the_mode_follows_server_version_and_an_unreadable_setting_fails_loudly(
     assert!(published.publish_context.contains_key("serial"));
     assert_eq!(entries(&vm(&bed).await, &created.volume_id), (1, 1));
     assert_eq!(
-        bed.sim.hotplug.count("addvolume", NODE, &created.volume_id),
-        0,
-        "v1.8: no addvolume"
+        bed.sim.hotplug.plugs(NODE, &created.volume_id),
+        1,
+        "v1.8: hot-plugged once"
     );
     // A volume hot-plugged the old way comes off the new way.
     c.controller_unpublish_volume(unpublish_request(&v1.id))
         .await
         .expect("unpublishing the v1.7 volume on v1.8");
     assert_eq!(entries(&vm(&bed).await, &v1.id), (0, 0));
-    assert_eq!(bed.sim.hotplug.count("removevolume", NODE, &v1.id), 0);
+    assert_eq!(bed.sim.hotplug.unplugs(NODE, &v1.id), 1);
     for id in [&v1.id, &created.volume_id] {
         c.controller_unpublish_volume(unpublish_request(id))
             .await

@@ -265,7 +265,21 @@ pub async fn patch_vm(
     vm: &str,
     patch: &serde_json::Value,
 ) -> Result<super::VirtualMachine, kube::Error> {
-    let url = format!("/apis/kubevirt.io/v1/namespaces/{namespace}/virtualmachines/{vm}");
+    patch_vm_at(client, namespace, vm, None, patch).await
+}
+
+/// [`patch_vm`] of the VM or of its `subresource` (`status`).
+pub async fn patch_vm_at(
+    client: &kube::Client,
+    namespace: &str,
+    vm: &str,
+    subresource: Option<&str>,
+    patch: &serde_json::Value,
+) -> Result<super::VirtualMachine, kube::Error> {
+    let mut url = format!("/apis/kubevirt.io/v1/namespaces/{namespace}/virtualmachines/{vm}");
+    if let Some(sub) = subresource {
+        url = format!("{url}/{sub}");
+    }
     let body = serde_json::to_vec(patch).map_err(kube::Error::SerdeError)?;
     let req = http::Request::patch(url)
         .header(http::header::CONTENT_TYPE, "application/json-patch+json")

@@ -188,6 +188,18 @@ pub struct VolumeStatus {
 /// `volumeStatus.phase` of a hot-plugged volume that the guest can use.
 pub const VOLUME_READY: &str = "Ready";
 
+/// `VirtualMachine.spec.updateVolumesStrategy` under which volume changes go by live migration
+/// (kubevirt/kubevirt `staging/src/kubevirt.io/api/core/v1/types.go`); KubeVirt's declarative
+/// hot-plug leaves such VMs alone.
+pub const UPDATE_VOLUMES_MIGRATION: &str = "Migration";
+
+impl VirtualMachine {
+    /// `spec.updateVolumesStrategy` (`Replacement`, the default, or `Migration`), if set.
+    pub fn update_volumes_strategy(&self) -> Option<&str> {
+        self.spec.rest.get("updateVolumesStrategy")?.as_str()
+    }
+}
+
 impl VirtualMachineInstance {
     /// The hot-plug status of volume `name`, if the VMI reports one.
     pub fn volume_status(&self, name: &str) -> Option<&VolumeStatus> {

@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use csi_proto::csi::v1::*;
 use harvester_common::harvester::hotplug::{self, AddVolumeOptions, HotplugError};
-use harvester_common::harvester::kubevirt::VOLUME_READY;
-use harvester_common::harvester::settings::HotplugMode;
+use harvester_common::harvester::kubevirt::{UPDATE_VOLUMES_MIGRATION, VOLUME_READY};
 use harvester_common::harvester::{
     RemoveVolumeOptions, Rest, VirtualMachine, VirtualMachineInstance,
 };
@@ -21,8 +20,12 @@ use crate::error::ControllerError;
 use crate::naming;
 use crate::request::{self, required};
 
-/// How often a declarative VM patch is tried when the VM keeps changing under it.
-const DECLARATIVE_ATTEMPTS: u32 = 8;
+/// How often a hot-plug request is sent when other requests to the same VM keep winning the race.
+const HOTPLUG_ATTEMPTS: u32 = 20;
+
+/// How long KubeVirt may take to act on an accepted hot-plug request before a VM whose volume
+/// updates go by migration is said to be one it will not hot-plug into.
+const KUBEVIRT_ACTS_WITHIN: Duration = Duration::from_secs(15);
 
 /// Publish context key carrying the disk serial to the node plugin.
 pub const CONTEXT_SERIAL: &str = "serial";
@@ -153,16 +156,74 @@ pub fn attach_limit_reached(vm: &VirtualMachine, configured: Option<u32>) -> Opt
     (hotplugged >= limit).then_some((hotplugged, limit))
 }
 
-/// A hot-plug error virt-api gives for a volume that is already in the VM spec.
-fn already_added(e: &HotplugError) -> bool {
-    matches!(e, HotplugError::Request { source: kube::Error::Api(s), .. }
-        if s.code == 400 && s.message.contains("already exists"))
+/// What an answer of virt-api's `addvolume`/`removevolume` means for the volume asked about.
+#[derive(Debug, PartialEq, Eq)]
+pub enum VirtApiAnswer {
+    /// Accepted, or the change is already made or already requested: wait for the VMI.
+    Done,
+    /// Another request changed the VM's volumes meanwhile, or a remove of this volume is still
+    /// being processed: ask again.
+    Race,
+    /// virt-api refuses this volume for good (the message says why).
+    Refused(String),
+    /// Not a hot-plug answer (API server, RBAC, network): the caller's error.
+    Failed,
 }
 
-/// A hot-plug error virt-api gives for a volume that is not in the VM spec.
-fn already_removed(e: &HotplugError) -> bool {
-    matches!(e, HotplugError::Request { source: kube::Error::Api(s), .. }
-        if (s.code == 400 && s.message.contains("does not exist")) || s.code == 404)
+/// Reads virt-api's answer to `verb` (`addvolume` or `removevolume`). From KubeVirt v1.6.0 to
+/// v1.8.3, `pkg/virt-api/rest/volumes.go`: every volume conflict is a 409 (`errors.NewConflict`)
+/// with the texts matched here; the VM patch virt-api sends `test`s the lists it read (the spec's
+/// volumes and disks, or with `HotplugVolumes` the VM's `status.volumeRequests`), and a lost race
+/// comes back as the API server's 422 (Invalid), relayed as it is. Releases before v1.6 answered
+/// 400 for the same conflicts; those texts are read the same way.
+pub fn virt_api_answer(verb: &str, e: &HotplugError) -> VirtApiAnswer {
+    let HotplugError::Request {
+        source: kube::Error::Api(s),
+        ..
+    } = e
+    else {
+        return VirtApiAnswer::Failed;
+    };
+    let m = s.message.as_str();
+    match (verb, s.code) {
+        (_, 422) => VirtApiAnswer::Race,
+        ("addvolume", 400 | 409) if m.contains("because volume with that name already exists") => {
+            VirtApiAnswer::Done
+        }
+        ("addvolume", 409) if m.contains("add volume request for volume") => {
+            if m.contains("remove volume request") {
+                // "unable to add volume since a remove volume request ... is still being processed"
+                VirtApiAnswer::Race
+            } else {
+                // "add volume request for volume [X] already exists": ours, still being applied.
+                VirtApiAnswer::Done
+            }
+        }
+        ("addvolume", 409) if m.contains("remove volume request") => VirtApiAnswer::Race,
+        ("addvolume", 409) if m.contains("because it already exists") => VirtApiAnswer::Refused(
+            format!("the claim is already a volume of the VM under another name: {m}"),
+        ),
+        ("removevolume", 400 | 409) if m.contains("because it does not exist") => {
+            VirtApiAnswer::Done
+        }
+        ("removevolume", 404) => VirtApiAnswer::Done,
+        ("removevolume", 409) if m.contains("still being processed") => VirtApiAnswer::Done,
+        ("removevolume", 409) if m.contains("not hotpluggable") => {
+            VirtApiAnswer::Refused(m.to_string())
+        }
+        // Any other conflict is the VM changing under the request.
+        (_, 409) => VirtApiAnswer::Race,
+        _ => VirtApiAnswer::Failed,
+    }
+}
+
+/// How long to back off before attempt `attempt` (1-based) of a request that lost a race: grows
+/// with the attempt, spread by `seed` so that concurrent requests for one VM stop colliding.
+fn race_backoff(attempt: u32, seed: &str) -> Duration {
+    use std::hash::BuildHasher;
+    let spread = std::collections::hash_map::RandomState::new().hash_one((seed, attempt));
+    let step = 25 * u64::from(attempt.min(8));
+    Duration::from_millis(step + spread % (step * 2))
 }
 
 fn describe_volume(vmi: Option<&VirtualMachineInstance>, volume: &str) -> String {
@@ -187,7 +248,9 @@ impl ControllerService {
         if request::capability("volume_capability", req.volume_capability.as_ref())?.is_rwx() {
             return self.publish_rwx(id, node).await;
         }
-        let mode = self.hotplug.current()?;
+        // Which Harvester (and so which KubeVirt gates) serves us must be known, as upstream's
+        // driver requires; the request itself is the same on every release.
+        self.hotplug.current()?;
         let ns = self.ns().to_string();
         self.existing(id).await?;
         let vm = self.vm_or_not_found(node).await?;
@@ -226,11 +289,14 @@ impl ControllerService {
                     });
                 }
                 let serial = naming::disk_serial(id);
-                self.add_to_vm(mode, node, id, &serial).await?;
+                self.add_to_vm(node, id, &serial).await?;
                 Some(serial)
             }
         };
 
+        if vm.update_volumes_strategy() == Some(UPDATE_VOLUMES_MIGRATION) {
+            self.wait_hotplug_started(node, id).await?;
+        }
         let ready = |v: Option<&VirtualMachineInstance>| {
             v.and_then(|v| v.volume_status(id))
                 .is_some_and(|s| s.phase.as_deref() == Some(VOLUME_READY))
@@ -301,117 +367,81 @@ impl ControllerService {
         Ok(ControllerUnpublishVolumeResponse {})
     }
 
-    /// Hot-plugs PVC `id` into VM `node` as disk `id` with `serial`, the way `mode` says.
-    async fn add_to_vm(
-        &self,
-        mode: HotplugMode,
-        node: &str,
-        id: &str,
-        serial: &str,
-    ) -> Result<(), ControllerError> {
-        match mode {
-            HotplugMode::Subresource => {
-                let body = AddVolumeOptions::scsi_pvc(id, id, serial);
-                match hotplug::add_volume(&self.harvester.client, self.ns(), node, &body).await {
-                    Ok(()) => tracing::info!(volume = id, node, serial, "addvolume sent"),
-                    Err(e) if already_added(&e) => {}
-                    Err(e) => return Err(e.into()),
-                }
-                Ok(())
-            }
-            HotplugMode::Declarative => {
-                self.patch_vm_spec(node, id, "hot-plug", |spec| {
-                    hotplug::declarative_add_patch(spec, id, id, serial)
-                })
-                .await
-            }
-        }
-    }
-
-    /// Hot-unplugs volume `id` from VM `node`, the way `mode` says.
-    async fn remove_from_vm(
-        &self,
-        mode: HotplugMode,
-        node: &str,
-        id: &str,
-    ) -> Result<(), ControllerError> {
-        match mode {
-            HotplugMode::Subresource => {
-                let body = RemoveVolumeOptions {
-                    name: id.to_string(),
-                    rest: Rest::new(),
-                };
-                match hotplug::remove_volume(&self.harvester.client, self.ns(), node, &body).await {
-                    Ok(()) => tracing::info!(volume = id, node, "removevolume sent"),
-                    Err(e) if already_removed(&e) => {}
-                    Err(e) => return Err(e.into()),
-                }
-                Ok(())
-            }
-            HotplugMode::Declarative => {
-                self.patch_vm_spec(node, id, "hot-unplug", |spec| {
-                    hotplug::declarative_remove_patch(spec, id)
-                })
-                .await
-            }
-        }
-    }
-
-    /// Declarative hot-plug: JSON-patches VM `node` with `plan(spec)`, made from its
-    /// `spec.template.spec` as stored (the patch `test`s the volume and disk lists as read). When
-    /// another writer changed them since, the patch is refused whole; the VM is read again and
-    /// the plan made anew, so an entry is never added twice nor another writer's lost.
-    async fn patch_vm_spec(
-        &self,
-        node: &str,
-        id: &str,
-        what: &str,
-        plan: impl Fn(&serde_json::Value) -> Option<serde_json::Value>,
-    ) -> Result<(), ControllerError> {
-        let ns = self.ns().to_string();
+    /// Hot-plugs PVC `id` into VM `node` as disk `id` with `serial` through virt-api's VM
+    /// `addvolume`, which KubeVirt v1.6+ serves under either hot-plug gate (with
+    /// `HotplugVolumes` as a VM status request virt-controller applies; with only
+    /// `DeclarativeHotplugVolumes` as a VM spec patch the declarative controller applies), so one
+    /// request works on every Harvester release and gate combination.
+    async fn add_to_vm(&self, node: &str, id: &str, serial: &str) -> Result<(), ControllerError> {
+        let body = AddVolumeOptions::scsi_pvc(id, id, serial);
         let client = &self.harvester.client;
-        for attempt in 1..=DECLARATIVE_ATTEMPTS {
-            let spec = hotplug::vm_template_spec(client, &ns, node)
-                .await
-                .map_err(ControllerError::api(format!("getting VM {node}")))?
-                .ok_or_else(|| self.node_not_found(node))?;
-            let Some(patch) = plan(&spec) else {
-                return Ok(());
-            };
-            let refused = match hotplug::patch_vm(client, &ns, node, &patch).await {
-                Ok(_) => {
-                    tracing::info!(volume = id, node, "declarative {what}: VM spec patched");
+        self.hotplug_request("addvolume", node, id, || {
+            hotplug::add_volume(client, self.ns(), node, &body)
+        })
+        .await
+    }
+
+    /// Hot-unplugs volume `id` from VM `node` through virt-api's VM `removevolume`.
+    async fn remove_from_vm(&self, node: &str, id: &str) -> Result<(), ControllerError> {
+        let body = RemoveVolumeOptions {
+            name: id.to_string(),
+            rest: Rest::new(),
+        };
+        let client = &self.harvester.client;
+        self.hotplug_request("removevolume", node, id, || {
+            hotplug::remove_volume(client, self.ns(), node, &body)
+        })
+        .await
+    }
+
+    /// Sends one hot-plug request, read by [`virt_api_answer`]: a race with another request to
+    /// the same VM (several volumes published to one VM at once) is asked again with a growing,
+    /// spread backoff, [`HOTPLUG_ATTEMPTS`] times at most.
+    async fn hotplug_request<F, Fut>(
+        &self,
+        verb: &'static str,
+        node: &str,
+        id: &str,
+        send: F,
+    ) -> Result<(), ControllerError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<(), HotplugError>>,
+    {
+        for attempt in 1..=HOTPLUG_ATTEMPTS {
+            let err = match send().await {
+                Ok(()) => {
+                    tracing::info!(volume = id, node, attempt, "{verb} accepted");
                     return Ok(());
                 }
-                Err(e) if hotplug::patch_refused(&e) => e,
-                Err(e) => {
-                    return Err(ControllerError::api(format!(
-                        "patching VM {ns}/{node} (declarative {what} of volume {id})"
-                    ))(e));
-                }
+                Err(e) => e,
             };
-            let now = hotplug::vm_template_spec(client, &ns, node)
-                .await
-                .map_err(ControllerError::api(format!("getting VM {node}")))?;
-            if now.as_ref().map(hotplug::hotplug_lists) == Some(hotplug::hotplug_lists(&spec)) {
-                // Not a lost race: the patch itself was refused.
-                return Err(ControllerError::api(format!(
-                    "patching VM {ns}/{node} (declarative {what} of volume {id})"
-                ))(refused));
+            match virt_api_answer(verb, &err) {
+                VirtApiAnswer::Done => {
+                    tracing::info!(
+                        volume = id,
+                        node,
+                        "{verb}: already done or requested: {err}"
+                    );
+                    return Ok(());
+                }
+                VirtApiAnswer::Race => {
+                    tracing::debug!(volume = id, node, attempt, "{verb} lost a race: {err}");
+                    tokio::time::sleep(race_backoff(attempt, id)).await;
+                }
+                VirtApiAnswer::Refused(why) => {
+                    return Err(ControllerError::Precondition(format!(
+                        "KubeVirt refused {verb} of volume {id} on VM {}/{node}: {why}",
+                        self.ns()
+                    )));
+                }
+                VirtApiAnswer::Failed => return Err(err.into()),
             }
-            tracing::debug!(
-                volume = id,
-                node,
-                attempt,
-                "VM volumes changed meanwhile: {refused}"
-            );
-            // Back off a little more each time, so two writers stop colliding.
-            tokio::time::sleep(Duration::from_millis(20 * u64::from(attempt))).await;
         }
         Err(ControllerError::Contended {
             volume: id.to_string(),
-            vm: format!("{ns}/{node}"),
-            attempts: DECLARATIVE_ATTEMPTS,
+            vm: format!("{}/{node}", self.ns()),
+            attempts: HOTPLUG_ATTEMPTS,
         })
     }
 
@@ -485,6 +515,31 @@ impl ControllerService {
         Ok((vms.items, vmis.items))
     }
 
+    /// For a VM whose `spec.updateVolumesStrategy` is `Migration`: waits, [`KUBEVIRT_ACTS_WITHIN`]
+    /// at most, until KubeVirt has taken volume `id` into the VMI. With only the
+    /// `DeclarativeHotplugVolumes` gate (Harvester v1.8+) it never does for such a VM
+    /// (kubevirt/kubevirt v1.6.0-v1.8.3 `pkg/storage/hotplug/hotplug.go`
+    /// `HandleDeclarativeVolumes` returns early); with `HotplugVolumes` on it does at once.
+    async fn wait_hotplug_started(&self, node: &str, id: &str) -> Result<(), ControllerError> {
+        let ns = self.ns();
+        let limit = KUBEVIRT_ACTS_WITHIN.min(self.timeouts.attach);
+        let listed =
+            move |v: Option<&VirtualMachineInstance>| v.is_some_and(|v| vmi_has_volume(v, id));
+        let what = format!("volume {id} to appear in VMI {ns}/{node}");
+        match self.wait_for(self.vmis(), node, what, limit, listed).await {
+            Err(ControllerError::Timeout { after, .. }) => {
+                Err(ControllerError::Precondition(format!(
+                    "VM {ns}/{node} has spec.updateVolumesStrategy {UPDATE_VOLUMES_MIGRATION} and KubeVirt \
+                 did not hot-plug volume {id} into its VMI within {after:?}: under the \
+                 DeclarativeHotplugVolumes feature gate alone (Harvester v1.8 and later) KubeVirt \
+                 hot-plugs no volume into such a VM; set the VM's updateVolumesStrategy to \
+                 Replacement, or enable the HotplugVolumes feature gate"
+                )))
+            }
+            other => other.map(|_| ()),
+        }
+    }
+
     /// Removes volume `id` from VM `node` and waits until neither VM nor VMI has it. A VM or
     /// volume that does not exist is already unpublished.
     async fn detach(&self, id: &str, node: &str) -> Result<(), ControllerError> {
@@ -534,8 +589,7 @@ impl ControllerService {
                 )));
             }
             if hotplugged {
-                self.remove_from_vm(self.hotplug.current()?, node, id)
-                    .await?;
+                self.remove_from_vm(node, id).await?;
             }
         }
         if !stale_vmi {
@@ -689,6 +743,123 @@ mod tests {
         assert_eq!(attach_limit_reached(&w, Some(2)), Some((2, 2)));
         assert_eq!(attach_limit_reached(&w, Some(3)), None);
         assert_eq!(attach_limit_reached(&w, None), None, "KubeVirt's 256");
+    }
+
+    fn virt_api(code: u16, text: &str) -> HotplugError {
+        HotplugError::Request {
+            verb: "addvolume",
+            namespace: "ns".into(),
+            vm: "w1".into(),
+            volume: "v1".into(),
+            source: kube::Error::Api(
+                kube::core::Status::failure(
+                    &format!(
+                        "Operation cannot be fulfilled on virtualmachine.kubevirt.io \"w1\": {text}"
+                    ),
+                    "Conflict",
+                )
+                .with_code(code)
+                .boxed(),
+            ),
+        }
+    }
+
+    #[test]
+    fn virt_api_answers_are_read_by_what_they_mean() {
+        use VirtApiAnswer::*;
+        // kubevirt/kubevirt v1.6.0-v1.8.3 pkg/virt-api/rest/volumes.go: (verb, code, text) -> meaning
+        let rows: [(&str, u16, &str, VirtApiAnswer); 12] = [
+            (
+                "addvolume",
+                409,
+                "Unable to add volume [v1] because volume with that name already exists",
+                Done,
+            ),
+            (
+                "addvolume",
+                409,
+                "add volume request for volume [v1] already exists",
+                Done,
+            ),
+            (
+                "addvolume",
+                409,
+                "unable to add volume since a remove volume request for volume [v1] already exists and is still being processed",
+                Race,
+            ),
+            (
+                "addvolume",
+                409,
+                "Unable to add volume source [v1] because it already exists",
+                Refused(String::new()),
+            ),
+            (
+                "removevolume",
+                409,
+                "Unable to remove volume [v1] because it does not exist",
+                Done,
+            ),
+            (
+                "removevolume",
+                409,
+                "a remove volume request for volume [v1] already exists and is still being processed",
+                Done,
+            ),
+            (
+                "removevolume",
+                409,
+                "Unable to remove volume [v1] because it is not hotpluggable",
+                Refused(String::new()),
+            ),
+            // A lost race on the VM's lists: the API server's 422, relayed.
+            (
+                "addvolume",
+                422,
+                "the server rejected our request due to an error in our request",
+                Race,
+            ),
+            (
+                "removevolume",
+                422,
+                "the server rejected our request due to an error in our request",
+                Race,
+            ),
+            // KubeVirt before v1.6 answered 400 for the same conflicts.
+            (
+                "addvolume",
+                400,
+                "Unable to add volume [v1] because volume with that name already exists",
+                Done,
+            ),
+            (
+                "removevolume",
+                404,
+                "virtualmachine.kubevirt.io \"w1\" not found",
+                Done,
+            ),
+            ("addvolume", 500, "unable to patch vm status: boom", Failed),
+        ];
+        for (verb, code, text, want) in rows {
+            let got = virt_api_answer(verb, &virt_api(code, text));
+            match (&got, &want) {
+                (Refused(why), Refused(_)) => assert!(why.contains(text), "{why}"),
+                _ => assert_eq!(got, want, "{verb} {code} {text}"),
+            }
+        }
+        assert_eq!(
+            virt_api_answer("addvolume", &HotplugError::Build("x".into())),
+            Failed
+        );
+    }
+
+    #[test]
+    fn race_backoff_grows_and_stays_bounded() {
+        for attempt in 1..=30 {
+            let d = race_backoff(attempt, "v1");
+            let step = 25 * u64::from(attempt.min(8));
+            assert!(d >= Duration::from_millis(step), "{attempt}: {d:?}");
+            assert!(d < Duration::from_millis(step * 3), "{attempt}: {d:?}");
+        }
     }
 
     #[test]

@@ -49,7 +49,7 @@ impl Sim {
         vm_namespace: String,
         dir: &Path,
         hotplug_delay: Duration,
-        hotplug_mode: HotplugMode,
+        gates: virt_api::Gates,
     ) -> Result<Sim, BedError> {
         let storage = Arc::new(Storage::new(dir)?);
         let hotplug = Arc::new(HotplugCtx {
@@ -60,7 +60,7 @@ impl Sim {
             calls: Default::default(),
             vms: Default::default(),
             by_id_dirs: Default::default(),
-            declarative: (hotplug_mode == HotplugMode::Declarative).into(),
+            gates: std::sync::Mutex::new(gates),
         });
         let virt_api = VirtApi::start(pki, hotplug.clone()).await?;
         let mut tasks = JoinSet::new();
@@ -71,7 +71,7 @@ impl Sim {
             storage.clone(),
             dir.to_path_buf(),
         ));
-        tasks.spawn(virt_api::run_declarative(hotplug.clone()));
+        tasks.spawn(virt_api::run_controller(hotplug.clone()));
         tasks.spawn(snapshot::run(
             harvester.clone(),
             storage.clone(),
@@ -150,14 +150,23 @@ impl Sim {
     }
 
     /// Harvester upgraded or downgraded across v1.8: `server-version` set for `mode` (created when
-    /// missing) and the stand-in's KubeVirt feature gates switched with it.
+    /// missing) and the stand-in's KubeVirt feature gates switched to that release's.
     pub async fn set_hotplug_mode(&self, mode: HotplugMode) -> Result<(), BedError> {
+        self.set_harvester(mode, virt_api::Gates::of(mode)).await
+    }
+
+    /// `server-version` set for `mode` and the KubeVirt feature gates set to `gates` (an
+    /// administrator may enable `HotplugVolumes` again on v1.8).
+    pub async fn set_harvester(
+        &self,
+        mode: HotplugMode,
+        gates: virt_api::Gates,
+    ) -> Result<(), BedError> {
         let yaml = format!(
             "apiVersion: harvesterhci.io/v1beta1\nkind: Setting\nmetadata: {{name: server-version}}\nvalue: {}\n",
             crate::bed::server_version_for(mode)
         );
-        self.hotplug
-            .set_declarative(mode == HotplugMode::Declarative);
+        self.hotplug.set_gates(gates);
         crate::apply::apply_yaml(&self.harvester, &yaml, "default")
             .await
             .map(|_| ())

@@ -2,9 +2,12 @@
 //!
 //! The aggregator authenticates and authorises the caller (RBAC on `virtualmachines/addvolume`),
 //! then proxies here with the front-proxy client certificate, which this server requires. The
-//! handlers then do what virt-api, virt-controller and virt-handler do together: update the VM and
-//! VMI specs and, after `hotplug_delay`, the VMI's `volumeStatus` up to `Ready` plus the disk link
-//! in the guest node's by-id directory.
+//! handlers answer as virt-api does (kubevirt/kubevirt v1.6.0-v1.8.3 `pkg/virt-api/rest/volumes.go`):
+//! under `HotplugVolumes` a request in the VM's `status.volumeRequests`, under the declarative
+//! gate alone a VM spec patch; volume conflicts 409 with upstream's texts; a lost race the API
+//! server's 422. [`run_controller`] plays virt-controller and virt-handler: the VM spec, the VMI
+//! spec and, after `hotplug_delay`, the VMI's `volumeStatus` phases up to `Ready` plus the disk
+//! link in the guest node's by-id directory.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -13,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use harvester_common::harvester::hotplug;
 use harvester_common::harvester::kubevirt::{
     Disk, PvcVolumeSource, VOLUME_READY, Volume, VolumeStatus,
 };
@@ -55,24 +59,65 @@ pub struct HotplugCtx {
     /// Guest nodes whose by-id links go elsewhere than `by_id_root/<node>`: a real node of the
     /// bed reads the host's `/dev/disk/by-id`, where its node plugin Pod looks.
     pub by_id_dirs: Mutex<HashMap<String, PathBuf>>,
-    /// KubeVirt's `DeclarativeHotplugVolumes` gate (without `HotplugVolumes`): the subresources
-    /// are refused and edits of a VM's spec hot-plug (see [`run_declarative`]).
-    pub declarative: std::sync::atomic::AtomicBool,
+    /// KubeVirt's hot-plug feature gates, as the Harvester release under test enables them.
+    pub gates: Mutex<Gates>,
 }
 
-/// [`HotplugCall::verb`] of a declarative hot-plug: the VM spec gained the volume.
-pub const SPEC_ADD: &str = "spec-add";
-/// [`HotplugCall::verb`] of a declarative hot-unplug: the VM spec lost the volume.
-pub const SPEC_REMOVE: &str = "spec-remove";
+/// KubeVirt's two hot-plug feature gates. Harvester's chart enables `HotplugVolumes` in v1.7
+/// (KubeVirt v1.6.0) and only `DeclarativeHotplugVolumes` from v1.8 (KubeVirt v1.7.0, v1.8.3 on
+/// master): harvester/harvester `deploy/charts/harvester/values.yaml`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gates {
+    pub hotplug_volumes: bool,
+    pub declarative: bool,
+}
+
+impl Gates {
+    /// Harvester v1.7.
+    pub const HOTPLUG_VOLUMES: Gates = Gates {
+        hotplug_volumes: true,
+        declarative: false,
+    };
+    /// Harvester v1.8 and v1.9.
+    pub const DECLARATIVE: Gates = Gates {
+        hotplug_volumes: false,
+        declarative: true,
+    };
+    /// Harvester v1.8+ with `HotplugVolumes` enabled again by an administrator.
+    pub const BOTH: Gates = Gates {
+        hotplug_volumes: true,
+        declarative: true,
+    };
+
+    /// The gates Harvester's chart enables in the release `mode` stands for.
+    pub fn of(mode: harvester_common::harvester::HotplugMode) -> Gates {
+        match mode {
+            harvester_common::harvester::HotplugMode::Subresource => Gates::HOTPLUG_VOLUMES,
+            harvester_common::harvester::HotplugMode::Declarative => Gates::DECLARATIVE,
+        }
+    }
+
+    /// Whether virt-controller hot-plugs from VM spec edits: only under the declarative gate
+    /// alone (kubevirt/kubevirt v1.6.0-v1.8.3 `pkg/virt-controller/watch/vm/vm.go`
+    /// `handleDeclarativeVolumeHotplug`).
+    pub fn declarative_controller(self) -> bool {
+        self.declarative && !self.hotplug_volumes
+    }
+}
+
+/// [`HotplugCall::verb`] of KubeVirt taking a volume into a VMI (whichever gate brought it).
+pub const VMI_ADD: &str = "vmi-add";
+/// [`HotplugCall::verb`] of KubeVirt taking a volume out of a VMI.
+pub const VMI_REMOVE: &str = "vmi-remove";
 
 /// How long a VM-backed hot-plug waits for the guest kernel to show the disk.
 const GUEST_DISK_WAIT: Duration = Duration::from_secs(60);
 
-/// One `addvolume` / `removevolume` request as virt-api received it, or one declarative change
-/// of a VM's volumes as virt-controller saw it.
+/// One `addvolume` / `removevolume` request as virt-api received it, or one change of a VMI's
+/// volumes that KubeVirt made.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HotplugCall {
-    /// `addvolume`, `removevolume`, [`SPEC_ADD`] or [`SPEC_REMOVE`].
+    /// `addvolume`, `removevolume`, [`VMI_ADD`] or [`VMI_REMOVE`].
     pub verb: String,
     pub namespace: String,
     pub vm: String,
@@ -80,28 +125,21 @@ pub struct HotplugCall {
     pub volume: String,
 }
 
-/// What virt-api answers (400 BadRequest) to `addvolume`/`removevolume` when the `HotplugVolumes`
-/// feature gate is off, e.g. with only `DeclarativeHotplugVolumes` on: kubevirt/kubevirt
-/// `pkg/virt-api/rest/subresource.go` `addVolumeRequestHandler`/`removeVolumeRequestHandler`, in
-/// the releases whose handlers check `HotplugVolumesEnabled()` alone.
-pub fn gate_refusal(verb: &str) -> &'static str {
-    if verb == "addvolume" {
-        "Unable to Add Volume because HotplugVolumes feature gate is not enabled."
-    } else {
-        "Unable to Remove Volume because HotplugVolumes feature gate is not enabled."
-    }
-}
+/// What virt-api answers (400 BadRequest) to `addvolume`/`removevolume` when neither hot-plug gate
+/// is on: kubevirt/kubevirt v1.6.0-v1.8.3 `pkg/virt-api/rest/volumes.go`
+/// `hotplugVolumeNotEnabledError`.
+pub const GATE_REFUSAL: &str =
+    "Enable DeclarativeHotplugVolumes or HotplugVolumes feature gate to use this API.";
 
 impl HotplugCtx {
-    /// Whether the declarative gate is on (subresources refused, VM spec edits hot-plug).
-    pub fn is_declarative(&self) -> bool {
-        self.declarative.load(std::sync::atomic::Ordering::SeqCst)
+    /// The feature gates in force.
+    pub fn gates(&self) -> Gates {
+        *self.gates.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Turns the declarative gate on or off (a Harvester upgrade).
-    pub fn set_declarative(&self, on: bool) {
-        self.declarative
-            .store(on, std::sync::atomic::Ordering::SeqCst);
+    /// Switches the feature gates (a Harvester upgrade, or an administrator's edit).
+    pub fn set_gates(&self, gates: Gates) {
+        *self.gates.lock().unwrap_or_else(|e| e.into_inner()) = gates;
     }
 
     /// Backs guest node `node` with the real VM `vm`.
@@ -139,29 +177,18 @@ impl HotplugCtx {
             .insert(node.to_string(), dir);
     }
 
-    /// How many times volume `volume` was hot-plugged into VM `vm` the way the current gate says:
-    /// `addvolume` requests, or (declarative) VM spec edits that added it, as virt-controller saw
-    /// them.
+    /// How many times KubeVirt took volume `volume` into the VMI of VM `vm`, whichever gate and
+    /// request brought it there.
     pub fn plugs(&self, vm: &str, volume: &str) -> usize {
-        let verb = if self.is_declarative() {
-            SPEC_ADD
-        } else {
-            "addvolume"
-        };
-        self.count(verb, vm, volume)
+        self.count(VMI_ADD, vm, volume)
     }
 
-    /// [`HotplugCtx::plugs`] for unplugging (`removevolume`, or spec edits that removed it).
+    /// How many times KubeVirt took volume `volume` out of the VMI of VM `vm`.
     pub fn unplugs(&self, vm: &str, volume: &str) -> usize {
-        let verb = if self.is_declarative() {
-            SPEC_REMOVE
-        } else {
-            "removevolume"
-        };
-        self.count(verb, vm, volume)
+        self.count(VMI_REMOVE, vm, volume)
     }
 
-    /// How many `verb` requests for volume `volume` of VM `vm` virt-api has received.
+    /// How many `verb` events for volume `volume` of VM `vm` the stand-in has seen.
     pub fn count(&self, verb: &str, vm: &str, volume: &str) -> usize {
         self.calls
             .lock()
@@ -329,23 +356,23 @@ async fn route(req: Request<Incoming>, ctx: Arc<HotplugCtx>) -> Reply {
             Ok(b) => b.to_bytes(),
             Err(e) => return failure(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
         };
-        if ctx.is_declarative() && matches!(verb.as_str(), "addvolume" | "removevolume") {
+        let gates = ctx.gates();
+        if !gates.hotplug_volumes
+            && !gates.declarative
+            && matches!(verb.as_str(), "addvolume" | "removevolume")
+        {
             let name = match verb.as_str() {
                 "addvolume" => serde_json::from_slice::<AddVolumeOptions>(&body).map(|o| o.name),
                 _ => serde_json::from_slice::<RemoveVolumeOptions>(&body).map(|o| o.name),
             };
             ctx.record(&verb, &ns, &vm, &name.unwrap_or_default());
-            return failure(
-                StatusCode::BAD_REQUEST,
-                "BadRequest",
-                gate_refusal(&verb).to_string(),
-            );
+            return failure(StatusCode::BAD_REQUEST, "BadRequest", GATE_REFUSAL.into());
         }
         return match verb.as_str() {
             "addvolume" => match serde_json::from_slice::<AddVolumeOptions>(&body) {
                 Ok(opts) => {
                     ctx.record(&verb, &ns, &vm, &opts.name);
-                    add_volume(&ctx, &ns, &vm, opts).await
+                    add_volume(&ctx, &ns, &vm, opts, gates).await
                 }
                 Err(e) => failure(
                     StatusCode::BAD_REQUEST,
@@ -356,7 +383,7 @@ async fn route(req: Request<Incoming>, ctx: Arc<HotplugCtx>) -> Reply {
             "removevolume" => match serde_json::from_slice::<RemoveVolumeOptions>(&body) {
                 Ok(opts) => {
                     ctx.record(&verb, &ns, &vm, &opts.name);
-                    remove_volume(&ctx, &ns, &vm, opts).await
+                    remove_volume(&ctx, &ns, &vm, opts, gates).await
                 }
                 Err(e) => failure(
                     StatusCode::BAD_REQUEST,
@@ -403,55 +430,229 @@ fn api_error(e: kube::Error) -> Reply {
     }
 }
 
+/// A 409 as virt-api words a volume conflict: `errors.NewConflict(v1.Resource("virtualmachine"),
+/// name, err)` (kubevirt/kubevirt v1.6.0-v1.8.3 `pkg/virt-api/rest/volumes.go`).
+fn conflict(vm: &str, text: String) -> Reply {
+    failure(
+        StatusCode::CONFLICT,
+        "Conflict",
+        format!("Operation cannot be fulfilled on virtualmachine.kubevirt.io \"{vm}\": {text}"),
+    )
+}
+
+/// virt-api's `verifyVolumeOption` against the VM spec's volumes: the name or the claim in use
+/// (add), a volume that does not exist or is not hot-pluggable (remove).
+fn verify_volume_option(
+    spec: &harvester_common::harvester::kubevirt::VmiSpec,
+    add: Option<(&str, &str)>,
+    remove: Option<&str>,
+) -> Result<(), String> {
+    for v in &spec.volumes {
+        let claim = v
+            .persistent_volume_claim
+            .as_ref()
+            .map(|p| p.claim_name.as_str());
+        if let Some((name, source)) = add {
+            if v.name == name {
+                return Err(format!(
+                    "Unable to add volume [{name}] because volume with that name already exists"
+                ));
+            }
+            if claim == Some(source) {
+                return Err(format!(
+                    "Unable to add volume source [{source}] because it already exists"
+                ));
+            }
+        } else if let Some(name) = remove
+            && (v.name == name || claim == Some(name))
+        {
+            let hotpluggable = v
+                .persistent_volume_claim
+                .as_ref()
+                .and_then(|p| p.hotpluggable)
+                == Some(true);
+            if !hotpluggable {
+                return Err(format!(
+                    "Unable to remove volume [{}] because it is not hotpluggable",
+                    v.name
+                ));
+            }
+            return Ok(());
+        }
+    }
+    match remove {
+        Some(name) => Err(format!(
+            "Unable to remove volume [{name}] because it does not exist"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The VM's `status.volumeRequests`, raw as stored (`null` when missing, which a JSON patch
+/// `test` passes only while it is missing).
+fn volume_requests(vm: &VirtualMachine) -> serde_json::Value {
+    vm.status
+        .as_ref()
+        .and_then(|s| s.rest.get("volumeRequests"))
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn request_name(r: &serde_json::Value, kind: &str) -> Option<String> {
+    r.get(kind)?.get("name")?.as_str().map(str::to_string)
+}
+
+/// virt-api under `HotplugVolumes`: the request is appended to the VM's `status.volumeRequests`
+/// by a JSON patch that `test`s the list as read (`vmVolumePatchStatus`,
+/// `generateVMVolumeRequestPatch`); virt-controller applies it later ([`run_volume_requests`]).
+/// A lost race is the API server's 422, relayed; any other failure a 500.
+async fn request_in_status(
+    ctx: &HotplugCtx,
+    ns: &str,
+    vm: &VirtualMachine,
+    request: serde_json::Value,
+) -> Reply {
+    let vm_name = vm.metadata.name.clone().unwrap_or_default();
+    let old = volume_requests(vm);
+    let existing = old.as_array().cloned().unwrap_or_default();
+    let mut list = Vec::new();
+    if let Some(name) = request_name(&request, "addVolumeOptions") {
+        for r in &existing {
+            if request_name(r, "addVolumeOptions").as_deref() == Some(&name) {
+                return conflict(
+                    &vm_name,
+                    format!("add volume request for volume [{name}] already exists"),
+                );
+            }
+            if request_name(r, "removeVolumeOptions").as_deref() == Some(&name) {
+                return conflict(
+                    &vm_name,
+                    format!(
+                        "unable to add volume since a remove volume request for volume [{name}] already exists and is still being processed"
+                    ),
+                );
+            }
+        }
+        list = existing;
+    } else if let Some(name) = request_name(&request, "removeVolumeOptions") {
+        for r in existing {
+            if request_name(&r, "addVolumeOptions").as_deref() == Some(&name) {
+                continue;
+            }
+            if request_name(&r, "removeVolumeOptions").as_deref() == Some(&name) {
+                return conflict(
+                    &vm_name,
+                    format!(
+                        "a remove volume request for volume [{name}] already exists and is still being processed"
+                    ),
+                );
+            }
+            list.push(r);
+        }
+    }
+    list.push(request);
+    let op = if old.as_array().is_some_and(|l| !l.is_empty()) {
+        "replace"
+    } else {
+        "add"
+    };
+    let patch = json!([
+        {"op": "test", "path": "/status/volumeRequests", "value": old},
+        {"op": op, "path": "/status/volumeRequests", "value": list},
+    ]);
+    match hotplug::patch_vm_at(&ctx.client, ns, &vm_name, Some("status"), &patch).await {
+        Ok(_) => reply(StatusCode::ACCEPTED, json!({})),
+        Err(kube::Error::Api(s)) if s.code == 422 => api_error(kube::Error::Api(s)),
+        Err(e) => failure(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            format!("unable to patch vm status: {e}"),
+        ),
+    }
+}
+
+/// virt-api under `DeclarativeHotplugVolumes` alone: the VM spec itself is JSON-patched, with a
+/// `test` of the volume and disk lists as read (`vmVolumePatch`, `generateVolumeRequestPatch`);
+/// virt-controller's declarative hot-plug acts on the spec ([`run_declarative`]).
+async fn patch_spec(
+    ctx: &HotplugCtx,
+    ns: &str,
+    vm_name: &str,
+    plan: impl FnOnce(&serde_json::Value) -> Option<serde_json::Value>,
+) -> Reply {
+    let spec = match hotplug::vm_template_spec(&ctx.client, ns, vm_name).await {
+        Ok(Some(spec)) => spec,
+        Ok(None) => {
+            return failure(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("virtualmachine.kubevirt.io \"{vm_name}\" not found"),
+            );
+        }
+        Err(e) => return api_error(e),
+    };
+    let Some(patch) = plan(&spec) else {
+        return reply(StatusCode::ACCEPTED, json!({}));
+    };
+    match hotplug::patch_vm(&ctx.client, ns, vm_name, &patch).await {
+        Ok(_) => reply(StatusCode::ACCEPTED, json!({})),
+        Err(kube::Error::Api(s)) if s.code == 422 => api_error(kube::Error::Api(s)),
+        Err(e) => failure(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            format!("unable to patch vm: {e}"),
+        ),
+    }
+}
+
+/// virt-api's VM `addvolume` (kubevirt/kubevirt v1.6.0-v1.8.3 `pkg/virt-api/rest/volumes.go`
+/// `addVolumeRequestHandler`): checked against the VM spec, then a status request
+/// (`HotplugVolumes` on) or a spec patch (declarative gate alone); 202 when stored.
 async fn add_volume(
     ctx: &Arc<HotplugCtx>,
     ns: &str,
     vm_name: &str,
     opts: AddVolumeOptions,
+    gates: Gates,
 ) -> Reply {
     let Some(claim) = opts.claim_name().map(str::to_string) else {
         return failure(
             StatusCode::BAD_REQUEST,
             "BadRequest",
-            "AddVolumeOptions.volumeSource.persistentVolumeClaim.claimName is required".into(),
+            "AddVolumeOptions requires VolumeSource to not be nil".into(),
         );
     };
+    let vms: Api<VirtualMachine> = Api::namespaced(ctx.client.clone(), ns);
+    let vm = match vms.get(vm_name).await {
+        Ok(vm) => vm,
+        Err(e) => return api_error(e),
+    };
+    if let Err(text) =
+        verify_volume_option(&vm.spec.template.spec, Some((&opts.name, &claim)), None)
+    {
+        return conflict(vm_name, text);
+    }
     let serial = opts
         .disk
         .serial
         .clone()
         .unwrap_or_else(|| opts.name.clone());
-    let vms: Api<VirtualMachine> = Api::namespaced(ctx.client.clone(), ns);
-    let mut vm = match vms.get(vm_name).await {
-        Ok(vm) => vm,
-        Err(e) => return api_error(e),
-    };
-    let tmpl = &mut vm.spec.template.spec;
-    if tmpl.volumes.iter().any(|v| v.name == opts.name) {
-        return failure(
-            StatusCode::BAD_REQUEST,
-            "BadRequest",
-            format!(
-                "Unable to add volume [{}] because volume with that name already exists",
-                opts.name
-            ),
-        );
+    if gates.hotplug_volumes {
+        // As virt-api stores it: the disk named like the volume, the claim hot-pluggable.
+        let mut add = serde_json::to_value(&opts).unwrap_or_default();
+        add["disk"]["name"] = json!(opts.name);
+        add["volumeSource"]["persistentVolumeClaim"]["hotpluggable"] = json!(true);
+        return request_in_status(ctx, ns, &vm, json!({"addVolumeOptions": add})).await;
     }
-    let (volume, disk) = hotplug_entries(&opts, &claim, &serial);
-    tmpl.volumes.push(volume.clone());
-    tmpl.domain.devices.disks.push(disk.clone());
-    if let Err(e) = vms.replace(vm_name, &PostParams::default(), &vm).await {
-        return api_error(e);
-    }
-    match plug_into_vmi(ctx, ns, vm_name, volume, disk, &claim, &serial).await {
-        Ok(()) => reply(StatusCode::ACCEPTED, json!({})),
-        Err(e) => api_error(e),
-    }
+    patch_spec(ctx, ns, vm_name, |spec| {
+        hotplug::declarative_add_patch(spec, &opts.name, &claim, &serial)
+    })
+    .await
 }
 
 /// virt-controller's part of a hot-plug: a running VM's VMI gets the volume in its spec and a
 /// Pending volumeStatus, then (in the background) [`attach`]. A stopped VM only keeps it in its
-/// spec.
+/// spec. Recorded as [`VMI_ADD`] when the VMI took it.
 async fn plug_into_vmi(
     ctx: &Arc<HotplugCtx>,
     ns: &str,
@@ -483,6 +684,7 @@ async fn plug_into_vmi(
     })
     .await?;
     if let Some(vmi) = updated {
+        ctx.record(VMI_ADD, ns, vm_name, &volume.name);
         let ctx = ctx.clone();
         let (ns, vm_name, name) = (ns.to_string(), vm_name.to_string(), volume.name.clone());
         let (claim, serial) = (claim.to_string(), serial.to_string());
@@ -531,7 +733,11 @@ fn vmi_guest_node(vmi: &VirtualMachineInstance, vm_name: &str) -> String {
         .unwrap_or_else(|| vm_name.to_string())
 }
 
-/// Pending -> AttachedToNode -> Ready (with a target), then the by-id link appears in the guest.
+/// The phases of a hot-plugged volume as virt-handler and virt-controller report them
+/// (kubevirt/kubevirt v1.7.0 `staging/src/kubevirt.io/api/core/v1/types.go`, `pkg/virt-handler/vm.go`):
+/// Pending -> Bound (the claim has a volume) -> AttachedToNode -> MountedToPod -> Ready (with the
+/// domain's target, reason `VolumeReady`), and the by-id link appears in the guest. Each step
+/// happens only while the VMI spec still has the volume (an unplug may come meanwhile).
 async fn attach(
     ctx: &HotplugCtx,
     ns: &str,
@@ -542,8 +748,6 @@ async fn attach(
     node: &str,
 ) -> Result<(), String> {
     let vmis: Api<VirtualMachineInstance> = Api::namespaced(ctx.client.clone(), ns);
-    tokio::time::sleep(ctx.delay / 2).await;
-    set_phase(&vmis, vm_name, name, "AttachedToNode", None).await?;
     // The hot-plug pod waits for its volume like KubeVirt's does.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let backing = loop {
@@ -556,17 +760,21 @@ async fn attach(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
+    set_phase(&vmis, vm_name, name, "Bound", None).await?;
+    tokio::time::sleep(ctx.delay / 2).await;
+    set_phase(&vmis, vm_name, name, "AttachedToNode", None).await?;
     tokio::time::sleep(ctx.delay / 2).await;
     let vmi = vmis.get_opt(vm_name).await.map_err(|e| e.to_string())?;
-    if vmi.as_ref().and_then(|v| v.volume_status(name)).is_none() {
+    if !vmi.as_ref().is_some_and(|v| in_spec(v, name)) {
         // Removed (removevolume) while it was attaching: the guest never sees the disk.
         return Ok(());
     }
+    set_phase(&vmis, vm_name, name, "MountedToPod", None).await?;
     let target = match ctx.vm(node) {
         Some(vm) => match plug_into_vm(ctx, &vm, ns, claim, name, serial, &backing.device).await {
             Ok(t) => t,
             Err(e) => {
-                set_phase(&vmis, vm_name, name, "AttachedToNode", Some(&e)).await?;
+                set_phase(&vmis, vm_name, name, "MountedToPod", Some(&e)).await?;
                 return Err(e);
             }
         },
@@ -580,7 +788,7 @@ async fn attach(
         .get_opt(vm_name)
         .await
         .map_err(|e| e.to_string())?
-        .is_some_and(|v| v.volume_status(name).is_some());
+        .is_some_and(|v| in_spec(&v, name));
     if !still_wanted {
         // removevolume came while the disk was being plugged: take it out again.
         if let Some(vm) = ctx.vm(node) {
@@ -589,6 +797,11 @@ async fn attach(
         return Ok(());
     }
     set_phase(&vmis, vm_name, name, VOLUME_READY, Some(&target)).await
+}
+
+/// Whether the VMI spec has volume `name`.
+fn in_spec(vmi: &VirtualMachineInstance, name: &str) -> bool {
+    vmi.spec.volumes.iter().any(|v| v.name == name)
 }
 
 /// QMP `blockdev-add` + `device_add scsi-hd` of the claim's device into the VM, then waits until
@@ -658,27 +871,33 @@ fn next_target(vmi: Option<&VirtualMachineInstance>, name: &str) -> String {
         .unwrap_or_else(|| "sdz".into())
 }
 
+/// Sets the phase of volume `name`'s status while the VMI spec still has it (an attach step).
 async fn set_phase(
     vmis: &Api<VirtualMachineInstance>,
     vm_name: &str,
     name: &str,
     phase: &str,
-    target_or_reason: Option<&str>,
+    target_or_message: Option<&str>,
 ) -> Result<(), String> {
     update_vmi(vmis, vm_name, |vmi| {
+        if !in_spec(vmi, name) {
+            return;
+        }
         if let Some(s) = vmi
             .status
             .as_mut()
             .and_then(|s| s.volume_status.iter_mut().find(|v| v.name == name))
         {
             s.phase = Some(phase.to_string());
-            match (phase, target_or_reason) {
+            match (phase, target_or_message) {
                 (VOLUME_READY, Some(t)) => {
                     s.target = t.to_string();
                     s.reason = Some("VolumeReady".into());
-                    s.message = Some("Successfully attach hotplugged volume to VM".into());
+                    s.message = Some(format!(
+                        "Successfully attach hotplugged volume {name} to VM"
+                    ));
                 }
-                (_, Some(r)) => s.message = Some(r.to_string()),
+                (_, Some(m)) => s.message = Some(m.to_string()),
                 _ => {}
             }
         }
@@ -688,24 +907,30 @@ async fn set_phase(
     .map_err(|e| e.to_string())
 }
 
-/// GET-modify-PUT of a VMI, retried on conflicts; `Ok(None)` when there is no VMI.
+/// GET-modify-PUT of a VMI, retried on conflicts (50 times at most, then the conflict); `Ok(None)`
+/// when there is no VMI.
 pub async fn update_vmi(
     vmis: &Api<VirtualMachineInstance>,
     name: &str,
     mut change: impl FnMut(&mut VirtualMachineInstance),
 ) -> Result<Option<VirtualMachineInstance>, kube::Error> {
-    for _ in 0..20 {
+    let mut attempt = 0u64;
+    loop {
         let Some(mut vmi) = vmis.get_opt(name).await? else {
             return Ok(None);
         };
         change(&mut vmi);
         match vmis.replace(name, &PostParams::default(), &vmi).await {
             Ok(v) => return Ok(Some(v)),
-            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            // Several hot-plugs of one VMI update it at once: back off, spread by the attempt.
+            Err(kube::Error::Api(s)) if s.code == 409 && attempt < 50 => {
+                attempt += 1;
+                let spread = u64::from(std::process::id()).wrapping_add(attempt * 7919) % 20;
+                tokio::time::sleep(Duration::from_millis(attempt.min(10) * 5 + spread)).await;
+            }
             Err(e) => return Err(e),
         }
     }
-    vmis.get_opt(name).await
 }
 
 pub fn link_disk(dir: &Path, serial: &str, device: &Path) -> std::io::Result<()> {
@@ -715,64 +940,43 @@ pub fn link_disk(dir: &Path, serial: &str, device: &Path) -> std::io::Result<()>
     std::os::unix::fs::symlink(device, link)
 }
 
+/// virt-api's VM `removevolume` (`removeVolumeRequestHandler`): checked against the VM spec, then
+/// a status request or a spec patch, as [`add_volume`].
 async fn remove_volume(
     ctx: &Arc<HotplugCtx>,
     ns: &str,
     vm_name: &str,
     opts: RemoveVolumeOptions,
+    gates: Gates,
 ) -> Reply {
     let vms: Api<VirtualMachine> = Api::namespaced(ctx.client.clone(), ns);
-    let mut vm = match vms.get(vm_name).await {
+    let vm = match vms.get(vm_name).await {
         Ok(vm) => vm,
         Err(e) => return api_error(e),
     };
-    let tmpl = &mut vm.spec.template.spec;
-    let claim = tmpl
-        .volumes
-        .iter()
-        .find(|v| v.name == opts.name)
-        .and_then(|v| v.persistent_volume_claim.as_ref())
-        .map(|p| p.claim_name.clone())
-        .unwrap_or_default();
-    let serial = tmpl
-        .domain
-        .devices
-        .disks
-        .iter()
-        .find(|d| d.name == opts.name)
-        .and_then(|d| d.serial.clone())
-        .unwrap_or_else(|| opts.name.clone());
-    let hotplugged = tmpl.volumes.iter().any(|v| {
-        v.name == opts.name
-            && v.persistent_volume_claim
-                .as_ref()
-                .and_then(|p| p.hotpluggable)
-                == Some(true)
-    });
-    if !hotplugged {
-        return failure(
-            StatusCode::BAD_REQUEST,
-            "BadRequest",
-            format!(
-                "Unable to remove volume [{}] because it does not exist",
-                opts.name
-            ),
-        );
+    if let Err(text) = verify_volume_option(&vm.spec.template.spec, None, Some(&opts.name)) {
+        return conflict(vm_name, text);
     }
-    tmpl.volumes.retain(|v| v.name != opts.name);
-    tmpl.domain.devices.disks.retain(|d| d.name != opts.name);
-    if let Err(e) = vms.replace(vm_name, &PostParams::default(), &vm).await {
-        return api_error(e);
+    if gates.hotplug_volumes {
+        return request_in_status(
+            ctx,
+            ns,
+            &vm,
+            json!({"removeVolumeOptions": {"name": opts.name}}),
+        )
+        .await;
     }
-    match unplug_from_vmi(ctx, ns, vm_name, &opts.name, &claim, &serial).await {
-        Ok(()) => reply(StatusCode::ACCEPTED, json!({})),
-        Err(e) => e,
-    }
+    patch_spec(ctx, ns, vm_name, |spec| {
+        hotplug::declarative_remove_patch(spec, &opts.name)
+    })
+    .await
 }
 
-/// virt-handler's part of a hot-unplug: a running VMI loses the disk (a real guest first, as with
-/// KubeVirt), then the volume leaves its spec and volumeStatus. A stopped VMI keeps its disks:
-/// KubeVirt unplugs from running VMIs only.
+/// KubeVirt's part of a hot-unplug from a running VMI: a real guest loses the disk first; the
+/// volume leaves the VMI spec while its status goes on, Detaching then UnMountedFromPod, and
+/// goes last (kubevirt/kubevirt v1.7.0 `pkg/virt-handler/vm.go`: the status outlives the spec
+/// entry). A stopped VMI keeps its disks: KubeVirt unplugs from running VMIs only. Recorded as
+/// [`VMI_REMOVE`].
 async fn unplug_from_vmi(
     ctx: &Arc<HotplugCtx>,
     ns: &str,
@@ -801,19 +1005,63 @@ async fn unplug_from_vmi(
         ));
     }
     let mut node = None;
-    let res = update_vmi(&vmis, vm_name, |vmi| {
+    update_vmi(&vmis, vm_name, |vmi| {
         node = Some(vmi_guest_node(vmi, vm_name));
         vmi.spec.volumes.retain(|v| v.name != name);
         vmi.spec.domain.devices.disks.retain(|d| d.name != name);
-        if let Some(s) = vmi.status.as_mut() {
-            s.volume_status.retain(|v| v.name != name);
+        if let Some(s) = vmi
+            .status
+            .as_mut()
+            .and_then(|s| s.volume_status.iter_mut().find(|v| v.name == name))
+        {
+            s.phase = Some("Detaching".into());
         }
     })
-    .await;
+    .await
+    .map_err(api_error)?;
+    ctx.record(VMI_REMOVE, ns, vm_name, name);
     if let Some(node) = node {
         let _ = std::fs::remove_file(ctx.by_id_dir(&node).join(format!("{BY_ID_PREFIX}{serial}")));
     }
-    res.map(|_| ()).map_err(api_error)
+    let ctx = ctx.clone();
+    let (ns, vm_name, name) = (ns.to_string(), vm_name.to_string(), name.to_string());
+    tokio::spawn(async move {
+        if let Err(e) = finish_unplug(&ctx, &ns, &vm_name, &name).await {
+            tracing::warn!("sim hot-unplug of {ns}/{name} from {vm_name}: {e}");
+        }
+    });
+    Ok(())
+}
+
+/// The rest of an unplug: UnMountedFromPod, then the status entry goes (unless the volume came
+/// back into the spec meanwhile). The VMI change wakes [`run_controller`] for its VM, which adds a
+/// volume again that waited for the old status to go.
+async fn finish_unplug(
+    ctx: &Arc<HotplugCtx>,
+    ns: &str,
+    vm_name: &str,
+    name: &str,
+) -> Result<(), String> {
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(ctx.client.clone(), ns);
+    let step = (ctx.delay / 2).max(Duration::from_millis(50));
+    for phase in ["UnMountedFromPod", ""] {
+        tokio::time::sleep(step).await;
+        update_vmi(&vmis, vm_name, |vmi| {
+            if in_spec(vmi, name) {
+                return;
+            }
+            if let Some(s) = vmi.status.as_mut() {
+                if phase.is_empty() {
+                    s.volume_status.retain(|v| v.name != name);
+                } else if let Some(v) = s.volume_status.iter_mut().find(|v| v.name == name) {
+                    v.phase = Some(phase.into());
+                }
+            }
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 /// The hot-plugged PVC volumes of a VM or VMI spec: `(volume, its disk, claim, serial)`. A disk
@@ -838,44 +1086,186 @@ fn hotplugged(
         .collect()
 }
 
-/// virt-controller under `DeclarativeHotplugVolumes`: whenever a VM changes, the hot-plugged
-/// volumes of its VMI follow its spec (added ones are plugged, removed ones unplugged). Runs for
-/// the whole bed; acts only while the gate is on.
-pub async fn run_declarative(ctx: Arc<HotplugCtx>) {
+/// virt-controller's VM loop, for the part that hot-plugs: on every VM change, the VM's
+/// `status.volumeRequests` are applied while `HotplugVolumes` is on ([`apply_volume_requests`]),
+/// and the VM spec's hot-plugged volumes are carried into the VMI under the declarative gate alone
+/// ([`sync_declarative`]). Runs for the whole bed.
+pub async fn run_controller(ctx: Arc<HotplugCtx>) {
     use futures::StreamExt;
     use kube::runtime::{WatchStreamExt, watcher};
+    // virt-controller's VM loop is woken by its VMs and by their VMIs; it decides from the VM as
+    // it is now (an event may be older than the VMI it would be compared with).
     let vms: Api<VirtualMachine> = Api::all(ctx.client.clone());
-    let stream = watcher(vms, watcher::Config::default()).applied_objects();
-    let mut stream = std::pin::pin!(stream);
+    let vmis: Api<VirtualMachineInstance> = Api::all(ctx.client.clone());
+    let key =
+        |m: kube::api::ObjectMeta| (m.namespace.unwrap_or_default(), m.name.unwrap_or_default());
+    let by_vm = watcher(vms, watcher::Config::default())
+        .applied_objects()
+        .map(move |e| {
+            e.map(|vm| {
+                // Under HotplugVolumes alone, only a VM with requests has anything to apply.
+                let requests = volume_requests(&vm)
+                    .as_array()
+                    .is_some_and(|r| !r.is_empty());
+                (requests, key(vm.metadata))
+            })
+        });
+    let by_vmi = watcher(vmis, watcher::Config::default())
+        .applied_objects()
+        .map(move |e| e.map(|vmi| (false, key(vmi.metadata))));
+    let mut stream = std::pin::pin!(futures::stream::select(by_vm, by_vmi));
     while let Some(event) = stream.next().await {
-        let vm = match event {
-            Ok(vm) => vm,
+        let (ns, name) = match event {
+            // The declarative hot-plug decides from the VM spec and the VMI's volumes.
+            Ok((_, key)) if ctx.gates().declarative_controller() => key,
+            Ok((true, key)) if ctx.gates().hotplug_volumes => key,
+            Ok(_) => continue,
             Err(e) => {
-                tracing::debug!("sim declarative hot-plug: VM watch: {e}");
+                tracing::debug!("sim virt-controller: watch: {e}");
                 continue;
             }
         };
-        if !ctx.is_declarative() {
-            continue;
-        }
-        if let Err(e) = sync_declarative(&ctx, &vm).await {
-            tracing::warn!("sim declarative hot-plug of VM {:?}: {e}", vm.metadata.name);
+        let vm = match Api::<VirtualMachine>::namespaced(ctx.client.clone(), &ns)
+            .get_opt(&name)
+            .await
+        {
+            Ok(Some(vm)) => vm,
+            _ => continue,
+        };
+        let gates = ctx.gates();
+        let done = if gates.hotplug_volumes {
+            apply_volume_requests(&ctx, &vm).await
+        } else if gates.declarative_controller() {
+            sync_declarative(&ctx, &vm).await
+        } else {
+            Ok(())
+        };
+        if let Err(e) = done {
+            tracing::warn!("sim virt-controller, VM {:?}: {e}", vm.metadata.name);
         }
     }
 }
 
+/// `HotplugVolumes`: each request of `status.volumeRequests` is applied to the VM spec and, for a
+/// running VMI that lacks (add) or has (remove) the volume, to the VMI; then the spec is stored
+/// and the requests the spec now reflects are trimmed (kubevirt/kubevirt v1.7.0
+/// `pkg/virt-controller/watch/vm/vm.go` `handleVolumeRequests`, `trimDoneVolumeRequests`).
+async fn apply_volume_requests(ctx: &Arc<HotplugCtx>, vm: &VirtualMachine) -> Result<(), String> {
+    let requests = volume_requests(vm);
+    let Some(requests) = requests.as_array().filter(|r| !r.is_empty()) else {
+        return Ok(());
+    };
+    let ns = vm.metadata.namespace.clone().unwrap_or_default();
+    let vm_name = vm.metadata.name.clone().unwrap_or_default();
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(ctx.client.clone(), &ns);
+    let vmi = vmis.get_opt(&vm_name).await.map_err(|e| e.to_string())?;
+    let mut spec = vm.spec.template.spec.clone();
+    for r in requests {
+        if let Some(add) = r.get("addVolumeOptions") {
+            let opts: AddVolumeOptions = serde_json::from_value(add.clone())
+                .map_err(|e| format!("addVolumeOptions: {e}"))?;
+            let claim = opts.claim_name().unwrap_or_default().to_string();
+            let serial = opts
+                .disk
+                .serial
+                .clone()
+                .unwrap_or_else(|| opts.name.clone());
+            let (volume, disk) = hotplug_entries(&opts, &claim, &serial);
+            if !spec.volumes.iter().any(|v| v.name == opts.name) {
+                spec.volumes.push(volume.clone());
+                spec.domain.devices.disks.retain(|d| d.name != opts.name);
+                spec.domain.devices.disks.push(disk.clone());
+            }
+            if vmi.as_ref().is_some_and(|v| !in_spec(v, &opts.name)) {
+                plug_into_vmi(ctx, &ns, &vm_name, volume, disk, &claim, &serial)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+        } else if let Some(name) = request_name(r, "removeVolumeOptions") {
+            let found = hotplugged(&spec).into_iter().find(|h| h.0.name == name);
+            spec.volumes.retain(|v| v.name != name);
+            spec.domain.devices.disks.retain(|d| d.name != name);
+            if let Some((_, _, claim, serial)) = found
+                && vmi.as_ref().is_some_and(|v| in_spec(v, &name))
+            {
+                unplug_from_vmi(ctx, &ns, &vm_name, &name, &claim, &serial)
+                    .await
+                    .map_err(|_| format!("unplugging {name} failed"))?;
+            }
+        }
+    }
+    let vms: Api<VirtualMachine> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut updated = vm.clone();
+    updated.spec.template.spec = spec;
+    let stored = match vms
+        .replace(&vm_name, &PostParams::default(), &updated)
+        .await
+    {
+        Ok(v) => v,
+        // Changed meanwhile: the watch brings the new version, and this runs again.
+        Err(kube::Error::Api(s)) if s.code == 409 => return Ok(()),
+        Err(e) => return Err(e.to_string()),
+    };
+    let left: Vec<serde_json::Value> = requests
+        .iter()
+        .filter(|r| {
+            let spec = &stored.spec.template.spec;
+            let has = |n: &str| {
+                spec.volumes.iter().any(|v| v.name == n)
+                    && spec.domain.devices.disks.iter().any(|d| d.name == n)
+            };
+            let gone = |n: &str| {
+                !spec.volumes.iter().any(|v| v.name == n)
+                    && !spec.domain.devices.disks.iter().any(|d| d.name == n)
+            };
+            match (
+                request_name(r, "addVolumeOptions"),
+                request_name(r, "removeVolumeOptions"),
+            ) {
+                (Some(n), _) => !has(&n),
+                (_, Some(n)) => !gone(&n),
+                _ => true,
+            }
+        })
+        .cloned()
+        .collect();
+    let patch = json!([
+        {"op": "test", "path": "/status/volumeRequests", "value": requests},
+        {"op": "replace", "path": "/status/volumeRequests", "value": left},
+    ]);
+    match hotplug::patch_vm_at(&ctx.client, &ns, &vm_name, Some("status"), &patch).await {
+        // A new request came meanwhile: the next event trims again.
+        Ok(_) | Err(kube::Error::Api(_)) => Ok(()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// virt-controller under `DeclarativeHotplugVolumes` alone: the hot-plugged volumes of a running
+/// VMI follow the VM spec (kubevirt/kubevirt v1.6.0-v1.8.3 `pkg/storage/hotplug/hotplug.go`
+/// `HandleDeclarativeVolumes`): nothing for a VM whose `updateVolumesStrategy` is `Migration`; a
+/// volume the VMI still reports a status for (an unplug not finished) is not added again yet
+/// (`getNewHotplugVMVolumes`).
 async fn sync_declarative(ctx: &Arc<HotplugCtx>, vm: &VirtualMachine) -> Result<(), String> {
+    if vm.update_volumes_strategy()
+        == Some(harvester_common::harvester::kubevirt::UPDATE_VOLUMES_MIGRATION)
+    {
+        return Ok(());
+    }
     let ns = vm.metadata.namespace.clone().unwrap_or_default();
     let vm_name = vm.metadata.name.clone().unwrap_or_default();
     let vmis: Api<VirtualMachineInstance> = Api::namespaced(ctx.client.clone(), &ns);
     let Some(vmi) = vmis.get_opt(&vm_name).await.map_err(|e| e.to_string())? else {
         return Ok(());
     };
+    if vmi.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Running") {
+        return Ok(());
+    }
     let wanted = hotplugged(&vm.spec.template.spec);
     let present = hotplugged(&vmi.spec);
     for (volume, disk, claim, serial) in &wanted {
-        if !present.iter().any(|p| p.0.name == volume.name) {
-            ctx.record(SPEC_ADD, &ns, &vm_name, &volume.name);
+        if !present.iter().any(|p| p.0.name == volume.name)
+            && vmi.volume_status(&volume.name).is_none()
+        {
             plug_into_vmi(
                 ctx,
                 &ns,
@@ -891,7 +1281,6 @@ async fn sync_declarative(ctx: &Arc<HotplugCtx>, vm: &VirtualMachine) -> Result<
     }
     for (volume, _, claim, serial) in &present {
         if !wanted.iter().any(|w| w.0.name == volume.name) {
-            ctx.record(SPEC_REMOVE, &ns, &vm_name, &volume.name);
             unplug_from_vmi(ctx, &ns, &vm_name, &volume.name, claim, serial)
                 .await
                 .map_err(|_| format!("unplugging {} failed", volume.name))?;

@@ -1,0 +1,231 @@
+//! KubeVirt's hot-plug as it really behaves (kubevirt/kubevirt v1.6.0, v1.7.0, v1.8.3, the
+//! releases Harvester v1.7, v1.8 and master ship), against the real Harvester API server and the
+//! stand-in's virt-api and virt-controller, under each feature-gate set Harvester can run:
+//! - virt-api answers volume conflicts with 409 and a lost race on the VM with the API server's
+//!   422; several volumes published to one VM at once must all land in one CSI call each;
+//! - `addvolume` works under either gate (`HotplugVolumes`: a VM status request; the declarative
+//!   gate alone: a VM spec patch) and under both;
+//! - under the declarative gate alone, KubeVirt hot-plugs nothing into a VM whose
+//!   `updateVolumesStrategy` is `Migration`: publish must say so, not wait out its bound.
+
+mod csi_common;
+
+use std::time::{Duration, Instant};
+
+use csi_common::*;
+use csi_proto::csi::v1::*;
+use harvester_common::harvester::{HotplugMode, VirtualMachine, VirtualMachineInstance};
+use kube::api::{Api, Patch, PatchParams};
+use testbed::BedOptions;
+use testbed::sim::virt_api::Gates;
+
+/// How many volumes a burst publishes to one VM at once (a Pod with several claims).
+const BURST: usize = 6;
+
+fn harvester(mode: HotplugMode, gates: Gates) -> BedOptions {
+    BedOptions {
+        hotplug: mode,
+        gates: Some(gates),
+        ..Default::default()
+    }
+}
+
+fn mount() -> VolumeCapability {
+    mount_cap("ext4")
+}
+
+/// The hot-plugged volumes of the VM spec and of the VMI (spec or status) named like a volume
+/// of `ids`.
+async fn attached(bed: &testbed::TestBed, ids: &[String]) -> (usize, usize) {
+    let vm = Api::<VirtualMachine>::namespaced(bed.sim.harvester.clone(), &bed.vm_namespace)
+        .get(NODE)
+        .await
+        .expect("VM");
+    let vmi =
+        Api::<VirtualMachineInstance>::namespaced(bed.sim.harvester.clone(), &bed.vm_namespace)
+            .get(NODE)
+            .await
+            .expect("VMI");
+    let in_vm = ids
+        .iter()
+        .filter(|id| vm.spec.template.spec.volumes.iter().any(|v| &v.name == *id))
+        .count();
+    let in_vmi = ids
+        .iter()
+        .filter(|id| {
+            vmi.spec.volumes.iter().any(|v| &v.name == *id) || vmi.volume_status(id).is_some()
+        })
+        .count();
+    (in_vm, in_vmi)
+}
+
+/// [`BURST`] volumes published to one VM at once, then unpublished at once: every call answers
+/// OK the first time (no ABORTED left to the attacher's backoff), each disk is plugged and
+/// unplugged exactly once.
+async fn a_burst_lands_in_one_round(mode: HotplugMode, gates: Gates) {
+    let bed = bed_with_vm_and(harvester(mode, gates)).await;
+    let d = Driver::start(&bed, |_| {}).await;
+    let mut c = d.controller();
+    let mut ids = Vec::new();
+    for i in 0..BURST {
+        let created = c
+            .create_volume(create_request(&format!("burst-{i}"), 64 << 20, &mount()))
+            .await
+            .expect("CreateVolume")
+            .into_inner()
+            .volume
+            .expect("volume");
+        ids.push(created.volume_id);
+    }
+
+    let t0 = Instant::now();
+    let publishes = ids.iter().map(|id| {
+        let mut c = d.controller();
+        let req = publish_request(id, &mount());
+        async move { c.controller_publish_volume(req).await }
+    });
+    let answers = futures::future::join_all(publishes).await;
+    let took = t0.elapsed();
+    for (id, a) in ids.iter().zip(&answers) {
+        let a = a
+            .as_ref()
+            .unwrap_or_else(|e| panic!("publish of {id} in the burst ({gates:?}): {e:?}"));
+        assert!(a.get_ref().publish_context.contains_key("serial"), "{a:?}");
+    }
+    eprintln!("{gates:?}: {BURST} concurrent publishes to one VM answered OK in {took:?}");
+    assert_eq!(attached(&bed, &ids).await, (BURST, BURST));
+
+    let t0 = Instant::now();
+    let unpublishes = ids.iter().map(|id| {
+        let mut c = d.controller();
+        let req = unpublish_request(id);
+        async move { c.controller_unpublish_volume(req).await }
+    });
+    for (id, a) in ids.iter().zip(futures::future::join_all(unpublishes).await) {
+        a.unwrap_or_else(|e| panic!("unpublish of {id} in the burst ({gates:?}): {e:?}"));
+    }
+    eprintln!(
+        "{gates:?}: {BURST} concurrent unpublishes answered OK in {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(attached(&bed, &ids).await, (0, 0));
+    for id in &ids {
+        assert_eq!(bed.sim.hotplug.plugs(NODE, id), 1, "{id} plugged once");
+        assert_eq!(bed.sim.hotplug.unplugs(NODE, id), 1, "{id} unplugged once");
+        c.delete_volume(DeleteVolumeRequest {
+            volume_id: id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("DeleteVolume");
+    }
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_a_burst_of_publishes_lands_in_one_round_on_harvester_1_7() {
+    a_burst_lands_in_one_round(HotplugMode::Subresource, Gates::HOTPLUG_VOLUMES).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_a_burst_of_publishes_lands_in_one_round_on_harvester_1_8() {
+    a_burst_lands_in_one_round(HotplugMode::Declarative, Gates::DECLARATIVE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_a_burst_of_publishes_lands_in_one_round_with_both_gates() {
+    a_burst_lands_in_one_round(HotplugMode::Declarative, Gates::BOTH).await;
+}
+
+/// The bed's VM with `spec.updateVolumesStrategy: Migration`.
+async fn migration_strategy(bed: &testbed::TestBed) {
+    Api::<VirtualMachine>::namespaced(bed.sim.harvester.clone(), &bed.vm_namespace)
+        .patch(
+            NODE,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"updateVolumesStrategy": "Migration"}})),
+        )
+        .await
+        .expect("VM updateVolumesStrategy: Migration");
+}
+
+/// A VM whose volume updates go by migration, where KubeVirt hot-plugs (`HotplugVolumes` on):
+/// publish and unpublish work as for any VM.
+async fn migration_vm_works(mode: HotplugMode, gates: Gates) {
+    let bed = bed_with_vm_and(harvester(mode, gates)).await;
+    migration_strategy(&bed).await;
+    let d = Driver::start(&bed, |_| {}).await;
+    let dir = bed.dir.path().to_path_buf();
+    let v = create_and_publish(&d, "migr-1", 64 << 20, &mount(), &dir).await;
+    assert_eq!(attached(&bed, std::slice::from_ref(&v.id)).await, (1, 1));
+    d.controller()
+        .controller_unpublish_volume(unpublish_request(&v.id))
+        .await
+        .expect("ControllerUnpublishVolume");
+    assert_eq!(attached(&bed, std::slice::from_ref(&v.id)).await, (0, 0));
+    detach_and_delete(&d, &v).await;
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_a_migration_strategy_vm_is_hot_plugged_on_harvester_1_7() {
+    migration_vm_works(HotplugMode::Subresource, Gates::HOTPLUG_VOLUMES).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_a_migration_strategy_vm_is_hot_plugged_with_both_gates() {
+    migration_vm_works(HotplugMode::Declarative, Gates::BOTH).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_a_migration_strategy_vm_on_harvester_1_8_fails_clearly_and_unpublishes() {
+    let bed = bed_with_vm_and(harvester(HotplugMode::Declarative, Gates::DECLARATIVE)).await;
+    migration_strategy(&bed).await;
+    let d = Driver::start(&bed, |_| {}).await;
+    let mut c = d.controller();
+    let created = c
+        .create_volume(create_request("migr-18", 64 << 20, &mount()))
+        .await
+        .expect("CreateVolume")
+        .into_inner()
+        .volume
+        .expect("volume");
+    let t0 = Instant::now();
+    let err = c
+        .controller_publish_volume(publish_request(&created.volume_id, &mount()))
+        .await
+        .expect_err("KubeVirt never hot-plugs into this VM: publish must fail");
+    let took = t0.elapsed();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    for word in [
+        "updateVolumesStrategy",
+        "Migration",
+        "DeclarativeHotplugVolumes",
+    ] {
+        assert!(
+            err.message().contains(word),
+            "names {word}: {}",
+            err.message()
+        );
+    }
+    assert!(
+        took < Duration::from_secs(30),
+        "answered within KubeVirt's grace, not the attach bound: {took:?}"
+    );
+    // The request left the volume in the VM spec; unpublish takes it out again.
+    c.controller_unpublish_volume(unpublish_request(&created.volume_id))
+        .await
+        .expect("ControllerUnpublishVolume");
+    assert_eq!(
+        attached(&bed, std::slice::from_ref(&created.volume_id)).await,
+        (0, 0)
+    );
+    assert_eq!(bed.sim.hotplug.plugs(NODE, &created.volume_id), 0);
+    c.delete_volume(DeleteVolumeRequest {
+        volume_id: created.volume_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .expect("DeleteVolume");
+    d.stop().await;
+}
