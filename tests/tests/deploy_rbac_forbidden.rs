@@ -204,11 +204,15 @@ async fn without_update_on_addvolume_publish_fails_naming_the_subresource() {
 }
 
 #[tokio::test]
-async fn without_patch_on_virtualmachines_declarative_publish_fails_naming_the_verb() {
+async fn without_update_on_addvolume_publish_on_harvester_1_8_fails_naming_the_subresource() {
     publish_fails_without(
         HotplugMode::Declarative,
-        ("kubevirt.io", "virtualmachines", "patch"),
-        "cannot patch resource \"virtualmachines\"",
+        (
+            "subresources.kubevirt.io",
+            "virtualmachines/addvolume",
+            "update",
+        ),
+        "cannot update resource \"virtualmachines/addvolume\"",
     )
     .await;
 }

@@ -214,8 +214,6 @@ impl Sim {
         interfaces: Vec<Interface>,
         conditions: Option<serde_json::Value>,
     ) -> Result<VirtualMachineInstance, BedError> {
-        let mut annotations = self.host_topology(&vm.host).await?;
-        annotations.retain(|k, _| k != "kubernetes.io/hostname" || !vm.host.is_empty());
         let labels = BTreeMap::from([
             (CREATOR_LABEL.0.to_string(), CREATOR_LABEL.1.to_string()),
             ("kubevirt.io/nodeName".to_string(), vm.host.clone()),
@@ -228,8 +226,7 @@ impl Sim {
             },
         );
         vmi.metadata.namespace = Some(self.vm_namespace.clone());
-        vmi.metadata.annotations = Some(annotations);
-        vmi.metadata.labels = Some(labels);
+        vmi.metadata.labels = Some(labels.clone());
         let mut rest = Rest::new();
         if let Some(c) = conditions {
             rest.insert("conditions".into(), c);
@@ -241,7 +238,23 @@ impl Sim {
             rest,
             ..Default::default()
         });
-        Ok(self.vmis().create(&PostParams::default(), &vmi).await?)
+        let created = self.vmis().create(&PostParams::default(), &vmi).await?;
+        // Harvester's VMI controller copies the host's zone, region and hostname labels onto the
+        // VMI after KubeVirt created it, and only for node-driver VMs (harvester/harvester v1.7.0
+        // `pkg/controller/master/virtualmachine/vmi_controller.go` `ReconcileFromHostLabels`).
+        if labels.get(CREATOR_LABEL.0).map(String::as_str) != Some(CREATOR_LABEL.1) {
+            return Ok(created);
+        }
+        let mut annotations = self.host_topology(&vm.host).await?;
+        annotations.retain(|k, _| k != "kubernetes.io/hostname" || !vm.host.is_empty());
+        let updated = update_vmi(&self.vmis(), &vm.name, |vmi| {
+            vmi.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .extend(annotations.clone());
+        })
+        .await?;
+        Ok(updated.unwrap_or(created))
     }
 
     /// A guest Node as kubelet registers it with `--cloud-provider=external`: tainted uninitialized.
