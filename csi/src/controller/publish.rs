@@ -186,7 +186,10 @@ pub fn virt_api_answer(verb: &str, e: &HotplugError) -> VirtApiAnswer {
     };
     let m = s.message.as_str();
     match (verb, s.code) {
-        (_, 422) => VirtApiAnswer::Race,
+        // A failed JSON patch `test` is the API server's bare 422; an admission webhook's refusal
+        // (KubeVirt's VM admitter) is a 422 too, but says what it refused.
+        (_, 422) if m.contains(PATCH_TEST_FAILED) => VirtApiAnswer::Race,
+        (_, 422) => VirtApiAnswer::Refused(m.to_string()),
         ("addvolume", 400 | 409) if m.contains("because volume with that name already exists") => {
             VirtApiAnswer::Done
         }
@@ -216,6 +219,9 @@ pub fn virt_api_answer(verb: &str, e: &HotplugError) -> VirtApiAnswer {
         _ => VirtApiAnswer::Failed,
     }
 }
+
+/// kube-apiserver's whole message for a JSON patch whose `test` failed.
+const PATCH_TEST_FAILED: &str = "the server rejected our request due to an error in our request";
 
 /// How long to back off before attempt `attempt` (1-based) of a request that lost a race: grows
 /// with the attempt, spread by `seed` so that concurrent requests for one VM stop colliding.
@@ -768,7 +774,7 @@ mod tests {
     fn virt_api_answers_are_read_by_what_they_mean() {
         use VirtApiAnswer::*;
         // kubevirt/kubevirt v1.6.0-v1.8.3 pkg/virt-api/rest/volumes.go: (verb, code, text) -> meaning
-        let rows: [(&str, u16, &str, VirtApiAnswer); 12] = [
+        let rows: [(&str, u16, &str, VirtApiAnswer); 13] = [
             (
                 "addvolume",
                 409,
@@ -823,6 +829,13 @@ mod tests {
                 422,
                 "the server rejected our request due to an error in our request",
                 Race,
+            ),
+            // KubeVirt's admission webhook refusing the VM patch virt-api sent: its message.
+            (
+                "addvolume",
+                422,
+                "admission webhook \"virtualmachine-validator.kubevirt.io\" denied the request: spec.template.spec.domain.devices.disks[1].serial must be ...",
+                Refused(String::new()),
             ),
             // KubeVirt before v1.6 answered 400 for the same conflicts.
             (
