@@ -261,9 +261,15 @@ async fn addvolume_through_the_aggregator_makes_a_ready_disk_on_a_loop_device_ro
         &AddVolumeOptions::scsi_pvc("pvc-1", "pvc-1", "serial-pvc-1"),
     )
     .await;
+    let again = again
+        .expect_err("second addvolume of the same name must fail")
+        .to_string();
     assert!(
-        again.is_err(),
-        "second addvolume of the same name must fail"
+        again.contains("409")
+            && again.contains(
+                "Unable to add volume [pvc-1] because volume with that name already exists"
+            ),
+        "virt-api's conflict: {again}"
     );
 
     hotplug::remove_volume(
@@ -277,12 +283,26 @@ async fn addvolume_through_the_aggregator_makes_a_ready_disk_on_a_loop_device_ro
     )
     .await
     .expect("removevolume");
-    assert!(
-        std::fs::symlink_metadata(&link).is_err(),
-        "by-id link removed"
-    );
-    let vmi = vmis.get("w1").await.unwrap();
-    assert!(vmi.volume_status("pvc-1").is_none());
+    // virt-controller applies the request later: the disk leaves the guest, then the VMI status.
+    wait::until(
+        "the disk to leave the guest and the VMI",
+        Duration::from_secs(20),
+        || {
+            let (vmis, link) = (vmis.clone(), link.clone());
+            async move {
+                let vmi = vmis.get("w1").await.map_err(|e| e.to_string())?;
+                let status = vmi.volume_status("pvc-1").cloned();
+                let linked = std::fs::symlink_metadata(&link).is_ok();
+                Ok(if status.is_none() && !linked {
+                    Ok(())
+                } else {
+                    Err((status, linked))
+                })
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
 
     // Deleting the PVC frees the loop device.
     pvcs.delete("pvc-1", &DeleteParams::default())
