@@ -242,9 +242,8 @@ fn vm_patch(lb: &Value) -> Vec<Value> {
     vec![replace_annotations(ann)]
 }
 
-/// Upstream replaces the whole map (`PatchOpReplace` on `/metadata/annotations`): on an object
-/// without annotations the API server cannot apply it (json-patch: "doc is missing key"), and
-/// the request fails, as it does against the real webhook.
+/// Upstream replaces the whole map (`PatchOpReplace` on `/metadata/annotations`), also on an
+/// object without annotations (the API server's json-patch v4 then adds the key).
 fn replace_annotations(ann: BTreeMap<String, String>) -> Value {
     json!({"op": "replace", "path": "/metadata/annotations", "value": ann})
 }
