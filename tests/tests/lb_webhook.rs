@@ -216,6 +216,12 @@ async fn contract_lb_annotations_owned_by_harvester_webhook() {
                 > 0,
             "the API server called the webhook"
         );
+        // Never fought: no update of ours tried to change a key the webhook owns.
+        assert_eq!(
+            bed.lb_webhook.owned_key_writes_by(service::MANAGER),
+            Vec::<String>::new(),
+            "{rules:?}: updates of the provider that tried to change webhook-owned keys"
+        );
         ccm.stop().await;
     }
 }
@@ -294,6 +300,11 @@ async fn lb_webhook_mutates_creates_and_updates_through_the_api_server() {
         same.resource_version(),
         stored.resource_version(),
         "reverted by the webhook: nothing stored, same resourceVersion"
+    );
+    assert_eq!(
+        bed.lb_webhook.owned_key_writes_by(""),
+        ["a", "a"],
+        "both updates tried to change webhook-owned keys, and the webhook saw it"
     );
 
     // No annotations: upstream answers `replace /metadata/annotations` all the same, and the

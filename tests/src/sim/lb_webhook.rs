@@ -384,7 +384,34 @@ pub struct LbWebhook {
     pub rules: Rules,
     /// Admission requests answered (any outcome), for tests that want to see it was called.
     pub calls: Arc<std::sync::atomic::AtomicUsize>,
+    /// UPDATEs whose client tried to change a key the webhook owns (namespace, project, network
+    /// differing from the stored object's before mutation): `(fieldManager, LoadBalancer name)`.
+    pub owned_key_writes: Arc<std::sync::Mutex<Vec<(String, String)>>>,
     tasks: JoinSet<()>,
+}
+
+impl LbWebhook {
+    /// [`LbWebhook::owned_key_writes`] of field manager `manager`.
+    pub fn owned_key_writes_by(&self, manager: &str) -> Vec<String> {
+        self.owned_key_writes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(m, _)| m == manager)
+            .map(|(_, name)| name.clone())
+            .collect()
+    }
+}
+
+/// Whether an UPDATE from `old` to `new` (as the client sent it) changes a key the webhook owns.
+pub fn changes_owned_key(old: &Value, new: &Value) -> bool {
+    let (old, new) = (
+        annotations(old).unwrap_or_default(),
+        annotations(new).unwrap_or_default(),
+    );
+    [ANN_NAMESPACE, ANN_PROJECT, ANN_NETWORK]
+        .iter()
+        .any(|k| old.get(*k) != new.get(*k))
 }
 
 impl Drop for LbWebhook {
@@ -397,6 +424,7 @@ struct Ctx {
     client: kube::Client,
     rules: Rules,
     calls: Arc<std::sync::atomic::AtomicUsize>,
+    owned_key_writes: Arc<std::sync::Mutex<Vec<(String, String)>>>,
 }
 
 fn tls_config(pki: &Pki) -> Result<rustls::ServerConfig, BedError> {
@@ -435,10 +463,12 @@ impl LbWebhook {
             .map_err(|e| BedError::Setup(format!("LB webhook: {e}")))?
             .port();
         let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let owned_key_writes = Arc::new(std::sync::Mutex::new(Vec::new()));
         let ctx = Arc::new(Ctx {
             client,
             rules,
             calls: calls.clone(),
+            owned_key_writes: owned_key_writes.clone(),
         });
         let mut tasks = JoinSet::new();
         tasks.spawn(serve(listener, acceptor, ctx));
@@ -446,6 +476,7 @@ impl LbWebhook {
             port,
             rules,
             calls,
+            owned_key_writes,
             tasks,
         })
     }
@@ -606,6 +637,18 @@ async fn handle(req: Request<Incoming>, ctx: &Ctx) -> Response<Full<Bytes>> {
             .or_insert_with(|| json!({}))
             .as_object_mut()
             .map(|m| m.insert("namespace".into(), ns.into()));
+    }
+    if op == Operation::Update
+        && let Some(old) = request.get("oldObject")
+        && changes_owned_key(old, &lb)
+    {
+        ctx.owned_key_writes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((
+                str_at(&request, "/options/fieldManager").to_string(),
+                str_at(&lb, "/metadata/name").to_string(),
+            ));
     }
     let facts = facts(ctx, &lb).await;
     let answer = mutate(ctx.rules, op, &lb, &facts);
