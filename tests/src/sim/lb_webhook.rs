@@ -957,6 +957,27 @@ mod tests {
     }
 
     #[test]
+    fn malformed_objects_never_panic() {
+        let f = facts(Some("c:p"));
+        for rules in [Rules::Legacy, Rules::V1_9] {
+            for op in [Operation::Create, Operation::Update] {
+                for bad in [
+                    json!(null),
+                    json!(42),
+                    json!({"metadata": "x", "spec": []}),
+                    json!({"metadata": {"annotations": {"a": 1, ANN_CLUSTER: null}}, "spec": {"workloadType": 7}}),
+                    json!({"spec": {"workloadType": "cluster", "healthCheck": "x"}}),
+                    json!({"spec": {"workloadType": "vm", "healthCheck": {"port": 1, "periodSeconds": "x"}}}),
+                ] {
+                    let _ = mutate(rules, op, &bad, &f);
+                    let _ = changes_owned_key(&bad, &json!({}));
+                    let _ = review_response(&bad, Ok(vec![]));
+                }
+            }
+        }
+    }
+
+    #[test]
     fn review_response_carries_uid_and_a_base64_json_patch() {
         let review = json!({"apiVersion": "admission.k8s.io/v1", "request": {"uid": "u-1"}});
         let r = review_response(
