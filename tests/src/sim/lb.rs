@@ -189,8 +189,10 @@ async fn set_status(
 fn requirement(lb: &LoadBalancer) -> Requirement {
     let ann = lb.annotations();
     let get = |k: &str| ann.get(k).cloned().unwrap_or_default();
+    // v1.8.2 controller.go `selectIPPool`: an empty namespace annotation means the LB's own.
     let namespace = ann
         .get(ANN_NAMESPACE)
+        .filter(|n| !n.is_empty())
         .cloned()
         .unwrap_or_else(|| lb.namespace().unwrap_or_default());
     Requirement {
