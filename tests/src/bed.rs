@@ -15,6 +15,7 @@ use crate::certs::Pki;
 use crate::cluster::{ApiServer, ApiServerArgs, Etcd, kubeconfig_text};
 use crate::guest_cluster::GuestCluster;
 use crate::sim::Sim;
+use crate::sim::lb_webhook::{LbWebhook, Rules};
 use crate::{BedError, wait};
 
 const CRDS: [(&str, &str); 6] = [
@@ -46,6 +47,9 @@ pub struct BedOptions {
     /// The stand-in's KubeVirt feature gates when not the release's own ([`Gates::of`]):
     /// `TESTBED_HOTPLUG=both` is v1.8 with `HotplugVolumes` enabled again.
     pub gates: Option<Gates>,
+    /// Which release of Harvester's LoadBalancer mutating webhook the bed registers (always
+    /// registered): `TESTBED_LB_WEBHOOK=v1.8|v1.9`, default v1.9.
+    pub lb_webhook: Rules,
 }
 
 /// `server-version` the bed gives Harvester for each hot-plug mode.
@@ -78,6 +82,7 @@ impl Default for BedOptions {
             real_node: false,
             hotplug: hotplug_from_env().0,
             gates: hotplug_from_env().1,
+            lb_webhook: Rules::from_env(),
         }
     }
 }
@@ -87,6 +92,8 @@ impl Default for BedOptions {
 pub struct TestBed {
     pub cluster: Option<GuestCluster>,
     pub sim: Sim,
+    /// Harvester's LoadBalancer mutating webhook, registered with the Harvester API server.
+    pub lb_webhook: LbWebhook,
     pub guest: ApiServer,
     pub harvester: ApiServer,
     pub etcd: Etcd,
@@ -170,6 +177,10 @@ impl TestBed {
         .await?;
         sim.set_harvester(opts.hotplug, gates).await?;
         register_virt_api(&harvester.client, &pki, sim.virt_api.port).await?;
+        let lb_webhook = LbWebhook::start(&pki, harvester.client.clone(), opts.lb_webhook).await?;
+        lb_webhook
+            .register(&harvester.client, &pki, &opts.vm_namespace)
+            .await?;
         let cluster = if opts.real_node {
             Some(
                 GuestCluster::start(&root, &pki, &guest, &harvester, &sim, &opts.vm_namespace)
@@ -190,6 +201,7 @@ impl TestBed {
         Ok(TestBed {
             cluster,
             sim,
+            lb_webhook,
             guest,
             harvester,
             etcd,
@@ -202,8 +214,8 @@ impl TestBed {
     }
 
     /// Restarts the Harvester kube-apiserver (SIGKILL, then the same port, flags and
-    /// certificates) and waits until it serves again: `/readyz`, every CRD Established and the
-    /// virt-api APIService Available through the aggregator. The stand-in's watches recover by
+    /// certificates) and waits until it serves again: `/readyz`, every CRD Established, the
+    /// virt-api APIService Available through the aggregator and the LoadBalancer webhook called. The stand-in's watches recover by
     /// themselves (they retry with backoff and relist).
     pub async fn restart_harvester(&mut self) -> Result<(), BedError> {
         self.harvester.restart().await?;
@@ -215,7 +227,8 @@ impl TestBed {
     pub async fn wait_harvester_serving(&self) -> Result<(), BedError> {
         let names: Vec<String> = CRDS.iter().flat_map(|(_, yaml)| crd_names(yaml)).collect();
         wait_established(&self.harvester.client, names).await?;
-        wait_virt_api_available(&self.harvester.client).await
+        wait_virt_api_available(&self.harvester.client).await?;
+        crate::sim::lb_webhook::wait_called(&self.harvester.client, &self.vm_namespace).await
     }
 
     /// Pids of every process the bed started (for the no-orphans test).

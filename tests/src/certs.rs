@@ -1,5 +1,6 @@
 //! Certificates for the test bed: one CA signs the API servers' serving certs, the admin client
-//! certs and the stand-in virt-api's serving cert; a front-proxy CA signs the aggregator's client.
+//! certs and the stand-in virt-api's serving cert; a front-proxy CA signs the aggregator's client;
+//! a third CA signs the serving cert of Harvester's LoadBalancer webhook stand-in.
 
 use std::path::{Path, PathBuf};
 
@@ -32,6 +33,11 @@ pub struct Pki {
     pub admin: CertFiles,
     /// Serving cert of the stand-in virt-api; the aggregator dials it as `virt-api.kubevirt.svc`.
     pub virt_api: CertFiles,
+    /// CA of Harvester's LoadBalancer webhook (the `caBundle` of its MutatingWebhookConfiguration);
+    /// its own, as upstream's webhook server makes its own CA.
+    pub lb_webhook_ca: CertFiles,
+    /// Serving cert of the LoadBalancer webhook stand-in, dialled at `https://127.0.0.1:<port>`.
+    pub lb_webhook: CertFiles,
     /// Service-account token signing key pair.
     pub sa_key: PathBuf,
     pub sa_pub: PathBuf,
@@ -145,6 +151,16 @@ impl Pki {
             &["virt-api.kubevirt.svc", "localhost", "127.0.0.1"],
             ServerAuth,
         )?;
+        let wh_ca = new_ca(dir, "lb-webhook-ca")?;
+        let lb_webhook = leaf(
+            dir,
+            &wh_ca,
+            "lb-webhook",
+            "harvester-load-balancer-webhook",
+            &[],
+            &["127.0.0.1", "localhost"],
+            ServerAuth,
+        )?;
         let front_proxy_client = leaf(
             dir,
             &fp_ca,
@@ -166,6 +182,8 @@ impl Pki {
             apiserver,
             admin,
             virt_api,
+            lb_webhook_ca: wh_ca.files,
+            lb_webhook,
             sa_key,
             sa_pub,
         })

@@ -519,6 +519,29 @@ async fn pool_exhaustion_and_missing_pools_are_conditions_that_converge() {
         b.ready_condition().map(|c| c.status.as_str()),
         Some("False")
     );
+    // load-balancer-harvester v1.8.2 controller.go `requestIP` wraps the allocator's error.
+    let msg = b.ready_condition().and_then(|c| c.message.clone());
+    assert!(
+        msg.as_deref().unwrap_or("").starts_with(
+            "fail to get ip from pool tiny, error: no IP addresses available in range set"
+        ),
+        "{msg:?}"
+    );
+
+    // An explicit pool that does not exist has no allocator (same function).
+    let mut named = lb("lb-c", "pool");
+    named.spec.ip_pool = Some("nope".into());
+    lbs.create(&PostParams::default(), &named)
+        .await
+        .expect("lb-c");
+    let c = wait_lb(&lbs, "lb-c", "lb-c refused", |lb| {
+        lb.ready_condition().is_some_and(|c| c.status == "False")
+    })
+    .await;
+    assert_eq!(
+        c.ready_condition().and_then(|c| c.message.as_deref()),
+        Some("fail to get allocator nope")
+    );
 }
 
 #[tokio::test]

@@ -22,6 +22,15 @@ pub const LABEL_SERVICE_NAME: &str = "cloudprovider.harvesterhci.io/serviceName"
 pub const ANN_LB_NETWORK: &str = "cloudprovider.harvesterhci.io/lb-network";
 pub const ANN_MANAGEMENT_NETWORK: &str = "cloudprovider.harvesterhci.io/managementNetwork";
 
+/// CR annotations Harvester's LoadBalancer mutating webhook rewrites on every create and update
+/// of a cluster LoadBalancer (harvester/load-balancer-harvester
+/// `pkg/webhook/loadbalancer/mutator.go`, v1.7.0 to v1.9.0-rc4): the namespace (= the CR's
+/// own), the project (= its Namespace's `field.cattle.io/projectId`) and the network (v1.9 keeps
+/// a value already there; v1.7-v1.8 re-derive it from the guest cluster's VMIs). We send the
+/// first two on create from the Service, as the upstream provider does, but never plan drift on
+/// any of them: a write of ours would be reverted, storing nothing.
+pub const WEBHOOK_OWNED: [&str; 3] = [ANN_NAMESPACE, ANN_PROJECT, ANN_NETWORK];
+
 /// Settings of the service controller that shape the CR.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LbSettings {
@@ -104,7 +113,7 @@ pub fn desired_lb(
 
 /// What to change on an existing CR so it matches `desired`. The network annotations are
 /// immutable, and `ipam` cannot switch (Harvester's webhook refuses it): both are reported, not
-/// changed.
+/// changed. The keys Harvester's webhook owns ([`WEBHOOK_OWNED`]) are never drift.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CrDrift {
     /// Labels and annotations to set (a merge patch of metadata).
@@ -133,7 +142,7 @@ pub fn cr_drift(existing: &LoadBalancer, desired: &LoadBalancer) -> CrDrift {
     }
     let mut annotations = BTreeMap::new();
     for (k, v) in desired.annotations() {
-        if k == ANN_NETWORK || k == ANN_LB_NETWORK {
+        if k == ANN_LB_NETWORK || WEBHOOK_OWNED.contains(&k.as_str()) {
             continue;
         }
         if existing.annotations().get(k) != Some(v) {
@@ -459,6 +468,48 @@ mod tests {
         assert!(!drift.metadata.is_empty());
         apply_metadata(&mut existing, &drift.metadata);
         assert_eq!(cr_drift(&existing, &desired), CrDrift::default());
+    }
+
+    #[test]
+    fn keys_harvesters_webhook_owns_are_sent_on_create_and_never_drift() {
+        let mut s = web();
+        s.annotations_mut().extend([
+            (
+                super::super::annotations::ANN_PROJECT.to_string(),
+                "c-1/p-1".to_string(),
+            ),
+            (
+                super::super::annotations::ANN_NAMESPACE.to_string(),
+                "apps".to_string(),
+            ),
+        ]);
+        let spec = ServiceLbSpec::from_service(&s).unwrap();
+        let desired = desired_lb(&s, &spec, &settings(), "guest-vms");
+        // On create, as the upstream provider sends them (the webhook rewrites them there too).
+        assert_eq!(desired.annotations()[ANN_PROJECT], "c-1/p-1");
+        assert_eq!(desired.annotations()[ANN_NAMESPACE], "apps");
+        // The CR as Harvester's webhook left it: its own namespace, its Namespace's project,
+        // another network.
+        let mut existing = desired.clone();
+        existing.annotations_mut().extend([
+            (ANN_NAMESPACE.to_string(), "guest-vms".to_string()),
+            (ANN_PROJECT.to_string(), String::new()),
+            (ANN_NETWORK.to_string(), "default/derived".to_string()),
+        ]);
+        assert_eq!(cr_drift(&existing, &desired), CrDrift::default());
+        // Removed by the webhook (or never there): still no drift.
+        for k in WEBHOOK_OWNED {
+            existing.annotations_mut().remove(k);
+        }
+        assert_eq!(cr_drift(&existing, &desired), CrDrift::default());
+        // A key the webhook does not own still drifts.
+        existing
+            .annotations_mut()
+            .insert(ANN_CLUSTER.into(), "old".into());
+        assert_eq!(
+            cr_drift(&existing, &desired).metadata["annotations"].get(ANN_CLUSTER),
+            Some(&Some("rke2".to_string()))
+        );
     }
 
     #[test]

@@ -372,12 +372,16 @@ async fn remove_finalizer(svc: &Service, ctx: &ServiceCtx) -> Result<(), Error> 
 async fn patch_json(svc: &Service, ctx: &ServiceCtx, ops: serde_json::Value) -> Result<(), Error> {
     let patch: json_patch::Patch =
         serde_json::from_value(ops).map_err(|e| Error::Guest(kube::Error::SerdeError(e)))?;
-    ctx.services_in(&svc.namespace().unwrap_or_default())
+    let stored = ctx
+        .services_in(&svc.namespace().unwrap_or_default())
         .patch(&svc.name_any(), &patch_params(), &Patch::<()>::Json(patch))
         .await
         .map_err(Error::Guest)?;
-    ctx.written
-        .wrote(&svc_key(svc), svc.resource_version().as_deref());
+    ctx.written.wrote(
+        &svc_key(svc),
+        svc.resource_version().as_deref(),
+        stored.resource_version().as_deref(),
+    );
     Ok(())
 }
 
@@ -403,17 +407,20 @@ async fn apply_change(
     };
     let api = ctx.services_in(&svc.namespace().unwrap_or_default());
     let name = svc.name_any();
-    if change.ingress.is_some() {
+    let stored = if change.ingress.is_some() {
         api.patch_status(&name, &patch_params(), &Patch::Merge(&body))
             .await
-            .map_err(Error::Guest)?;
+            .map_err(Error::Guest)?
     } else {
         api.patch(&name, &patch_params(), &Patch::Merge(&body))
             .await
-            .map_err(Error::Guest)?;
-    }
-    ctx.written
-        .wrote(&svc_key(svc), svc.resource_version().as_deref());
+            .map_err(Error::Guest)?
+    };
+    ctx.written.wrote(
+        &svc_key(svc),
+        svc.resource_version().as_deref(),
+        stored.resource_version().as_deref(),
+    );
     Ok(())
 }
 
@@ -438,7 +445,13 @@ async fn update_cr(
     cr.metadata.managed_fields = None;
     match ctx.lbs().replace(&name, &params, &cr).await {
         Ok(lb) => {
-            ctx.written.wrote(&cr_key(&name), based_on.as_deref());
+            // Harvester's webhook may have reverted every change: then the answer carries the
+            // version the update was based on and nothing is behind.
+            ctx.written.wrote(
+                &cr_key(&name),
+                based_on.as_deref(),
+                lb.resource_version().as_deref(),
+            );
             Ok(Some(lb))
         }
         Err(kube::Error::Api(s)) if s.code == 409 => {
@@ -617,8 +630,12 @@ async fn reconcile_primary(
     }
     let lb = match cached {
         None => match ctx.lbs().create(&PostParams::default(), &desired).await {
-            Ok(_) => {
-                ctx.written.wrote(&cr_key(&name), Some(NOT_SEEN));
+            Ok(made) => {
+                ctx.written.wrote(
+                    &cr_key(&name),
+                    Some(NOT_SEEN),
+                    made.resource_version().as_deref(),
+                );
                 // The CR watch wakes us when Harvester allocates or reports.
                 return Ok(Action::await_change());
             }

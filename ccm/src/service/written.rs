@@ -5,7 +5,10 @@
 //! made from it would repeat the write (a no-op at best, a 409 conflict on an `update`). The log
 //! remembers, per object, the resourceVersion a write of ours was based on: while the cache still
 //! shows exactly that version, it is behind, and the watch event carrying our write (or a later
-//! one) wakes the reconcile again. Pure bookkeeping: no client, no clock.
+//! one) wakes the reconcile again. A write that stored nothing (the API server answered with the
+//! very version it was based on: a mutating webhook reverted every change, or the patch changed
+//! nothing) brings no watch event, so it leaves nothing behind. Pure bookkeeping: no client, no
+//! clock.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -17,10 +20,17 @@ pub struct WriteLog {
 }
 
 impl WriteLog {
-    /// Records a successful write to `key` planned from the cached version `rv`.
-    pub fn wrote(&self, key: &str, rv: Option<&str>) {
-        let Some(rv) = rv else { return };
-        self.lock().insert(key.to_string(), rv.to_string());
+    /// Records a successful write to `key` planned from the cached version `based_on`, which the
+    /// API server answered with version `stored`. When `stored` is `based_on` the write stored
+    /// nothing and no watch event follows: the cache is not behind, and an earlier entry goes.
+    pub fn wrote(&self, key: &str, based_on: Option<&str>, stored: Option<&str>) {
+        let Some(based_on) = based_on else { return };
+        let mut log = self.lock();
+        if stored == Some(based_on) {
+            log.remove(key);
+        } else {
+            log.insert(key.to_string(), based_on.to_string());
+        }
     }
 
     /// Whether the cached version `rv` of `key` is the one our last write was planned from (the
@@ -60,7 +70,7 @@ mod tests {
     fn a_cache_is_behind_only_while_it_shows_the_version_the_write_was_based_on() {
         let log = WriteLog::default();
         assert!(!log.behind("svc/a", Some("10")), "no write, never behind");
-        log.wrote("svc/a", Some("10"));
+        log.wrote("svc/a", Some("10"), Some("11"));
         assert!(log.behind("svc/a", Some("10")));
         assert!(log.behind("svc/a", Some("10")), "still the old version");
         assert!(!log.behind("svc/b", Some("10")), "other objects unaffected");
@@ -78,10 +88,10 @@ mod tests {
     #[test]
     fn a_write_without_a_version_is_not_recorded_and_retain_forgets_gone_objects() {
         let log = WriteLog::default();
-        log.wrote("svc/a", None);
+        log.wrote("svc/a", None, Some("1"));
         assert_eq!(log.len(), 0);
-        log.wrote("svc/a", Some("1"));
-        log.wrote("svc/b", Some("2"));
+        log.wrote("svc/a", Some("1"), Some("3"));
+        log.wrote("svc/b", Some("2"), Some("4"));
         log.retain(|k| k == "svc/b");
         assert_eq!(log.len(), 1);
         assert!(log.behind("svc/b", Some("2")));
@@ -89,5 +99,22 @@ mod tests {
             !log.behind("svc/b", None),
             "an object without a version is not ours"
         );
+    }
+
+    #[test]
+    fn a_write_that_stored_nothing_leaves_the_cache_current() {
+        // An update whose every change Harvester's webhook reverted: the API server answers with
+        // the version the update was based on, and no watch event ever follows.
+        let log = WriteLog::default();
+        log.wrote("lb/a", Some("7"), Some("7"));
+        assert!(!log.behind("lb/a", Some("7")), "nothing stored: not behind");
+        assert_eq!(log.len(), 0);
+        // It also clears an entry left by an earlier write whose event has since come and gone.
+        log.wrote("lb/a", Some("7"), Some("8"));
+        log.wrote("lb/a", Some("8"), Some("8"));
+        assert!(!log.behind("lb/a", Some("8")));
+        // A response without a version: as before, recorded (the watch brings the change).
+        log.wrote("lb/b", Some("3"), None);
+        assert!(log.behind("lb/b", Some("3")));
     }
 }

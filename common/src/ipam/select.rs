@@ -133,11 +133,14 @@ pub fn select_pool<'a>(
         })
 }
 
-/// The matching pool with the highest priority; the later one wins a tie.
+/// The matching pool with the highest priority; the later one wins a tie. Global pools take no
+/// part: upstream's `Select` sets a labelled global pool aside before matching (load-balancer-
+/// harvester `pkg/ipam/selector.go`, v1.8.0 to e861dc94 unchanged), and its IPPool webhook labels
+/// exactly the pools of one `*`/`*`/`*` tuple (`pkg/webhook/ippool/mutator.go` `isGlobalIPPool`).
 fn best_match<'a>(pools: &'a [PoolView], req: &Requirement, pass: Pass) -> Option<&'a PoolView> {
     pools
         .iter()
-        .filter(|p| matches(&p.selector, req, pass))
+        .filter(|p| !p.is_global() && matches(&p.selector, req, pass))
         .fold(None, |best: Option<&PoolView>, p| match best {
             Some(b) if b.selector.priority > p.selector.priority => Some(b),
             _ => Some(p),
@@ -262,14 +265,20 @@ mod tests {
             ),
             (
                 "highest priority wins",
-                vec![pool("hi", 5, NET, &[any]), pool("lo", 1, NET, &[any])],
+                vec![
+                    pool("hi", 5, NET, &[("*", "ns", "*")]),
+                    pool("lo", 1, NET, &[("*", "ns", "*")]),
+                ],
                 req(NET, "p", "ns", "c"),
                 false,
                 Some("hi"),
             ),
             (
                 "tie goes to the last in list order",
-                vec![pool("first", 0, NET, &[any]), pool("last", 0, NET, &[any])],
+                vec![
+                    pool("first", 0, NET, &[("*", "ns", "*")]),
+                    pool("last", 0, NET, &[("*", "ns", "*")]),
+                ],
                 req(NET, "p", "ns", "c"),
                 false,
                 Some("last"),
@@ -279,6 +288,16 @@ mod tests {
                 vec![
                     pool("global", 0, "", &[any]),
                     pool("a", 0, NET, &[("*", "ns", "*")]),
+                ],
+                req(NET, "p", "ns", "c"),
+                false,
+                Some("a"),
+            ),
+            (
+                "a global pool is set aside in the strict pass, whatever its priority",
+                vec![
+                    pool("a", 0, NET, &[("*", "ns", "*")]),
+                    pool("global", 9, NET, &[any]),
                 ],
                 req(NET, "p", "ns", "c"),
                 false,

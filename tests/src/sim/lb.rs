@@ -75,7 +75,18 @@ async fn reconcile(lb: Arc<LoadBalancer>, ctx: Arc<Ctx>) -> Result<Action, LbSim
     let has_finalizer = lb.finalizers().iter().any(|f| f == LB_CONTROLLER_FINALIZER);
     if lb.meta().deletion_timestamp.is_some() {
         if has_finalizer {
-            release_everywhere(&ctx.client, &applicant(&lb)).await?;
+            // load-balancer-harvester v1.8.2 `pkg/controller/loadbalancer/controller.go`
+            // `OnRemove`: an address is released only for `ipam: pool`, to the pool recorded in
+            // `status.allocatedAddress.ipPool`.
+            let pool = lb
+                .status
+                .as_ref()
+                .and_then(|s| s.allocated_address.as_ref())
+                .and_then(|a| a.ip_pool.clone())
+                .filter(|p| !p.is_empty());
+            if let (Some("pool"), Some(pool)) = (lb.spec.ipam.as_deref(), pool) {
+                release_from(&ctx.client, &pool, &applicant(&lb)).await?;
+            }
             let rest: Vec<String> = lb
                 .finalizers()
                 .iter()
@@ -178,8 +189,10 @@ async fn set_status(
 fn requirement(lb: &LoadBalancer) -> Requirement {
     let ann = lb.annotations();
     let get = |k: &str| ann.get(k).cloned().unwrap_or_default();
+    // v1.8.2 controller.go `selectIPPool`: an empty namespace annotation means the LB's own.
     let namespace = ann
         .get(ANN_NAMESPACE)
+        .filter(|n| !n.is_empty())
         .cloned()
         .unwrap_or_else(|| lb.namespace().unwrap_or_default());
     Requirement {
@@ -282,11 +295,14 @@ async fn allocate(
     let views: Vec<PoolView> = pools.iter().map(view).collect();
     let cluster = lb.spec.workload_type.as_deref() == Some("cluster");
     let wanted = lb.spec.ip_pool.clone().filter(|p| !p.is_empty());
+    // v1.8.2 controller.go `requestIP`: a pool without an allocator (missing, or its ranges
+    // unusable so the IPPool controller made none) is `fail to get allocator <pool>`; the
+    // allocator's own error is wrapped as `fail to get ip from pool <pool>, error: ...`.
     let chosen = match &wanted {
         Some(name) => views
             .iter()
             .find(|v| &v.name == name)
-            .ok_or_else(|| format!("IPPool {name} not found")),
+            .ok_or_else(|| format!("fail to get allocator {name}")),
         None => ipam::select_pool(&views, &requirement(lb), cluster).map_err(|e| e.to_string()),
     };
     let chosen = match chosen {
@@ -294,11 +310,15 @@ async fn allocate(
         Err(m) => return Ok(Err(m)),
     };
     let Some(pool) = pools.iter().find(|p| p.name_any() == chosen) else {
-        return Ok(Err(format!("IPPool {chosen} vanished")));
+        return Ok(Err(format!("fail to get allocator {chosen}")));
     };
     let ranges = match ranges(pool) {
-        Ok(r) => r,
-        Err(m) => return Ok(Err(m)),
+        Ok(r) if !r.is_empty() => r,
+        Ok(_) => return Ok(Err(format!("fail to get allocator {chosen}"))),
+        Err(m) => {
+            tracing::debug!("sim lb: {m}");
+            return Ok(Err(format!("fail to get allocator {chosen}")));
+        }
     };
     let mut st = state(pool);
     match ipam::allocate(&ranges, &mut st, &applicant(lb)) {
@@ -311,21 +331,22 @@ async fn allocate(
                 gateway: a.gateway.map(|g| g.to_string()),
             }))
         }
-        Err(e) => Ok(Err(e.to_string())),
+        Err(e) => Ok(Err(format!(
+            "fail to get ip from pool {chosen}, error: {e}"
+        ))),
     }
 }
 
-async fn release_everywhere(client: &kube::Client, id: &str) -> Result<(), LbSimError> {
-    let pools = Api::<IPPool>::all(client.clone())
-        .list(&Default::default())
-        .await?
-        .items;
-    for pool in &pools {
-        let mut st = state(pool);
-        if ipam::release(&mut st, id).is_some() {
-            let ranges = ranges(pool).unwrap_or_default();
-            store_state(client, pool, &ranges, &st).await?;
-        }
+/// Releases `id`'s address in pool `name` (kept in its history); a pool that is gone has
+/// nothing to release.
+async fn release_from(client: &kube::Client, name: &str, id: &str) -> Result<(), LbSimError> {
+    let Some(pool) = Api::<IPPool>::all(client.clone()).get_opt(name).await? else {
+        return Ok(());
+    };
+    let mut st = state(&pool);
+    if ipam::release(&mut st, id).is_some() {
+        let ranges = ranges(&pool).unwrap_or_default();
+        store_state(client, &pool, &ranges, &st).await?;
     }
     Ok(())
 }

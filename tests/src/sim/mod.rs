@@ -1,9 +1,11 @@
 //! The Harvester stand-in: plays KubeVirt (VM/VMI status, hot-plug), Longhorn (PVC binding on loop
-//! devices) and the Harvester LB controller (IPPool allocation) against the real Harvester API
+//! devices), the Harvester LB controller (IPPool allocation) and Harvester's LoadBalancer
+//! mutating webhook (a real admission webhook, [`lb_webhook`]) against the real Harvester API
 //! server. It never stands in for an API: every object lives in kube-apiserver.
 
 pub mod backup;
 pub mod lb;
+pub mod lb_webhook;
 pub mod networkfs;
 pub mod snapshot;
 pub mod storage;
