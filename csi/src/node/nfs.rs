@@ -20,8 +20,9 @@
 //! [`crate::Timeouts::nfs_server`]: statvfs runs on a blocking thread (one per path at a time:
 //! a call while an earlier one still waits answers at once), the unmount in a child that is
 //! SIGKILLed at the deadline, after which the mount is detached forced and lazily
-//! (`umount2(MNT_FORCE | MNT_DETACH)`, which aborts the RPCs in flight and does not look the
-//! path up through the server). Either way the answer is UNAVAILABLE naming the server.
+//! (`umount -f -l`: MNT_FORCE | MNT_DETACH, which aborts the RPCs in flight and does not look
+//! the path up through the server; also a child killed after 3 s, as tearing the client down
+//! talks to the server too). Either way the answer is UNAVAILABLE naming the server.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -325,7 +326,7 @@ impl NodeService {
                 Err(_) => {
                     // Dropping the future killed umount (SIGKILL; kill_on_drop).
                     tracing::warn!(volume, path = %key.display(), export = %m.source, "NFS server does not answer the unmount; detaching it forced and lazily");
-                    let detached = detach(key, Duration::from_secs(10)).await;
+                    let detached = detach(key, Duration::from_secs(3)).await;
                     return Err(self.server_down(
                         volume,
                         m,
@@ -348,24 +349,25 @@ impl NodeService {
     }
 }
 
-/// `umount2(key, MNT_FORCE | MNT_DETACH | UMOUNT_NOFOLLOW)` on a blocking thread, bounded: true
-/// once nothing is mounted at `key` any more.
+/// `umount -i -c -f -l <key>` (MNT_FORCE | MNT_DETACH, the path not canonicalised, no helper)
+/// in a child killed after `limit`: true once nothing is mounted at `key` any more. A child, not
+/// a thread: detaching the last mount of the superblock tears the NFS client down in the
+/// unmounting task (DESTROY_SESSION to the dead server), which waits too; a killed task aborts
+/// those RPCs.
 async fn detach(key: &Path, limit: Duration) -> bool {
-    let path = key.to_path_buf();
-    let flags = rustix::mount::UnmountFlags::FORCE
-        | rustix::mount::UnmountFlags::DETACH
-        | rustix::mount::UnmountFlags::NOFOLLOW;
-    let task = tokio::task::spawn_blocking(move || rustix::mount::unmount(&path, flags));
-    match tokio::time::timeout(limit, task).await {
-        Ok(Ok(Ok(()))) => true,
-        other => {
-            let gone = mounts().is_ok_and(|all| mount_at(&all, key).is_none());
-            if !gone {
-                tracing::warn!(path = %key.display(), "forced lazy unmount: {other:?}");
-            }
-            gone
-        }
+    let umount = Cmd::new("umount")
+        .arg("-i")
+        .arg("-c")
+        .arg("-f")
+        .arg("-l")
+        .arg(key)
+        .dies_with_plugin();
+    let out = tokio::time::timeout(limit, run_any(&umount)).await;
+    let gone = mounts().is_ok_and(|all| mount_at(&all, key).is_none());
+    if !gone {
+        tracing::warn!(path = %key.display(), "forced lazy unmount: {:?}", out.map(|r| r.map(|o| o.stderr)));
     }
+    gone
 }
 
 /// Lazily unmounts whatever a killed or failed mount left at `path` (bounded: a lazy unmount
