@@ -255,12 +255,31 @@ pub enum NodeError {
         path: PathBuf,
         reason: String,
     },
+    #[error(
+        "volume {}: NFS server {} did not answer {} of {} ({}) within {:?}{}",
+        .0.volume, .0.server, .0.what, .0.path.display(), .0.export, .0.waited, .0.done
+    )]
+    NfsServerDown(Box<NfsServerDown>),
     #[error("Harvester API: {action}: {}", harvester_common::api_error::Describe(.source.as_ref()))]
     Api {
         action: String,
         #[source]
         source: Box<kube::Error>,
     },
+}
+
+/// An NFS server that did not answer a node operation within its deadline.
+#[derive(Debug)]
+pub struct NfsServerDown {
+    pub volume: String,
+    pub server: String,
+    pub export: String,
+    pub path: PathBuf,
+    /// What it did not answer: `statvfs`, `the unmount`.
+    pub what: &'static str,
+    pub waited: Duration,
+    /// What was done about it (a forced lazy unmount), with its leading `; `.
+    pub done: &'static str,
 }
 
 impl NodeError {
@@ -303,7 +322,9 @@ impl From<NodeError> for Status {
             NodeError::VolumeNotFound { .. } => Code::NotFound,
             NodeError::NotBound { .. } => Code::FailedPrecondition,
             // The NFS server is not serving (yet): the CO retries.
-            NodeError::NfsNotReady { .. } | NodeError::NfsMount { .. } => Code::Unavailable,
+            NodeError::NfsNotReady { .. }
+            | NodeError::NfsMount { .. }
+            | NodeError::NfsServerDown(_) => Code::Unavailable,
             NodeError::Api { source, .. } => kube_code(source),
         };
         Status::new(code, e.to_string())

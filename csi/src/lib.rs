@@ -73,6 +73,14 @@ pub struct Timeouts {
     pub nfs_mount: Duration,
     /// ControllerPublish of an RWX volume: the NetworkFilesystem's endpoint Ready.
     pub nfs_ready: Duration,
+    /// ControllerPublish of an RWX volume being disabled (the last node unpublished): the
+    /// NetworkFilesystem gets from `Disabling` to `Disabled` (Longhorn's share manager stopped)
+    /// before it is enabled again; past it, UNAVAILABLE naming the state.
+    pub nfs_disabled: Duration,
+    /// NodeGetVolumeStats, NodeUnpublish and NodeUnstage of an RWX volume: the NFS server answers
+    /// statvfs or the unmount; past it, an unmount is forced and lazy, and the answer is
+    /// UNAVAILABLE naming the server.
+    pub nfs_server: Duration,
 }
 
 impl Default for Timeouts {
@@ -86,6 +94,8 @@ impl Default for Timeouts {
             device: Duration::from_secs(30),
             nfs_mount: Duration::from_secs(30),
             nfs_ready: Duration::from_secs(90),
+            nfs_disabled: Duration::from_secs(60),
+            nfs_server: Duration::from_secs(10),
         }
     }
 }

@@ -1,11 +1,16 @@
 //! A real NFS server for the RWX stand-in: nfs-ganesha 4.3 (Debian `nfs-ganesha`,
 //! `nfs-ganesha-vfs`; `tests/scripts/tools.sh` installs them), a userspace server because the
-//! host kernel has no nfsd. It runs as a child process bound to 127.0.0.1 on a free port, NFSv4
-//! only, no grace period, one `EXPORT` per volume (FSAL VFS over a directory the caller mounted).
-//! Exports are added and removed by rewriting the configuration and sending SIGHUP: ganesha 4.3
-//! rereads its exports then ("Reread exports complete" in its log; no D-Bus here).
+//! host kernel has no nfsd. It runs as a child process bound to 127.0.0.1 on the standard NFS
+//! port 2049, NFSv4 only, no grace period, one `EXPORT` per volume (FSAL VFS over a directory the
+//! caller mounted). Exports are added and removed by rewriting the configuration and sending
+//! SIGHUP: ganesha 4.3 rereads its exports then ("Reread exports complete" in its log; no D-Bus
+//! here).
 //!
-//! Guests reach it at 10.0.2.2 (QEMU user networking) with `port=<port>` in the mount options.
+//! Guests reach it at 10.0.2.2 (QEMU user networking forwards it to the host's 127.0.0.1) with
+//! no port option: upstream's `status.mountOpts` is usually empty (networkfs-manager copies the
+//! PV's `nfsOptions`), and the CSI node then mounts with `vers=4` alone, as it does against a
+//! share manager. One server per machine can have the port: [`NfsServer::start`] takes the
+//! lock file [`PORT_LOCK`] for its life and waits (bounded) for another bed's server to go.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,7 +19,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::BedError;
-use crate::process::{Proc, free_port, tail};
+use crate::process::{Proc, tail};
 
 /// The server binary, from Debian's `nfs-ganesha`.
 pub const GANESHA: &str = "ganesha.nfsd";
@@ -23,6 +28,13 @@ const RELOADED: &str = "Reread exports complete";
 /// The line it logs once it serves.
 const STARTED: &str = "NFS SERVER INITIALIZED";
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// The standard NFS port, where clients mounting without `port=` connect.
+pub const NFS_PORT: u16 = 2049;
+/// Held (flock) by the server that has [`NFS_PORT`] on this machine.
+pub const PORT_LOCK: &str = "/tmp/harvester-testbed-nfs-2049.lock";
+/// How long [`NfsServer::start`] waits for another bed's server to let the port go (an RWX
+/// test takes about 80 s).
+const PORT_WAIT: Duration = Duration::from_secs(600);
 const RELOAD_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// One export: the directory served under `/<pseudo>` (NFSv4 pseudo filesystem path).
@@ -68,6 +80,34 @@ pub struct NfsServer {
     pub log: PathBuf,
     conf: PathBuf,
     state: Mutex<State>,
+    /// The flock on [`PORT_LOCK`], released when the server is dropped.
+    _port_lock: std::fs::File,
+}
+
+/// Takes the exclusive flock on [`PORT_LOCK`], polling until `PORT_WAIT` has passed.
+fn lock_port() -> Result<std::fs::File, BedError> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(PORT_LOCK)
+        .map_err(|e| BedError::Setup(format!("opening {PORT_LOCK}: {e}")))?;
+    let t0 = Instant::now();
+    loop {
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(file),
+            Err(rustix::io::Errno::WOULDBLOCK) if t0.elapsed() < PORT_WAIT => {
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            Err(e) => {
+                return Err(BedError::Setup(format!(
+                    "NFS port {NFS_PORT}: {PORT_LOCK} is held by another bed's NFS server \
+                     after {:?} ({e}); only one RWX test runs at a time per machine",
+                    t0.elapsed()
+                )));
+            }
+        }
+    }
 }
 
 fn count(log: &Path, line: &str) -> usize {
@@ -77,14 +117,17 @@ fn count(log: &Path, line: &str) -> usize {
 }
 
 impl NfsServer {
-    /// Starts ganesha in `<parent>/nfs` with no exports and waits until it serves.
+    /// Starts ganesha in `<parent>/nfs` on 127.0.0.1:[`NFS_PORT`] with no exports and waits
+    /// until it serves (first waiting, bounded, for [`PORT_LOCK`]).
     pub fn start(parent: &Path) -> Result<NfsServer, BedError> {
+        let port_lock = lock_port()?;
         let dir = parent.join("nfs");
         let recovery = dir.join("recovery");
         std::fs::create_dir_all(&recovery)
             .map_err(|e| BedError::Setup(format!("creating {}: {e}", recovery.display())))?;
         let server = NfsServer {
-            port: free_port()?,
+            _port_lock: port_lock,
+            port: NFS_PORT,
             log: dir.join("ganesha.log"),
             conf: dir.join("ganesha.conf"),
             dir,

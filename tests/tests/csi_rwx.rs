@@ -871,3 +871,415 @@ async fn rwx_bad_input_is_invalid_argument() {
     );
     ctrl.stop().await;
 }
+
+/// What the CR's watch showed: (desiredState, status.state, status.status), one per event.
+type History = Arc<std::sync::Mutex<Vec<(String, String, String)>>>;
+
+/// Records every version of NetworkFilesystem `pv` the API server sends (the CR's history).
+fn record_history(bed: &TestBed, pv: &str) -> (History, tokio::task::JoinHandle<()>) {
+    use futures::StreamExt;
+    use kube::runtime::watcher::{self, Event};
+    let history: History = Default::default();
+    let api =
+        Api::<NetworkFilesystem>::namespaced(bed.sim.harvester.clone(), upstream::NFS_NAMESPACE);
+    let seen = history.clone();
+    let config = watcher::Config::default().fields(&format!("metadata.name={pv}"));
+    let task = tokio::spawn(async move {
+        let mut events = watcher::watcher(api, config).boxed();
+        while let Some(ev) = events.next().await {
+            if let Ok(Event::Apply(n) | Event::InitApply(n)) = ev {
+                let s = n.status.clone().unwrap_or_default();
+                seen.lock()
+                    .unwrap()
+                    .push((n.spec.desired_state.clone(), s.state, s.status));
+            }
+        }
+    });
+    (history, task)
+}
+
+/// Waits until NetworkFilesystem `pv` has `status.state` `state`.
+async fn wait_state(bed: &TestBed, pv: &str, state: &str, limit: Duration) {
+    wait::until(
+        &format!("NetworkFilesystem {pv} {state}"),
+        limit,
+        || async move {
+            let n = network_fs(bed, pv).await;
+            let now = n.as_ref().map(|n| n.state().to_string());
+            Ok(if now.as_deref() == Some(state) {
+                Ok(())
+            } else {
+                Err(now)
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Contract (networkfs-manager v0.1.1 `enableNetworkFS` / `OnShareManagerChange`): the last
+/// node's unpublish leaves the CR `Disabling` until the share manager stops, and an Enabled
+/// written meanwhile is refused for good. A publish on another node right after waits for
+/// `Disabled` and only then writes Enabled; past its bound it is UNAVAILABLE naming the state
+/// and writes nothing; the attacher's retry then succeeds. No guest kernel needed: the
+/// controller runs on the host, the nodes are VMs of the stand-in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_rwx_republish_waits_for_disabled_root() {
+    assert_root();
+    let t0 = Instant::now();
+    let bed = common::bed().await;
+    common::install_default_storage_class(&bed).await;
+    create_class(&bed, RWX_CLASS, upstream::LONGHORN_PROVISIONER, json!({})).await;
+    bed.sim
+        .create_host("harvester-1", None, None)
+        .await
+        .expect("host");
+    for node in ["rwx-a", "rwx-b"] {
+        bed.sim
+            .create_vm(&GuestVm::new(node).on_host("harvester-1"))
+            .await
+            .expect("VM");
+    }
+    let fs = bed
+        .sim
+        .start_networkfs(HOST_FROM_GUEST)
+        .unwrap_or_else(|e| panic!("the NFS server must start for this test: {e}"));
+    let bound = Duration::from_secs(5);
+    let ctrl = Driver::start(&bed, |c| {
+        c.mode = Mode::Controller;
+        c.timeouts.nfs_disabled = bound;
+    })
+    .await;
+    let id = ControllerClient::new(ctrl.channel.clone())
+        .create_volume(rwx_request("moving", &[("hostStorageClass", RWX_CLASS)]))
+        .await
+        .expect("CreateVolume RWX")
+        .into_inner()
+        .volume
+        .expect("volume")
+        .volume_id;
+    let pv = pv_of(&bed, &id).await;
+    let (history, watch) = record_history(&bed, &pv);
+
+    controller_publish(&ctrl, &id, "rwx-a")
+        .await
+        .expect("ControllerPublishVolume to rwx-a");
+    let cr = network_fs(&bed, &pv).await.expect("CR");
+    let status = cr.status.clone().expect("status");
+    assert_eq!(
+        (status.state.as_str(), status.status.as_str()),
+        ("Enabled", upstream::ENDPOINT_READY)
+    );
+    assert_eq!(status.mount_opts, None, "upstream's mountOpts: empty");
+
+    // The Pod moves: the last node lets go, another takes it at once. The share manager takes
+    // 3 s to stop.
+    let delay = Duration::from_secs(3);
+    fs.set_disable_delay(delay);
+    controller_unpublish(&ctrl, &id, "rwx-a").await;
+    wait_state(&bed, &pv, "Disabling", Duration::from_secs(10)).await;
+    let t = Instant::now();
+    let took = controller_publish(&ctrl, &id, "rwx-b").await;
+    say(&format!(
+        "ControllerPublishVolume to rwx-b during Disabling (share manager stopping {delay:?}): \
+         {took:?} after {:.2}s",
+        t.elapsed().as_secs_f64()
+    ));
+    let enabled_while_disabling = |h: &History| -> Vec<(String, String, String)> {
+        h.lock()
+            .unwrap()
+            .iter()
+            .filter(|(desired, state, _)| desired == "Enabled" && state == "Disabling")
+            .cloned()
+            .collect()
+    };
+    let bad = enabled_while_disabling(&history);
+    assert!(
+        bad.is_empty(),
+        "ControllerPublish wrote desiredState Enabled while the NetworkFilesystem was Disabling \
+         (networkfs-manager refuses that for good): {bad:?}; history {:?}; networkfs-manager \
+         said {:?}",
+        history.lock().unwrap(),
+        fs.errors(&pv)
+    );
+    took.expect("ControllerPublishVolume to rwx-b once Disabled");
+    assert!(
+        t.elapsed() >= delay - Duration::from_millis(500),
+        "it waited for the share manager: {:?}",
+        t.elapsed()
+    );
+    let cr = network_fs(&bed, &pv).await.expect("CR");
+    assert_eq!(cr.spec.desired_state, upstream::DESIRED_ENABLED);
+    assert!(cr.ready_endpoint().is_ok(), "serving: {:?}", cr.status);
+    let states: Vec<String> = history
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|h| h.1.clone())
+        .collect();
+    let disabled_after_disabling = states
+        .iter()
+        .skip_while(|s| *s != "Disabling")
+        .any(|s| s == "Disabled");
+    assert!(
+        disabled_after_disabling,
+        "Disabling, then Disabled, then enabled: {states:?}"
+    );
+    assert!(
+        fs.errors(&pv).is_empty(),
+        "networkfs-manager never refused: {:?}",
+        fs.errors(&pv)
+    );
+
+    // A share manager slower than the bound: UNAVAILABLE naming the state, nothing written; the
+    // attacher's retry gets it once Disabled.
+    fs.set_disable_delay(bound + Duration::from_secs(3));
+    controller_unpublish(&ctrl, &id, "rwx-b").await;
+    wait_state(&bed, &pv, "Disabling", Duration::from_secs(10)).await;
+    let t = Instant::now();
+    let err = controller_publish(&ctrl, &id, "rwx-a")
+        .await
+        .expect_err("the share manager is still stopping past the bound");
+    say(&format!(
+        "past the bound ({bound:?}): {:?} after {:.2}s: {}",
+        err.code(),
+        t.elapsed().as_secs_f64(),
+        err.message()
+    ));
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert!(
+        err.message().contains("\"Disabling\"") && err.message().contains(&pv),
+        "{}",
+        err.message()
+    );
+    assert!(t.elapsed() < bound + Duration::from_secs(3), "bounded");
+    let cr = network_fs(&bed, &pv).await.expect("CR");
+    assert_eq!(
+        cr.spec.desired_state,
+        upstream::DESIRED_DISABLED,
+        "left alone"
+    );
+    controller_publish(&ctrl, &id, "rwx-a")
+        .await
+        .expect("the retry, once Disabled");
+    let bad = enabled_while_disabling(&history);
+    assert!(bad.is_empty(), "Enabled written while Disabling: {bad:?}");
+    assert!(fs.errors(&pv).is_empty(), "{:?}", fs.errors(&pv));
+    watch.abort();
+    ctrl.stop().await;
+    say(&format!(
+        "contract_rwx_republish_waits_for_disabled_root took {:.0}s",
+        t0.elapsed().as_secs_f64()
+    ));
+}
+
+/// Contract (the kernel's hard NFS mounts): with the NFS server dead, statvfs and umount of the
+/// mount wait in the kernel until it comes back. The node plugin (one thread in the guest) must
+/// answer NodeGetVolumeStats, NodeUnpublish and NodeUnstage within `Timeouts::nfs_server`, with
+/// UNAVAILABLE naming the server, and keep answering other RPCs meanwhile. One QEMU guest: the
+/// host kernel has no NFS client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_nfs_server_down_never_blocks_the_node_plugin_root() {
+    assert_root();
+    let t0 = Instant::now();
+    let bed = common::bed().await;
+    common::install_default_storage_class(&bed).await;
+    create_class(&bed, RWX_CLASS, upstream::LONGHORN_PROVISIONER, json!({})).await;
+    bed.sim
+        .create_host("harvester-1", None, None)
+        .await
+        .expect("host");
+    let fs = bed
+        .sim
+        .start_networkfs(HOST_FROM_GUEST)
+        .unwrap_or_else(|e| panic!("the NFS server must start for this test: {e}"));
+    let vm = boot(&bed, "rwx-d").await;
+    let ctrl = Driver::start(&bed, |c| c.mode = Mode::Controller).await;
+    let node = start_plugin(&bed, &vm).await;
+    let id = ControllerClient::new(ctrl.channel.clone())
+        .create_volume(rwx_request("served", &[("hostStorageClass", RWX_CLASS)]))
+        .await
+        .expect("CreateVolume RWX")
+        .into_inner()
+        .volume
+        .expect("volume")
+        .volume_id;
+    controller_publish(&ctrl, &id, "rwx-d")
+        .await
+        .expect("ControllerPublishVolume");
+    let v = guest_vol(&id, "rwx-d");
+    stage(&node, &v).await.expect("NodeStageVolume");
+    common::publish(&node, &v, &rwx_cap())
+        .await
+        .expect("NodePublishVolume");
+    let stats = |path: &Path| NodeGetVolumeStatsRequest {
+        volume_id: id.clone(),
+        volume_path: path.display().to_string(),
+        staging_target_path: v.staging.display().to_string(),
+    };
+    let mut n = NodeClient::new(node.channel.clone());
+    let usage = n
+        .node_get_volume_stats(stats(&v.target))
+        .await
+        .expect("NodeGetVolumeStats while the server serves")
+        .into_inner();
+    assert!(
+        usage.usage.iter().any(|u| u.total > 0),
+        "usage of the export: {usage:?}"
+    );
+
+    // The server dies (the share manager Pod killed): the hard mount's RPCs wait for it.
+    fs.nfs.stop();
+    let deadline = harvester_csi_driver::Timeouts::default().nfs_server;
+    let slack = Duration::from_secs(5);
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Other RPCs meanwhile: each must be answered within 3 s.
+    let prober = {
+        let channel = node.channel.clone();
+        let done = done.clone();
+        tokio::spawn(async move {
+            let mut answered = 0;
+            let mut missed = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let t = Instant::now();
+                let info = tokio::time::timeout(
+                    Duration::from_secs(3),
+                    NodeClient::new(channel.clone()).node_get_info(NodeGetInfoRequest {}),
+                )
+                .await;
+                match info {
+                    Ok(Ok(_)) => answered += 1,
+                    other => missed.push(format!(
+                        "NodeGetInfo after {:.1}s: {:?}",
+                        t.elapsed().as_secs_f64(),
+                        other.map(|r| r.map(|_| ()))
+                    )),
+                }
+                let probe = tokio::time::timeout(
+                    Duration::from_secs(3),
+                    IdentityClient::new(channel.clone()).probe(ProbeRequest {}),
+                )
+                .await;
+                if !matches!(probe, Ok(Ok(_))) {
+                    missed.push(format!("Probe: {:?}", probe.map(|r| r.map(|_| ()))));
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            (answered, missed)
+        })
+    };
+    // Each call bounded here too: the old plugin never returned.
+    let call = |what: &'static str,
+                t: Instant,
+                r: Result<Result<(), tonic::Status>, tokio::time::error::Elapsed>| {
+        let took = t.elapsed();
+        say(&format!(
+            "{what} with the NFS server dead: after {:.1}s (deadline {deadline:?}): {r:?}",
+            took.as_secs_f64()
+        ));
+        match r {
+            Err(_) => panic!(
+                "{what} did not return within {:?} with the NFS server dead: the node plugin is blocked",
+                deadline + slack * 4
+            ),
+            Ok(r) => (r, took),
+        }
+    };
+    let limit = deadline + slack * 4;
+    let t = Instant::now();
+    let r = tokio::time::timeout(limit, n.node_get_volume_stats(stats(&v.target)))
+        .await
+        .map(|r| r.map(|_| ()));
+    let (r, took) = call("NodeGetVolumeStats", t, r);
+    let err = r.expect_err("statvfs cannot be answered with the server dead");
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert!(
+        err.message()
+            .contains(&format!("NFS server {HOST_FROM_GUEST}")),
+        "{}",
+        err.message()
+    );
+    assert!(took < deadline + slack, "within the deadline: {took:?}");
+    // Asked again while the first statvfs still waits in the kernel: answered at once.
+    let t = Instant::now();
+    let r = tokio::time::timeout(limit, n.node_get_volume_stats(stats(&v.target)))
+        .await
+        .map(|r| r.map(|_| ()));
+    let (r, took) = call("NodeGetVolumeStats again", t, r);
+    let err = r.expect_err("still dead");
+    assert!(err.message().contains(HOST_FROM_GUEST), "{}", err.message());
+    assert!(took < Duration::from_secs(3), "answered at once: {took:?}");
+    // NodeUnpublish (the bind) and NodeUnstage (the NFS mount itself): bounded, and either done
+    // or UNAVAILABLE naming the server; nothing left mounted either way.
+    for (what, path) in [
+        ("NodeUnpublishVolume", &v.target),
+        ("NodeUnstageVolume", &v.staging),
+    ] {
+        let t = Instant::now();
+        let r = if what == "NodeUnpublishVolume" {
+            tokio::time::timeout(
+                limit,
+                n.node_unpublish_volume(NodeUnpublishVolumeRequest {
+                    volume_id: id.clone(),
+                    target_path: path.display().to_string(),
+                }),
+            )
+            .await
+            .map(|r| r.map(|_| ()))
+        } else {
+            tokio::time::timeout(
+                limit,
+                n.node_unstage_volume(NodeUnstageVolumeRequest {
+                    volume_id: id.clone(),
+                    staging_target_path: path.display().to_string(),
+                }),
+            )
+            .await
+            .map(|r| r.map(|_| ()))
+        };
+        let (r, took) = call(what, t, r);
+        assert!(
+            took < deadline + slack,
+            "{what} within the deadline: {took:?}"
+        );
+        if let Err(e) = &r {
+            assert_eq!(e.code(), tonic::Code::Unavailable, "{what}: {e:?}");
+            assert!(
+                e.message()
+                    .contains(&format!("NFS server {HOST_FROM_GUEST}")),
+                "{what}: {}",
+                e.message()
+            );
+        }
+        if what == "NodeUnstageVolume" {
+            let e = r.expect_err("the NFS mount's unmount waits for the dead server");
+            assert!(e.message().contains("forced and lazily"), "{}", e.message());
+        }
+        assert_eq!(
+            guest_nfs_mount(&vm, path).await,
+            None,
+            "{what}: nothing left mounted at {}",
+            path.display()
+        );
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (answered, missed) = prober.await.expect("prober");
+    say(&format!(
+        "other RPCs meanwhile: {answered} NodeGetInfo answered, missed {missed:?}"
+    ));
+    assert!(missed.is_empty(), "other RPCs went unanswered: {missed:?}");
+    assert!(answered >= 3, "other RPCs answered meanwhile: {answered}");
+    // The CO's retry: nothing mounted, success.
+    n.node_unstage_volume(NodeUnstageVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: v.staging.display().to_string(),
+    })
+    .await
+    .expect("NodeUnstageVolume retried");
+    ctrl.stop().await;
+    vm.stop().await;
+    say(&format!(
+        "contract_nfs_server_down_never_blocks_the_node_plugin_root took {:.0}s",
+        t0.elapsed().as_secs_f64()
+    ));
+}

@@ -20,6 +20,11 @@ pub const STATE_DISABLED: &str = "Disabled";
 pub const STATE_DISABLING: &str = "Disabling";
 /// `status.status` of an endpoint that serves.
 pub const ENDPOINT_READY: &str = "Ready";
+/// `status.status` while an online expansion runs: the export keeps serving (networkfs-manager
+/// b9addbdce76c2317c828ec7ac84c472b6f7a96b4 `pkg/controller/networkfilesystem/controller.go`
+/// `checkAndProcessExpand` sets it on an Enabled CR whose PVC is growing, and `Ready` again when
+/// done; the status enum of `pkg/apis/harvesterhci.io/v1beta1/types.go` has it).
+pub const ENDPOINT_EXPANDING: &str = "Expanding";
 /// Mount options when `status.mountOpts` is empty (upstream's node server).
 pub const DEFAULT_MOUNT_OPTS: &str = "vers=4";
 
@@ -67,12 +72,28 @@ pub struct NetworkFilesystemStatus {
 }
 
 impl NetworkFilesystem {
-    /// The endpoint to mount when it serves (`status.status: Ready` and an endpoint), else why not.
+    /// `status.state` ("" before networkfs-manager initialised it).
+    pub fn state(&self) -> &str {
+        self.status.as_ref().map_or("", |s| s.state.as_str())
+    }
+
+    /// The endpoint to mount when it serves, else why not. It serves when the state is `Enabled`
+    /// (or `Enabling` with a Ready endpoint, which later networkfs-manager versions write while
+    /// an endpoint moves) and `status.status` is `Ready` or `Expanding` (an online expansion of a
+    /// working export). A `Disabling` CR keeps `status: Ready` and its endpoint until the share
+    /// manager has stopped (networkfs-manager v0.1.1, 8d20f3e6679f0a0b484e16fbb8d05e086e183e09,
+    /// `disableNetworkFS` changes only `status.state`), so the status alone is not enough.
     pub fn ready_endpoint(&self) -> Result<(&str, &str), String> {
         let Some(s) = self.status.as_ref() else {
             return Err("it has no status yet".into());
         };
-        if s.status != ENDPOINT_READY {
+        if s.state != STATE_ENABLED && s.state != STATE_ENABLING {
+            return Err(format!(
+                "status.state is {:?} (status {:?}), not {STATE_ENABLED:?}",
+                s.state, s.status
+            ));
+        }
+        if s.status != ENDPOINT_READY && s.status != ENDPOINT_EXPANDING {
             return Err(format!(
                 "status.status is {:?} (state {:?}), not {ENDPOINT_READY:?}",
                 s.status, s.state
@@ -136,5 +157,47 @@ mod tests {
         assert_eq!(n.ready_endpoint(), Ok(("10.0.0.1", "vers=4")));
         n.status.as_mut().unwrap().mount_opts = Some(" ".into());
         assert_eq!(n.ready_endpoint(), Ok(("10.0.0.1", "vers=4")));
+    }
+
+    fn with_status(state: &str, status: &str, endpoint: &str) -> NetworkFilesystem {
+        let mut n = NetworkFilesystem::new(
+            "pvc-1",
+            NetworkFilesystemSpec {
+                network_fs_name: "pvc-1".into(),
+                desired_state: STATE_ENABLED.into(),
+                ..Default::default()
+            },
+        );
+        n.status = Some(NetworkFilesystemStatus {
+            endpoint: endpoint.into(),
+            state: state.into(),
+            status: status.into(),
+            ..Default::default()
+        });
+        n
+    }
+
+    #[test]
+    fn an_expanding_export_serves_and_a_disabling_one_does_not() {
+        // checkAndProcessExpand: an Enabled CR whose PVC grows is `status: Expanding`; the share
+        // manager keeps serving it.
+        let n = with_status(STATE_ENABLED, ENDPOINT_EXPANDING, "10.0.0.1");
+        assert_eq!(n.ready_endpoint(), Ok(("10.0.0.1", "vers=4")));
+        // disableNetworkFS writes only `state: Disabling`: status and endpoint are the old ones
+        // while the share manager stops.
+        for state in [STATE_DISABLING, STATE_DISABLED, "", "Unknown"] {
+            let n = with_status(state, ENDPOINT_READY, "10.0.0.1");
+            let e = n.ready_endpoint().unwrap_err();
+            assert!(e.contains(&format!("{state:?}")), "{state}: {e}");
+        }
+        assert_eq!(
+            with_status(STATE_DISABLING, ENDPOINT_READY, "10.0.0.1").state(),
+            STATE_DISABLING
+        );
+        assert!(
+            with_status(STATE_ENABLED, "Reconciling", "10.0.0.1")
+                .ready_endpoint()
+                .is_err()
+        );
     }
 }

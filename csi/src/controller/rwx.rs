@@ -8,8 +8,10 @@
 //! Where this differs from upstream: errors are typed (a missing CR is UNAVAILABLE while it is
 //! recreated, not INTERNAL; a class that is not Longhorn is INVALID_ARGUMENT naming it, where
 //! upstream created a PVC that could never be served); publish waits (watch, bounded) for the
-//! endpoint to be Ready instead of returning at once; unpublish also keeps the export while
-//! another node still has a VolumeAttachment for the volume (see [`holders`]).
+//! endpoint to be Ready instead of returning at once, and before enabling a NetworkFilesystem
+//! that the last node's unpublish is disabling it waits (watch, bounded) until it is `Disabled`
+//! (see [`enable_step`]); unpublish also keeps the export while another node still has a
+//! VolumeAttachment for the volume (see [`holders`]).
 
 use csi_proto::csi::v1::*;
 use harvester_common::harvester::NetworkFilesystem;
@@ -81,6 +83,43 @@ pub fn network_filesystem(pv: &str) -> NetworkFilesystem {
     );
     n.metadata.namespace = Some(NAMESPACE.into());
     n
+}
+
+/// What ControllerPublish does next with a NetworkFilesystem (pure, [`enable_step`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EnableStep {
+    /// `desiredState` is Enabled already: wait for the endpoint.
+    WaitReady,
+    /// Disabled and settled: set `desiredState: Enabled` on this resourceVersion only.
+    Enable { resource_version: String },
+    /// A disable is under way (`desiredState: Disabled`, the state not Disabled yet): wait.
+    WaitDisabled { state: String },
+}
+
+/// The publish rule for a NetworkFilesystem as it is now. networkfs-manager refuses to enable
+/// one that is still `Disabling` once the share manager has stopped (v0.1.1,
+/// 8d20f3e6679f0a0b484e16fbb8d05e086e183e09, `pkg/controller/networkfilesystem/controller.go`
+/// `enableNetworkFS`: "wait the previous operation (disable) to finish"), and only moves
+/// `Disabling` on to `Disabled` while `desiredState` is Disabled
+/// (`pkg/controller/sharemanager/controller.go` `OnShareManagerChange`): an Enabled written
+/// during `Disabling` is stuck for good. A later version (commit not identified; the facts file
+/// is unsure which one Harvester v1.8 ships) resets a CR whose Longhorn VolumeAttachment has no
+/// tickets, but still errors for a stopped share manager; the stricter rule is played. So the
+/// last node's unpublish followed by another node's publish waits for `Disabled`; a fresh CR
+/// (no state yet, or upstream's initial `Unknown`) is enabled at once, as upstream initialises it
+/// to Disabled first.
+pub fn enable_step(n: &NetworkFilesystem) -> EnableStep {
+    if n.spec.desired_state == STATE_ENABLED {
+        return EnableStep::WaitReady;
+    }
+    match n.state() {
+        STATE_DISABLED | "" | "Unknown" => EnableStep::Enable {
+            resource_version: n.metadata.resource_version.clone().unwrap_or_default(),
+        },
+        state => EnableStep::WaitDisabled {
+            state: state.to_string(),
+        },
+    }
 }
 
 /// Who in the guest cluster still uses the volume whose guest PV is `pv` (claim `claim`) once
@@ -456,29 +495,139 @@ impl ControllerService {
                  recreated; publish again"
             )));
         };
-        if nfs.spec.desired_state != STATE_ENABLED {
-            api.patch(
+        self.enable(&api, &pv, nfs, id, node).await?;
+        let seen = match self
+            .wait_for(
+                api.clone(),
                 &pv,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"desiredState": STATE_ENABLED}})),
+                format!("NetworkFilesystem {NAMESPACE}/{pv} to be {ENDPOINT_READY}"),
+                self.timeouts.nfs_ready,
+                |n: Option<&NetworkFilesystem>| n.is_none_or(|n| n.ready_endpoint().is_ok()),
             )
             .await
-            .map_err(ControllerError::api(format!(
-                "enabling NetworkFilesystem {NAMESPACE}/{pv}"
-            )))?;
-            tracing::info!(volume = id, pv, node, "enabled NetworkFilesystem");
+        {
+            Err(ControllerError::Timeout { what, after }) => {
+                // Name what it is doing instead, if networkfs-manager said anything.
+                let why = api
+                    .get_opt(&pv)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|n| n.ready_endpoint().err());
+                return Err(match why {
+                    Some(why) => ControllerError::NotReady(format!(
+                        "NetworkFilesystem {NAMESPACE}/{pv} of volume {id} is not serving after \
+                         {after:?}: {why}"
+                    )),
+                    None => ControllerError::Timeout { what, after },
+                });
+            }
+            other => other?,
+        };
+        if seen.is_none() {
+            return Err(ControllerError::NotReady(format!(
+                "NetworkFilesystem {NAMESPACE}/{pv} of volume {id} was deleted while it was \
+                 being enabled; publish again"
+            )));
         }
-        self.wait_for(
-            api,
-            &pv,
-            format!("NetworkFilesystem {NAMESPACE}/{pv} to be {ENDPOINT_READY}"),
-            self.timeouts.nfs_ready,
-            |n: Option<&NetworkFilesystem>| n.is_some_and(|n| n.ready_endpoint().is_ok()),
-        )
-        .await?;
         Ok(ControllerPublishVolumeResponse {
             publish_context: Default::default(),
         })
+    }
+
+    /// Sets `desiredState: Enabled` on NetworkFilesystem `pv` once [`enable_step`] allows it:
+    /// after a disable under way has reached `Disabled` (watch, bounded by
+    /// `timeouts.nfs_disabled`; past it UNAVAILABLE naming the state), and only on the
+    /// resourceVersion seen Disabled (a merge patch carrying it is refused with 409 if the CR
+    /// moved meanwhile; then it is read again). Never writes Enabled onto a `Disabling` CR.
+    async fn enable(
+        &self,
+        api: &Api<NetworkFilesystem>,
+        pv: &str,
+        mut nfs: NetworkFilesystem,
+        id: &str,
+        node: &str,
+    ) -> Result<(), ControllerError> {
+        for _ in 0..8 {
+            match enable_step(&nfs) {
+                EnableStep::WaitReady => return Ok(()),
+                EnableStep::Enable { resource_version } => {
+                    let patch = json!({
+                        "metadata": {"resourceVersion": resource_version},
+                        "spec": {"desiredState": STATE_ENABLED},
+                    });
+                    match api
+                        .patch(pv, &PatchParams::default(), &Patch::Merge(patch))
+                        .await
+                    {
+                        Ok(_) => {
+                            tracing::info!(volume = id, pv, node, "enabled NetworkFilesystem");
+                            return Ok(());
+                        }
+                        Err(kube::Error::Api(s)) if s.code == 409 => {}
+                        Err(e) => {
+                            return Err(ControllerError::api(format!(
+                                "enabling NetworkFilesystem {NAMESPACE}/{pv}"
+                            ))(e));
+                        }
+                    }
+                }
+                EnableStep::WaitDisabled { state } => {
+                    tracing::info!(
+                        volume = id,
+                        pv,
+                        node,
+                        state,
+                        "waiting for the NetworkFilesystem to be Disabled before enabling it"
+                    );
+                    let waited = self
+                        .wait_for(
+                            api.clone(),
+                            pv,
+                            format!("NetworkFilesystem {NAMESPACE}/{pv} to be {STATE_DISABLED}"),
+                            self.timeouts.nfs_disabled,
+                            |n: Option<&NetworkFilesystem>| {
+                                n.is_none_or(|n| {
+                                    !matches!(enable_step(n), EnableStep::WaitDisabled { .. })
+                                })
+                            },
+                        )
+                        .await;
+                    match waited {
+                        Ok(_) => {}
+                        Err(ControllerError::Timeout { after, .. }) => {
+                            let now = api.get_opt(pv).await.ok().flatten();
+                            let state = now.as_ref().map_or("gone", |n| n.state()).to_string();
+                            return Err(ControllerError::NotReady(format!(
+                                "NetworkFilesystem {NAMESPACE}/{pv} of volume {id} is still \
+                                 {state:?} after {after:?} (desiredState Disabled: the last node \
+                                 unpublished it and Longhorn's share manager has not stopped); \
+                                 networkfs-manager cannot enable it before it is \
+                                 {STATE_DISABLED:?}, so it is left alone; publish again"
+                            )));
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            nfs = api
+                .get_opt(pv)
+                .await
+                .map_err(ControllerError::api(format!(
+                    "getting NetworkFilesystem {NAMESPACE}/{pv}"
+                )))?
+                .ok_or_else(|| {
+                    ControllerError::NotReady(format!(
+                        "NetworkFilesystem {NAMESPACE}/{pv} of volume {id} was deleted while \
+                         it was being enabled; publish again"
+                    ))
+                })?;
+        }
+        Err(ControllerError::NotReady(format!(
+            "NetworkFilesystem {NAMESPACE}/{pv} of volume {id} kept changing while it was being \
+             enabled (state {:?}); publish again",
+            nfs.state()
+        )))
     }
 
     /// ControllerUnpublish of RWX volume `id` (PV `pv`) from `node`: disable the NetworkFilesystem
@@ -775,5 +924,55 @@ mod tests {
             ],
         );
         assert_eq!(who, ["VolumeAttachment va-5 (node c)"]);
+    }
+
+    fn nfs_cr(desired: &str, state: Option<&str>, rv: &str) -> NetworkFilesystem {
+        let mut n = network_filesystem("pvc-7");
+        n.spec.desired_state = desired.into();
+        n.metadata.resource_version = Some(rv.into());
+        n.status =
+            state.map(
+                |state| harvester_common::harvester::networkfs::NetworkFilesystemStatus {
+                    state: state.into(),
+                    status: "Ready".into(),
+                    endpoint: "10.0.0.1".into(),
+                    ..Default::default()
+                },
+            );
+        n
+    }
+
+    #[test]
+    fn publish_enables_only_a_settled_network_filesystem() {
+        use harvester_common::harvester::networkfs::{STATE_DISABLING, STATE_ENABLING};
+        let enable = |rv: &str| EnableStep::Enable {
+            resource_version: rv.into(),
+        };
+        let wait = |s: &str| EnableStep::WaitDisabled { state: s.into() };
+        // (desiredState, status.state) -> step; networkfs-manager v0.1.1 enableNetworkFS and
+        // OnShareManagerChange.
+        let rows: [(&str, Option<&str>, EnableStep); 9] = [
+            // Fresh from CreateVolume: upstream initialises the state to Disabled first.
+            (STATE_DISABLED, None, enable("1")),
+            (STATE_DISABLED, Some("Unknown"), enable("1")),
+            (STATE_DISABLED, Some(STATE_DISABLED), enable("1")),
+            // The last node unpublished: Disabling until the share manager stops; enabling now
+            // fails upstream ("wait the previous operation (disable) to finish") for good.
+            (STATE_DISABLED, Some(STATE_DISABLING), wait(STATE_DISABLING)),
+            // Disabled asked, not yet seen by networkfs-manager: it goes Disabling next.
+            (STATE_DISABLED, Some(STATE_ENABLED), wait(STATE_ENABLED)),
+            (STATE_DISABLED, Some(STATE_ENABLING), wait(STATE_ENABLING)),
+            // Enabled already (another node's publish): wait for the endpoint.
+            (STATE_ENABLED, Some(STATE_ENABLED), EnableStep::WaitReady),
+            (STATE_ENABLED, Some(STATE_ENABLING), EnableStep::WaitReady),
+            (STATE_ENABLED, Some(STATE_DISABLING), EnableStep::WaitReady),
+        ];
+        for (desired, state, want) in rows {
+            assert_eq!(
+                enable_step(&nfs_cr(desired, state, "1")),
+                want,
+                "desired {desired}, state {state:?}"
+            );
+        }
     }
 }

@@ -44,6 +44,10 @@ pub struct NodeService {
     harvester: kube::Client,
     namespace: String,
     nfs_mount_timeout: Duration,
+    /// How long statvfs and unmounts of an NFS mount may wait for the server (`nfs`).
+    nfs_server_timeout: Duration,
+    /// NFS mounts whose statvfs is waiting on a blocking thread: one thread per path at most.
+    statvfs_waiting: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<PathBuf>>>,
     by_id: PathBuf,
     sysfs: PathBuf,
     device_wait: Duration,
@@ -202,6 +206,8 @@ impl NodeService {
             harvester: harvester.client.clone(),
             namespace: harvester.namespace.clone(),
             nfs_mount_timeout: config.timeouts.nfs_mount,
+            nfs_server_timeout: config.timeouts.nfs_server,
+            statvfs_waiting: Default::default(),
             by_id: config.disk_by_id_dir.clone(),
             sysfs: config.sysfs_dir.clone(),
             device_wait: config.timeouts.device,
@@ -390,6 +396,12 @@ impl NodeService {
         let staging = request::node_path("staging_target_path", &req.staging_target_path)?;
         let _guard = self.begin(id)?;
         let _path = self.begin_path(id, &staging)?;
+        // An RWX volume's NFS mount: recognised from mountinfo before anything stats the path.
+        let key = nfs::mount_key(&staging);
+        if let Some(m) = nfs::nfs_mount_at(&mounts()?, &key).cloned() {
+            self.unmount_nfs(id, &key, &m).await?;
+            return Ok(NodeUnstageVolumeResponse {});
+        }
         not_a_symlink("staging_target_path", &staging)?;
         if staging.exists() {
             mount::unmount_all(&staging).await?;
@@ -496,6 +508,10 @@ impl NodeService {
         let target = request::node_path("target_path", &req.target_path)?;
         let _guard = self.begin(id)?;
         let _path = self.begin_path(id, &target)?;
+        let key = nfs::mount_key(&target);
+        if let Some(m) = nfs::nfs_mount_at(&mounts()?, &key).cloned() {
+            self.unmount_nfs(id, &key, &m).await?;
+        }
         not_a_symlink("target_path", &target)?;
         let target = target.as_path();
         match std::fs::symlink_metadata(target) {
@@ -540,8 +556,12 @@ impl NodeService {
         &self,
         req: NodeGetVolumeStatsRequest,
     ) -> Result<NodeGetVolumeStatsResponse, NodeError> {
-        required("volume_id", &req.volume_id)?;
+        let id = required("volume_id", &req.volume_id)?;
         let path = published_path(&req.volume_path)?;
+        let key = nfs::mount_key(path);
+        if let Some(m) = nfs::nfs_mount_at(&mounts()?, &key).cloned() {
+            return self.stats_nfs(id, &key, &m).await;
+        }
         let meta = std::fs::metadata(path).map_err(|_| NodeError::PathNotFound {
             path: path.to_path_buf(),
         })?;
@@ -565,7 +585,7 @@ impl NodeService {
         let st = rustix::fs::statvfs(path).map_err(|e| NodeError::io("statvfs", path)(e.into()))?;
         let frsize = st.f_frsize;
         let condition = match device::device_of_mount(&self.sysfs, m) {
-            // An RWX volume: the NFS mount answered statvfs above, so its server serves.
+            // An NFS mount below the path (stats_nfs takes the mount points themselves).
             _ if m.fs_type.starts_with("nfs") => normal(),
             Some(dev) if dev.exists() => normal(),
             _ => abnormal(format!(

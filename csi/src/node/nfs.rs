@@ -12,9 +12,22 @@
 //! ([`crate::Timeouts::nfs_mount`]); a mount that got through anyway is lazily unmounted; the answer is
 //! UNAVAILABLE, which the CO retries. The CR's mount options are used as they are: soft mounts
 //! and short timeouts would change how the volume behaves for its users, the deadline does not.
+//!
+//! The same holds once mounted: on a hard mount whose server is dead, `stat`, `statvfs` and
+//! `umount` wait in the kernel until the server is back, and the node plugin serves everything
+//! from one thread. So NodeGetVolumeStats, NodeUnpublish and NodeUnstage recognise an NFS mount
+//! from mountinfo alone (never touching the path), and bound what touches it by
+//! [`crate::Timeouts::nfs_server`]: statvfs runs on a blocking thread (one per path at a time:
+//! a call while an earlier one still waits answers at once), the unmount in a child that is
+//! SIGKILLed at the deadline, after which the mount is detached forced and lazily
+//! (`umount -f -l`: MNT_FORCE | MNT_DETACH, which aborts the RPCs in flight and does not look
+//! the path up through the server; also a child killed after 3 s, as tearing the client down
+//! talks to the server too). Either way the answer is UNAVAILABLE naming the server.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use csi_proto::csi::v1::{NodeGetVolumeStatsResponse, volume_usage};
 
 use harvester_common::harvester::NetworkFilesystem;
 use harvester_common::harvester::networkfs::NAMESPACE;
@@ -22,7 +35,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::Api;
 
 use super::NodeService;
-use super::mount::{Cmd, canonical, mount_at, mounts, run_any};
+use super::mount::{Cmd, MountInfo, canonical, mount_at, mounts, run_any};
 use crate::error::NodeError;
 
 /// What to mount (pure): `<endpoint>:/<pv>` and the options, the CR's (or `vers=4`) then the
@@ -69,6 +82,29 @@ pub fn mount_cmd(m: &NfsMount, staging: &Path) -> Cmd {
         .arg("-o")
         .arg(&m.options)
         .dies_with_plugin()
+}
+
+/// The path mountinfo would show for `path`, without touching `path` itself (its parent
+/// resolved, its last name as given): on a dead NFS mount, a `stat` of the mount point waits.
+pub fn mount_key(path: &Path) -> PathBuf {
+    match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) => canonical(parent).join(name),
+        _ => path.to_path_buf(),
+    }
+}
+
+/// The topmost mount at `key` if it is an NFS mount (pure).
+pub fn nfs_mount_at<'a>(all: &'a [MountInfo], key: &Path) -> Option<&'a MountInfo> {
+    mount_at(all, key).filter(|m| m.fs_type.starts_with("nfs"))
+}
+
+/// The server of an NFS source: `host:/export`, `[v6]:/export` (pure; the source as it is when
+/// it has no `:/`).
+pub fn server_of(source: &str) -> &str {
+    let host = source.rsplit_once(":/").map_or(source, |(h, _)| h);
+    host.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host)
 }
 
 /// Whether a mountinfo entry is an NFS mount of `export`.
@@ -166,6 +202,174 @@ impl NodeService {
     }
 }
 
+impl NodeService {
+    fn server_down(
+        &self,
+        volume: &str,
+        m: &MountInfo,
+        path: &Path,
+        what: &'static str,
+        done: &'static str,
+    ) -> NodeError {
+        NodeError::NfsServerDown(Box::new(crate::error::NfsServerDown {
+            volume: volume.to_string(),
+            server: server_of(&m.source).to_string(),
+            export: m.source.clone(),
+            path: path.to_path_buf(),
+            what,
+            waited: self.nfs_server_timeout,
+            done,
+        }))
+    }
+
+    /// NodeGetVolumeStats of the NFS mount `m` at `key`: statvfs on a blocking thread, bounded.
+    pub(super) async fn stats_nfs(
+        &self,
+        volume: &str,
+        key: &Path,
+        m: &MountInfo,
+    ) -> Result<NodeGetVolumeStatsResponse, NodeError> {
+        {
+            let mut waiting = self
+                .statvfs_waiting
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if !waiting.insert(key.to_path_buf()) {
+                return Err(self.server_down(
+                    volume,
+                    m,
+                    key,
+                    "statvfs",
+                    "; an earlier statvfs of it is still waiting for the server",
+                ));
+            }
+        }
+        let waiting = self.statvfs_waiting.clone();
+        let path = key.to_path_buf();
+        let task = tokio::task::spawn_blocking(move || {
+            let st = rustix::fs::statvfs(&path);
+            waiting
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&path);
+            st
+        });
+        let st = match tokio::time::timeout(self.nfs_server_timeout, task).await {
+            Ok(Ok(Ok(st))) => st,
+            Ok(Ok(Err(e))) => return Err(NodeError::io("statvfs", key)(e.into())),
+            Ok(Err(e)) => {
+                self.statvfs_waiting
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(key);
+                return Err(NodeError::io("statvfs", key)(std::io::Error::other(
+                    e.to_string(),
+                )));
+            }
+            Err(_) => {
+                tracing::warn!(volume, path = %key.display(), export = %m.source, "NFS server does not answer statvfs");
+                return Err(self.server_down(volume, m, key, "statvfs", ""));
+            }
+        };
+        let frsize = st.f_frsize;
+        Ok(NodeGetVolumeStatsResponse {
+            usage: vec![
+                super::usage(
+                    volume_usage::Unit::Bytes,
+                    st.f_blocks.saturating_mul(frsize),
+                    st.f_bavail.saturating_mul(frsize),
+                    st.f_blocks
+                        .saturating_sub(st.f_bfree)
+                        .saturating_mul(frsize),
+                ),
+                super::usage(
+                    volume_usage::Unit::Inodes,
+                    st.f_files,
+                    st.f_ffree,
+                    st.f_files.saturating_sub(st.f_ffree),
+                ),
+            ],
+            // The NFS server answered statvfs, so it serves.
+            volume_condition: Some(super::normal()),
+        })
+    }
+
+    /// Unmounts everything stacked at `key`, where the topmost mount is NFS mount `m`, each
+    /// unmount a child bounded by `nfs_server`: past it the child is killed and the mount is
+    /// detached forced and lazily, and the answer is UNAVAILABLE naming the server (the CO's
+    /// retry finds nothing mounted).
+    pub(super) async fn unmount_nfs(
+        &self,
+        volume: &str,
+        key: &Path,
+        m: &MountInfo,
+    ) -> Result<(), NodeError> {
+        let limit = self.nfs_server_timeout;
+        for _ in 0..16 {
+            if mount_at(&mounts()?, key).is_none() {
+                return Ok(());
+            }
+            // `-i`: no umount.nfs helper, which would outlive a killed umount.
+            let umount = Cmd::new("umount").arg("-i").arg(key).dies_with_plugin();
+            match tokio::time::timeout(limit, run_any(&umount)).await {
+                Ok(Ok(out)) if out.code == Some(0) => {}
+                Ok(Ok(out)) => {
+                    return Err(NodeError::Command {
+                        command: format!("umount -i {}", key.display()),
+                        status: out
+                            .code
+                            .map_or("killed by a signal".into(), |c| format!("exit {c}")),
+                        stderr: out.stderr.trim().to_string(),
+                    });
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    // Dropping the future killed umount (SIGKILL; kill_on_drop).
+                    tracing::warn!(volume, path = %key.display(), export = %m.source, "NFS server does not answer the unmount; detaching it forced and lazily");
+                    let detached = detach(key, Duration::from_secs(3)).await;
+                    return Err(self.server_down(
+                        volume,
+                        m,
+                        key,
+                        "the unmount",
+                        if detached {
+                            "; it was unmounted forced and lazily (umount -f -l): what the \
+                             server had not written yet is lost"
+                        } else {
+                            "; the forced lazy unmount did not finish either"
+                        },
+                    ));
+                }
+            }
+        }
+        Err(NodeError::Unsupported {
+            path: key.to_path_buf(),
+            reason: "still mounted after 16 unmounts".into(),
+        })
+    }
+}
+
+/// `umount -i -c -f -l <key>` (MNT_FORCE | MNT_DETACH, the path not canonicalised, no helper)
+/// in a child killed after `limit`: true once nothing is mounted at `key` any more. A child, not
+/// a thread: detaching the last mount of the superblock tears the NFS client down in the
+/// unmounting task (DESTROY_SESSION to the dead server), which waits too; a killed task aborts
+/// those RPCs.
+async fn detach(key: &Path, limit: Duration) -> bool {
+    let umount = Cmd::new("umount")
+        .arg("-i")
+        .arg("-c")
+        .arg("-f")
+        .arg("-l")
+        .arg(key)
+        .dies_with_plugin();
+    let out = tokio::time::timeout(limit, run_any(&umount)).await;
+    let gone = mounts().is_ok_and(|all| mount_at(&all, key).is_none());
+    if !gone {
+        tracing::warn!(path = %key.display(), "forced lazy unmount: {:?}", out.map(|r| r.map(|o| o.stderr)));
+    }
+    gone
+}
+
 /// Lazily unmounts whatever a killed or failed mount left at `path` (bounded: a lazy unmount
 /// does not wait for the server).
 async fn undo_mount(path: &PathBuf) {
@@ -247,5 +451,27 @@ mod tests {
             "{}",
             s.message()
         );
+    }
+
+    #[test]
+    fn the_server_is_named_from_the_mount_source() {
+        assert_eq!(server_of("10.0.2.2:/pvc-1"), "10.0.2.2");
+        assert_eq!(server_of("[fd00::5]:/pvc-1"), "fd00::5");
+        assert_eq!(server_of("nfs.example:/a/b"), "nfs.example");
+        assert_eq!(server_of("weird"), "weird");
+        let all = super::super::mount::parse_mountinfo(
+            "40 1 0:50 / /s rw - nfs4 10.0.2.2:/pvc-1 rw,vers=4.2\n\
+             41 1 0:50 / /t rw - nfs4 10.0.2.2:/pvc-1 rw,vers=4.2\n\
+             42 41 7:1 / /t rw - ext4 /dev/loop1 rw\n",
+        );
+        assert_eq!(
+            nfs_mount_at(&all, Path::new("/s")).map(|m| m.source.as_str()),
+            Some("10.0.2.2:/pvc-1")
+        );
+        assert!(
+            nfs_mount_at(&all, Path::new("/t")).is_none(),
+            "the topmost mount decides"
+        );
+        assert!(nfs_mount_at(&all, Path::new("/u")).is_none());
     }
 }
