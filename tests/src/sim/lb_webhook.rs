@@ -459,7 +459,8 @@ pub async fn wait_called(client: &kube::Client, namespace: &str) -> Result<(), B
     let probe: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
         "metadata": {"name": "testbed-webhook-probe", "annotations": {"testbed": "probe"}},
-        "spec": {"workloadType": "vm", "ipam": "pool"}
+        "spec": {"workloadType": "vm", "ipam": "pool",
+                 "listeners": [{"name": "probe", "port": 80, "protocol": "TCP", "backendPort": 80}]}
     }))
     .map_err(|e| BedError::Setup(format!("LB webhook probe: {e}")))?;
     let params = PostParams {

@@ -5,6 +5,7 @@
 
 pub mod backup;
 pub mod lb;
+pub mod lb_validator;
 pub mod lb_webhook;
 pub mod networkfs;
 pub mod snapshot;
