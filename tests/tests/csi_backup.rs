@@ -587,3 +587,52 @@ async fn bad_backup_input_is_refused_naming_it() {
     );
     d.stop().await;
 }
+
+/// Issue 23: Harvester's remote-backup webhook (v1.8.2 `pkg/webhook/resources/volumeremotebackup/
+/// validator.go`) refuses a VolumeRemoteRestore named like a VolumeRemoteBackup of its namespace.
+/// The driver reaches it when the CO names a volume like a backup it took (CSI keeps volume and
+/// snapshot names apart): CreateVolume from that backup fails with a gRPC error carrying the
+/// webhook's message, a code that says retrying will not help, and nothing is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_a_restore_refused_by_harvesters_webhook_is_a_grpc_error_with_its_message() {
+    let bed = bed_with_vm().await;
+    let d = Driver::start(&bed, |_| {}).await;
+    let mut c = d.controller();
+    let vol = c
+        .create_volume(create_request(
+            "pvc-named-src",
+            16 << 20,
+            &mount_cap("ext4"),
+        ))
+        .await
+        .expect("CreateVolume")
+        .into_inner()
+        .volume
+        .expect("volume")
+        .volume_id;
+    let snap = take(&d, "same-name", &vol).await.expect("CreateSnapshot");
+    assert!(snap.ready_to_use, "{snap:?}");
+    let e = c
+        .create_volume(from_snapshot("same-name", 16 << 20, &snap.snapshot_id))
+        .await
+        .expect_err("a restore named like a backup is refused by Harvester");
+    let expected = format!(
+        "a RemoteBackup with name same-name already exists in namespace {}",
+        bed.vm_namespace
+    );
+    assert!(
+        e.message().contains(&expected) && e.message().contains("validator.harvesterhci.io"),
+        "the webhook's message and name: {e:?}"
+    );
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(
+        vrrs(&bed)
+            .get_opt("same-name")
+            .await
+            .expect("get")
+            .is_none(),
+        "no VRR"
+    );
+    let pvc = pvcs(&bed).get_opt("same-name").await.expect("get");
+    assert!(pvc.is_none(), "no PVC: {pvc:?}");
+}
