@@ -103,6 +103,21 @@ fn vrrs(bed: &TestBed) -> Api<DynamicObject> {
     )
 }
 
+fn vss(bed: &TestBed) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        bed.harvester.client.clone(),
+        &bed.vm_namespace,
+        &testbed::sim::snapshot::snapshot_resource(),
+    )
+}
+
+fn vscs(bed: &TestBed) -> Api<DynamicObject> {
+    Api::all_with(
+        bed.harvester.client.clone(),
+        &testbed::sim::snapshot::snapshot_content_resource(),
+    )
+}
+
 fn pvcs(bed: &TestBed) -> Api<PersistentVolumeClaim> {
     Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace)
 }
@@ -219,6 +234,38 @@ async fn a_backup_restores_its_data_into_a_new_volume_root() {
             && o.controller == Some(true)),
         "owned by its VRR: {owners:?}"
     );
+    // Through a VolumeSnapshotContent and a VolumeSnapshot named after the VRR, as upstream's
+    // `restore.go` goes: the PVC's dataSource is the VolumeSnapshot.
+    let source = pvc.spec.as_ref().and_then(|s| s.data_source.clone());
+    assert_eq!(
+        source.map(|d| (d.api_group, d.kind, d.name)),
+        Some((
+            Some("snapshot.storage.k8s.io".to_string()),
+            "VolumeSnapshot".to_string(),
+            "pvc-from-backup".to_string()
+        ))
+    );
+    let vs = vss(&bed)
+        .get("pvc-from-backup")
+        .await
+        .expect("the VolumeSnapshot");
+    assert_eq!(
+        vs.data["spec"]["source"],
+        json!({"volumeSnapshotContentName": "pvc-from-backup"})
+    );
+    let vsc = vscs(&bed)
+        .get("pvc-from-backup")
+        .await
+        .expect("the VolumeSnapshotContent");
+    assert_eq!(
+        vsc.data["spec"]["source"]["snapshotHandle"],
+        vrbs(&bed).get(&vrb_name).await.expect("the VRB").data["status"]["handle"],
+        "the content is the backup's handle"
+    );
+    assert_eq!(
+        vsc.data["spec"]["volumeSnapshotRef"],
+        json!({"name": "pvc-from-backup", "namespace": bed.vm_namespace})
+    );
     // Asking again is the same volume.
     let again = d
         .controller()
@@ -303,6 +350,13 @@ async fn a_backup_restores_its_data_into_a_new_volume_root() {
     detach_and_delete(&d, &copy_vol).await;
     gone("the VRR deleted", &vrrs(&bed), "pvc-from-backup").await;
     gone("the restored PVC deleted", &pvcs(&bed), "pvc-from-backup").await;
+    gone("its VolumeSnapshot deleted", &vss(&bed), "pvc-from-backup").await;
+    gone(
+        "its VolumeSnapshotContent deleted",
+        &vscs(&bed),
+        "pvc-from-backup",
+    )
+    .await;
 
     delete_snapshot(&d, &snap.snapshot_id)
         .await
