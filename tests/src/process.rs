@@ -111,13 +111,29 @@ pub fn find_built_binary(name: &str) -> Result<PathBuf, String> {
         })
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// The ports [`free_port`] hands out: below the kernel's ephemeral range (32768-60999 here), from
+/// which every outgoing connection of the bed's etcds, API servers and clients takes its local
+/// port, so a port handed out cannot be taken by one of them before its server binds it.
+const HANDED_OUT: std::ops::Range<u16> = 20_000..32_000;
+
+/// A TCP port on 127.0.0.1 that was free a moment ago, outside the ephemeral range. Each call of a
+/// process hands out the next one of [`HANDED_OUT`] (from an offset per process), so parallel
+/// tests of one binary never get the same port.
 pub fn free_port() -> Result<u16, BedError> {
-    let l = TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| BedError::Setup(format!("finding a free port: {e}")))?;
-    l.local_addr()
-        .map(|a| a.port())
-        .map_err(|e| BedError::Setup(format!("finding a free port: {e}")))
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let span = u32::from(HANDED_OUT.end - HANDED_OUT.start);
+    let offset = std::process::id().wrapping_mul(2_654_435_761) % span;
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = HANDED_OUT.start + ((offset + n) % span) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(BedError::Setup(format!(
+        "finding a free port: every port of {HANDED_OUT:?} on 127.0.0.1 is taken"
+    )))
 }
 
 /// Asks the kernel to SIGKILL the child when the thread that started it dies, so a test run that

@@ -13,11 +13,13 @@ mod csi_common;
 use std::time::{Duration, Instant};
 
 use csi_common::*;
+use csi_proto::csi::v1::controller_client::ControllerClient;
 use csi_proto::csi::v1::*;
 use harvester_common::harvester::{HotplugMode, VirtualMachine, VirtualMachineInstance};
 use kube::api::{Api, Patch, PatchParams};
 use testbed::BedOptions;
 use testbed::sim::virt_api::Gates;
+use tonic::transport::Channel;
 
 /// How many volumes a burst publishes to one VM at once (a Pod with several claims).
 const BURST: usize = 6;
@@ -32,6 +34,27 @@ fn harvester(mode: HotplugMode, gates: Gates) -> BedOptions {
 
 fn mount() -> VolumeCapability {
     mount_cap("ext4")
+}
+
+/// CreateVolume of a 64 MiB ext4 volume `name`: its ID.
+async fn create(c: &mut ControllerClient<Channel>, name: &str) -> String {
+    c.create_volume(create_request(name, 64 << 20, &mount()))
+        .await
+        .expect("CreateVolume")
+        .into_inner()
+        .volume
+        .expect("volume")
+        .volume_id
+}
+
+/// DeleteVolume of `id`.
+async fn delete(c: &mut ControllerClient<Channel>, id: &str) {
+    c.delete_volume(DeleteVolumeRequest {
+        volume_id: id.to_string(),
+        ..Default::default()
+    })
+    .await
+    .expect("DeleteVolume");
 }
 
 /// The hot-plugged volumes of the VM spec and of the VMI (spec or status) named like a volume
@@ -68,14 +91,7 @@ async fn a_burst_lands_in_one_round(mode: HotplugMode, gates: Gates) {
     let mut c = d.controller();
     let mut ids = Vec::new();
     for i in 0..BURST {
-        let created = c
-            .create_volume(create_request(&format!("burst-{i}"), 64 << 20, &mount()))
-            .await
-            .expect("CreateVolume")
-            .into_inner()
-            .volume
-            .expect("volume");
-        ids.push(created.volume_id);
+        ids.push(create(&mut c, &format!("burst-{i}")).await);
     }
 
     let t0 = Instant::now();
@@ -112,12 +128,7 @@ async fn a_burst_lands_in_one_round(mode: HotplugMode, gates: Gates) {
     for id in &ids {
         assert_eq!(bed.sim.hotplug.plugs(NODE, id), 1, "{id} plugged once");
         assert_eq!(bed.sim.hotplug.unplugs(NODE, id), 1, "{id} unplugged once");
-        c.delete_volume(DeleteVolumeRequest {
-            volume_id: id.clone(),
-            ..Default::default()
-        })
-        .await
-        .expect("DeleteVolume");
+        delete(&mut c, id).await;
     }
     d.stop().await;
 }
@@ -183,16 +194,10 @@ async fn contract_a_migration_strategy_vm_on_harvester_1_8_fails_clearly_and_unp
     migration_strategy(&bed).await;
     let d = Driver::start(&bed, |_| {}).await;
     let mut c = d.controller();
-    let created = c
-        .create_volume(create_request("migr-18", 64 << 20, &mount()))
-        .await
-        .expect("CreateVolume")
-        .into_inner()
-        .volume
-        .expect("volume");
+    let id = create(&mut c, "migr-18").await;
     let t0 = Instant::now();
     let err = c
-        .controller_publish_volume(publish_request(&created.volume_id, &mount()))
+        .controller_publish_volume(publish_request(&id, &mount()))
         .await
         .expect_err("KubeVirt never hot-plugs into this VM: publish must fail");
     let took = t0.elapsed();
@@ -213,19 +218,11 @@ async fn contract_a_migration_strategy_vm_on_harvester_1_8_fails_clearly_and_unp
         "answered within KubeVirt's grace, not the attach bound: {took:?}"
     );
     // The request left the volume in the VM spec; unpublish takes it out again.
-    c.controller_unpublish_volume(unpublish_request(&created.volume_id))
+    c.controller_unpublish_volume(unpublish_request(&id))
         .await
         .expect("ControllerUnpublishVolume");
-    assert_eq!(
-        attached(&bed, std::slice::from_ref(&created.volume_id)).await,
-        (0, 0)
-    );
-    assert_eq!(bed.sim.hotplug.plugs(NODE, &created.volume_id), 0);
-    c.delete_volume(DeleteVolumeRequest {
-        volume_id: created.volume_id.clone(),
-        ..Default::default()
-    })
-    .await
-    .expect("DeleteVolume");
+    assert_eq!(attached(&bed, std::slice::from_ref(&id)).await, (0, 0));
+    assert_eq!(bed.sim.hotplug.plugs(NODE, &id), 0);
+    delete(&mut c, &id).await;
     d.stop().await;
 }
