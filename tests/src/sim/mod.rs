@@ -63,6 +63,7 @@ impl Sim {
             vms: Default::default(),
             by_id_dirs: Default::default(),
             gates: std::sync::Mutex::new(gates),
+            agent_hostnames: Default::default(),
         });
         let virt_api = VirtApi::start(pki, hotplug.clone()).await?;
         let mut tasks = JoinSet::new();
