@@ -16,6 +16,7 @@ use crate::cluster::{ApiServer, ApiServerArgs, Etcd, kubeconfig_text};
 use crate::guest_cluster::GuestCluster;
 use crate::sim::Sim;
 use crate::sim::lb_webhook::{LbWebhook, Rules};
+use crate::sim::webhook::WebhookServer;
 use crate::{BedError, wait};
 
 const CRDS: [(&str, &str); 6] = [
@@ -94,6 +95,8 @@ pub struct TestBed {
     pub sim: Sim,
     /// Harvester's LoadBalancer mutating webhook, registered with the Harvester API server.
     pub lb_webhook: LbWebhook,
+    /// The HTTPS server every admission webhook of the bed is served by ([`crate::sim::webhook`]).
+    pub webhooks: WebhookServer,
     pub guest: ApiServer,
     pub harvester: ApiServer,
     pub etcd: Etcd,
@@ -177,9 +180,12 @@ impl TestBed {
         .await?;
         sim.set_harvester(opts.hotplug, gates).await?;
         register_virt_api(&harvester.client, &pki, sim.virt_api.port).await?;
-        let lb_webhook = LbWebhook::start(&pki, harvester.client.clone(), opts.lb_webhook).await?;
+        let webhooks = WebhookServer::start(&pki).await?;
+        crate::sim::lb_validator::install(&webhooks, harvester.client.clone(), &pki).await?;
+        crate::sim::lb_validator::wait_called(&harvester.client, &opts.vm_namespace).await?;
+        let lb_webhook = LbWebhook::install(&webhooks, harvester.client.clone(), opts.lb_webhook);
         lb_webhook
-            .register(&harvester.client, &pki, &opts.vm_namespace)
+            .register(&webhooks, &harvester.client, &pki, &opts.vm_namespace)
             .await?;
         let cluster = if opts.real_node {
             Some(
@@ -202,6 +208,7 @@ impl TestBed {
             cluster,
             sim,
             lb_webhook,
+            webhooks,
             guest,
             harvester,
             etcd,
@@ -228,7 +235,8 @@ impl TestBed {
         let names: Vec<String> = CRDS.iter().flat_map(|(_, yaml)| crd_names(yaml)).collect();
         wait_established(&self.harvester.client, names).await?;
         wait_virt_api_available(&self.harvester.client).await?;
-        crate::sim::lb_webhook::wait_called(&self.harvester.client, &self.vm_namespace).await
+        crate::sim::lb_webhook::wait_called(&self.harvester.client, &self.vm_namespace).await?;
+        crate::sim::lb_validator::wait_called(&self.harvester.client, &self.vm_namespace).await
     }
 
     /// Pids of every process the bed started (for the no-orphans test).

@@ -1,6 +1,6 @@
 //! Harvester's LoadBalancer mutating webhook, as a real admission webhook of the bed's Harvester
-//! kube-apiserver: served over HTTPS (its own CA, in `caBundle`), registered by a
-//! MutatingWebhookConfiguration with `clientConfig.url`, called by the API server on every
+//! kube-apiserver: served by the bed's [`WebhookServer`](super::webhook) at [`PATH`], registered
+//! by a MutatingWebhookConfiguration with `clientConfig.url`, called by the API server on every
 //! CREATE and UPDATE of `loadbalancers.loadbalancer.harvesterhci.io`, answering with a JSONPatch.
 //!
 //! The mutations are those of harvester/load-balancer-harvester
@@ -17,23 +17,14 @@
 //! `allowed: false` with an InternalError status (code 500) carrying the mutator's error.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::Engine;
-use bytes::Bytes;
-use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
-use tokio::task::JoinSet;
 
+use super::webhook::{Refusal, Registration, Rule, Verdict, WebhookServer, handler};
 use crate::certs::Pki;
 use crate::{BedError, wait};
 
@@ -354,40 +345,23 @@ fn health_check_patch(lb: &Value) -> Result<Vec<Value>, String> {
     })
 }
 
-/// The AdmissionReview response for `review` given the mutator's answer.
-pub fn review_response(review: &Value, answer: Result<Vec<Value>, String>) -> Value {
-    let uid = review
-        .pointer("/request/uid")
-        .cloned()
-        .unwrap_or(Value::String(String::new()));
-    let api_version = review
-        .get("apiVersion")
-        .and_then(Value::as_str)
-        .unwrap_or("admission.k8s.io/v1");
-    let response = match answer {
-        Ok(patch) if patch.is_empty() => json!({"uid": uid, "allowed": true}),
-        Ok(patch) => json!({
-            "uid": uid, "allowed": true, "patchType": "JSONPatch",
-            "patch": base64::engine::general_purpose::STANDARD.encode(Value::Array(patch).to_string()),
-        }),
-        Err(message) => json!({
-            "uid": uid, "allowed": false,
-            "status": {"status": "Failure", "message": message, "reason": "InternalError", "code": 500},
-        }),
-    };
-    json!({"apiVersion": api_version, "kind": "AdmissionReview", "response": response})
+/// What the mutator's answer is on the wire: a JSONPatch, or upstream's `admission.go` refusal
+/// of a plain error (500 InternalError carrying the mutator's message).
+pub fn verdict(answer: Result<Vec<Value>, String>) -> Verdict {
+    match answer {
+        Ok(patch) => Verdict::Patch(patch),
+        Err(message) => Verdict::Refuse(Refusal::internal(message)),
+    }
 }
 
-/// The webhook server; dropping it stops serving.
+/// Harvester's LB mutator, served by the bed's [`WebhookServer`] at [`PATH`].
 pub struct LbWebhook {
-    pub port: u16,
     pub rules: Rules,
     /// Admission requests answered (any outcome), for tests that want to see it was called.
     pub calls: Arc<std::sync::atomic::AtomicUsize>,
     /// UPDATEs whose client tried to change a key the webhook owns (namespace, project, network
     /// differing from the stored object's before mutation): `(fieldManager, LoadBalancer name)`.
     pub owned_key_writes: Arc<std::sync::Mutex<Vec<(String, String)>>>,
-    tasks: JoinSet<()>,
 }
 
 impl LbWebhook {
@@ -414,12 +388,6 @@ pub fn changes_owned_key(old: &Value, new: &Value) -> bool {
         .any(|k| old.get(*k) != new.get(*k))
 }
 
-impl Drop for LbWebhook {
-    fn drop(&mut self) {
-        self.tasks.abort_all();
-    }
-}
-
 struct Ctx {
     client: kube::Client,
     rules: Rules,
@@ -427,41 +395,26 @@ struct Ctx {
     owned_key_writes: Arc<std::sync::Mutex<Vec<(String, String)>>>,
 }
 
-fn tls_config(pki: &Pki) -> Result<rustls::ServerConfig, BedError> {
-    let e = |what: &str, e: &dyn std::fmt::Display| {
-        BedError::Setup(format!("LB webhook TLS {what}: {e}"))
-    };
-    let certs: Vec<CertificateDer<'static>> =
-        rustls_pemfile::certs(&mut pki.lb_webhook.cert_pem.as_bytes())
-            .collect::<Result<_, _>>()
-            .map_err(|x| e("cert", &x))?;
-    let key: PrivateKeyDer<'static> =
-        rustls_pemfile::private_key(&mut pki.lb_webhook.key_pem.as_bytes())
-            .map_err(|x| e("key", &x))?
-            .ok_or_else(|| BedError::Setup("LB webhook TLS key: none in PEM".into()))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|x| e("versions", &x))?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|x| e("cert", &x))?;
-    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(cfg)
+/// The MutatingWebhookConfiguration upstream's webhook server registers for the mutator.
+pub fn registration() -> Registration {
+    Registration::mutating(
+        CONFIG_NAME,
+        WEBHOOK_NAME,
+        PATH,
+        vec![Rule::new(
+            &["CREATE", "UPDATE"],
+            "loadbalancer.harvesterhci.io",
+            "v1beta1",
+            "loadbalancers",
+            "Namespaced",
+        )],
+    )
 }
 
 impl LbWebhook {
-    /// Serves on 127.0.0.1 (a free port) with the bed's webhook serving cert; `client` is the
-    /// Harvester admin client the mutator reads Namespaces and VMIs with.
-    pub async fn start(pki: &Pki, client: kube::Client, rules: Rules) -> Result<Self, BedError> {
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls_config(pki)?));
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|e| BedError::Setup(format!("LB webhook: binding 127.0.0.1: {e}")))?;
-        let port = listener
-            .local_addr()
-            .map_err(|e| BedError::Setup(format!("LB webhook: {e}")))?
-            .port();
+    /// Routes the mutator at [`PATH`] of `server`; `client` is the Harvester admin client it reads
+    /// Namespaces and VMIs with.
+    pub fn install(server: &WebhookServer, client: kube::Client, rules: Rules) -> LbWebhook {
         let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let owned_key_writes = Arc::new(std::sync::Mutex::new(Vec::new()));
         let ctx = Arc::new(Ctx {
@@ -470,46 +423,30 @@ impl LbWebhook {
             calls: calls.clone(),
             owned_key_writes: owned_key_writes.clone(),
         });
-        let mut tasks = JoinSet::new();
-        tasks.spawn(serve(listener, acceptor, ctx));
-        Ok(LbWebhook {
-            port,
+        server.route(
+            PATH,
+            handler(move |request| {
+                let ctx = ctx.clone();
+                async move { handle(request, &ctx).await }
+            }),
+        );
+        LbWebhook {
             rules,
             calls,
             owned_key_writes,
-            tasks,
-        })
+        }
     }
 
     /// Registers the webhook with the API server (`clientConfig.url`, `caBundle` = the webhook's
     /// CA) and waits until the API server calls it: a dry-run create comes back mutated.
     pub async fn register(
         &self,
+        server: &WebhookServer,
         client: &kube::Client,
         pki: &Pki,
         namespace: &str,
     ) -> Result<(), BedError> {
-        let ca = base64::engine::general_purpose::STANDARD.encode(&pki.lb_webhook_ca.cert_pem);
-        let yaml = format!(
-            r#"apiVersion: admissionregistration.k8s.io/v1
-kind: MutatingWebhookConfiguration
-metadata: {{name: {CONFIG_NAME}}}
-webhooks:
-- name: {WEBHOOK_NAME}
-  clientConfig: {{url: "https://127.0.0.1:{port}{PATH}", caBundle: {ca}}}
-  rules:
-  - operations: [CREATE, UPDATE]
-    apiGroups: [loadbalancer.harvesterhci.io]
-    apiVersions: [v1beta1]
-    resources: [loadbalancers]
-    scope: Namespaced
-  failurePolicy: Ignore
-  sideEffects: None
-  admissionReviewVersions: [v1, v1beta1]
-"#,
-            port = self.port
-        );
-        crate::apply::apply_yaml(client, &yaml, "default").await?;
+        server.register(client, pki, &registration()).await?;
         wait_called(client, namespace).await
     }
 }
@@ -522,7 +459,8 @@ pub async fn wait_called(client: &kube::Client, namespace: &str) -> Result<(), B
     let probe: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
         "metadata": {"name": "testbed-webhook-probe", "annotations": {"testbed": "probe"}},
-        "spec": {"workloadType": "vm", "ipam": "pool"}
+        "spec": {"workloadType": "vm", "ipam": "pool",
+                 "listeners": [{"name": "probe", "port": 80, "protocol": "TCP", "backendPort": 80}]}
     }))
     .map_err(|e| BedError::Setup(format!("LB webhook probe: {e}")))?;
     let params = PostParams {
@@ -566,78 +504,10 @@ fn vmi_resource() -> ApiResource {
     )
 }
 
-async fn serve(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor, ctx: Arc<Ctx>) {
-    loop {
-        let Ok((tcp, _)) = listener.accept().await else {
-            continue;
-        };
-        let acceptor = acceptor.clone();
-        let ctx = ctx.clone();
-        tokio::spawn(async move {
-            let tls = match acceptor.accept(tcp).await {
-                Ok(tls) => tls,
-                Err(e) => {
-                    tracing::debug!("LB webhook: TLS handshake: {e}");
-                    return;
-                }
-            };
-            let svc = hyper::service::service_fn(move |req| {
-                let ctx = ctx.clone();
-                async move { Ok::<_, Infallible>(handle(req, &ctx).await) }
-            });
-            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(tls), svc)
-                .await;
-        });
-    }
-}
-
-fn reply(code: StatusCode, body: String) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(body)));
-    *r.status_mut() = code;
-    r.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
-    r
-}
-
-async fn handle(req: Request<Incoming>, ctx: &Ctx) -> Response<Full<Bytes>> {
-    if req.uri().path() != PATH {
-        return reply(StatusCode::NOT_FOUND, "{}".into());
-    }
-    let body = match req.into_body().collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            return reply(
-                StatusCode::BAD_REQUEST,
-                json!({"error": e.to_string()}).to_string(),
-            );
-        }
-    };
-    let review: Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(e) => {
-            return reply(
-                StatusCode::BAD_REQUEST,
-                json!({"error": format!("not an AdmissionReview: {e}")}).to_string(),
-            );
-        }
-    };
+async fn handle(request: Value, ctx: &Ctx) -> Verdict {
     ctx.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    let request = review.get("request").cloned().unwrap_or(Value::Null);
     let op = Operation::parse(str_at(&request, "/operation"));
-    let mut lb = request.get("object").cloned().unwrap_or(Value::Null);
-    if str_at(&lb, "/metadata/namespace").is_empty()
-        && let Some(obj) = lb.as_object_mut()
-    {
-        // Upstream's object is decoded from the request, whose namespace the API server sets.
-        let ns = str_at(&request, "/namespace").to_string();
-        obj.entry("metadata")
-            .or_insert_with(|| json!({}))
-            .as_object_mut()
-            .map(|m| m.insert("namespace".into(), ns.into()));
-    }
+    let lb = request.get("object").cloned().unwrap_or(Value::Null);
     if op == Operation::Update
         && let Some(old) = request.get("oldObject")
         && changes_owned_key(old, &lb)
@@ -651,11 +521,7 @@ async fn handle(req: Request<Incoming>, ctx: &Ctx) -> Response<Full<Bytes>> {
             ));
     }
     let facts = facts(ctx, &lb).await;
-    let answer = mutate(ctx.rules, op, &lb, &facts);
-    if let Err(e) = &answer {
-        tracing::info!("LB webhook refuses {op:?}: {e}");
-    }
-    reply(StatusCode::OK, review_response(&review, answer).to_string())
+    verdict(mutate(ctx.rules, op, &lb, &facts))
 }
 
 /// Reads what the mutator may need: the LB's Namespace and its guest-cluster VMIs.
@@ -971,34 +837,17 @@ mod tests {
                 ] {
                     let _ = mutate(rules, op, &bad, &f);
                     let _ = changes_owned_key(&bad, &json!({}));
-                    let _ = review_response(&bad, Ok(vec![]));
                 }
             }
         }
     }
 
     #[test]
-    fn review_response_carries_uid_and_a_base64_json_patch() {
-        let review = json!({"apiVersion": "admission.k8s.io/v1", "request": {"uid": "u-1"}});
-        let r = review_response(
-            &review,
-            Ok(vec![json!({"op": "add", "path": "/a", "value": 1})]),
-        );
-        assert_eq!(r["response"]["uid"], "u-1");
-        assert_eq!(r["response"]["patchType"], "JSONPatch");
-        let raw = base64::engine::general_purpose::STANDARD
-            .decode(r["response"]["patch"].as_str().unwrap())
-            .unwrap();
+    fn a_refusal_is_upstreams_internal_error() {
         assert_eq!(
-            serde_json::from_slice::<Value>(&raw).unwrap()[0]["path"],
-            "/a"
+            verdict(Err("boom".into())),
+            Verdict::Refuse(Refusal::internal("boom"))
         );
-        let no = review_response(&review, Err("boom".into()));
-        assert_eq!(no["response"]["allowed"], false);
-        assert_eq!(no["response"]["status"]["code"], 500);
-        assert_eq!(
-            review_response(&review, Ok(vec![]))["response"].get("patch"),
-            None
-        );
+        assert_eq!(verdict(Ok(vec![])), Verdict::Patch(vec![]));
     }
 }

@@ -1,16 +1,18 @@
 //! The Harvester stand-in: plays KubeVirt (VM/VMI status, hot-plug), Longhorn (PVC binding on loop
 //! devices), the Harvester LB controller (IPPool allocation) and Harvester's LoadBalancer
-//! mutating webhook (a real admission webhook, [`lb_webhook`]) against the real Harvester API
-//! server. It never stands in for an API: every object lives in kube-apiserver.
+//! mutating webhook (a real admission webhook, [`lb_webhook`], served with the bed's other
+//! webhooks by [`webhook`]) against the real Harvester API server. It never stands in for an API: every object lives in kube-apiserver.
 
 pub mod backup;
 pub mod lb;
+pub mod lb_validator;
 pub mod lb_webhook;
 pub mod networkfs;
 pub mod snapshot;
 pub mod storage;
 pub mod virt_api;
 pub mod vm;
+pub mod webhook;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
