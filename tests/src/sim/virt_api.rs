@@ -765,9 +765,36 @@ async fn add_volume(
         return request_in_status(ctx, ns, &vm, json!({"addVolumeOptions": add})).await;
     }
     patch_spec(ctx, ns, vm_name, |spec| {
-        hotplug::declarative_add_patch(spec, &opts.name, &claim, &serial)
+        let mut patch = hotplug::declarative_add_patch(spec, &opts.name, &claim, &serial)?;
+        // virt-api stores the caller's disk device (`generateVolumeRequestPatch` appends
+        // `opts.Disk`): its bus goes into the spec as asked, for the admitters to judge.
+        if !opts.disk.disk.is_null() {
+            with_disk_device(&mut patch, &opts.name, &opts.disk.disk);
+        }
+        Some(patch)
     })
     .await
+}
+
+/// Sets the device (`disk: {bus}`) of the disk named `name` wherever `patch` adds it.
+fn with_disk_device(patch: &mut serde_json::Value, name: &str, device: &serde_json::Value) {
+    match patch {
+        serde_json::Value::Array(items) => {
+            for item in items {
+                with_disk_device(item, name, device);
+            }
+        }
+        serde_json::Value::Object(map) => {
+            if map.get("name").and_then(|n| n.as_str()) == Some(name) && map.contains_key("disk") {
+                map.insert("disk".into(), device.clone());
+                return;
+            }
+            for v in map.values_mut() {
+                with_disk_device(v, name, device);
+            }
+        }
+        _ => {}
+    }
 }
 
 /// virt-controller's part of a hot-plug: a running VM's VMI gets the volume in its spec and a
