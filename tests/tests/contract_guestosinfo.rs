@@ -246,3 +246,53 @@ async fn contract_guestosinfo_refusals_are_virt_api_s_and_the_provider_stays_cor
     assert!(!ccm.is_finished(), "the cloud provider ended early");
     ccm.stop().await.expect("the cloud provider stops cleanly");
 }
+
+/// A VMI backed by a real guest: virt-api's answer carries what the guest's qemu-guest-agent
+/// says (`guest-get-host-name`), and the provider finds the Node by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_guestosinfo_asks_the_real_guest_agent() {
+    use std::sync::Arc;
+    use testbed::vm::{Vm, VmOptions};
+    let bed = bed().await;
+    bed.sim
+        .create_host("harvester-1", Some("region-a"), Some("zone-1"))
+        .await
+        .expect("host");
+    let vm = match Vm::start(bed.dir.path(), VmOptions::new("guest-qga")).await {
+        Ok(vm) => Arc::new(vm),
+        Err(e) => panic!("the guest VM must boot for this test: {e}"),
+    };
+    // The guest names itself before anything asks its agent for the name.
+    vm.run("hostname pool-c-real")
+        .await
+        .expect("set the guest's hostname");
+    let (created, _) = bed
+        .sim
+        .create_vm_backed(
+            &GuestVm::new("rke2-pool-c-0").on_host("harvester-1"),
+            vm.clone(),
+        )
+        .await
+        .expect("VM and VMI backed by the guest");
+
+    let (code, body) = guest_os_info(&bed, "rke2-pool-c-0").await;
+    assert_eq!(code, 200, "{body}");
+    let info: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(info["hostname"], "pool-c-real", "{info}");
+
+    bed.sim
+        .create_guest_node("pool-c-real")
+        .await
+        .expect("guest node");
+    let ccm = start_ccm(&bed);
+    let node = initialised(&bed, "pool-c-real").await;
+    assert_eq!(
+        provider_id(&node),
+        Some(format!(
+            "harvester://{}",
+            created.metadata.uid.expect("uid")
+        ))
+    );
+    ccm.stop().await.expect("the cloud provider stops cleanly");
+    vm.stop().await;
+}
