@@ -38,14 +38,40 @@ fn body(name: &str, serial: &str, bus: &str) -> AddVolumeOptions {
     opts
 }
 
-/// virt-api's answer to an `addvolume` of `body` on the guest VM: `Ok` or (code, reason, message).
+/// virt-api's answer to an `addvolume` of `body` on the guest VM: `Ok` or (code, reason,
+/// message); the refusal's `details.causes` as `reason field` go to [`causes`].
 async fn add(bed: &TestBed, body: &AddVolumeOptions) -> Result<(), (u16, String, String)> {
+    add_with_causes(bed, body)
+        .await
+        .map_err(|(c, r, m, _)| (c, r, m))
+}
+
+async fn causes(bed: &TestBed, body: &AddVolumeOptions) -> Vec<String> {
+    add_with_causes(bed, body).await.expect_err("refused").3
+}
+
+type Answer = (u16, String, String, Vec<String>);
+
+async fn add_with_causes(bed: &TestBed, body: &AddVolumeOptions) -> Result<(), Answer> {
     match hotplug::add_volume(&bed.sim.harvester, &bed.vm_namespace, NODE, body).await {
         Ok(()) => Ok(()),
         Err(HotplugError::Request {
             source: kube::Error::Api(s),
             ..
-        }) => Err((s.code, s.reason.clone(), s.message.clone())),
+        }) => Err((
+            s.code,
+            s.reason.clone(),
+            s.message.clone(),
+            s.details
+                .as_ref()
+                .map(|d| {
+                    d.causes
+                        .iter()
+                        .map(|c| format!("{} {}", c.reason, c.field))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        )),
         Err(e) => panic!("addvolume: {e}"),
     }
 }
@@ -139,6 +165,15 @@ async fn contract_kubevirt_admission_refuses_a_bad_disk_at_addvolume_under_hotpl
         )
     );
     assert!(!vm_has(&bed, "bad-serial").await && !vm_has(&bed, "bad-bus").await);
+    // The causes with their field paths come through the API server and virt-api.
+    assert_eq!(
+        causes(&bed, &body("bad-serial", "a/b", "scsi")).await,
+        ["FieldValueInvalid spec.template.spec.domain.devices.disks[0].serial"]
+    );
+    assert_eq!(
+        causes(&bed, &body("bad-bus", "okserial", "sata")).await,
+        ["FieldValueInvalid Status.volumeRequests"]
+    );
 
     let before = bed.kubevirt_refusals.list().len();
     the_driver_s_publish_passes(&bed, before).await;
@@ -155,6 +190,10 @@ async fn contract_kubevirt_admission_refuses_a_bad_disk_under_the_declarative_ga
     assert_eq!((code, reason.as_str()), (422, "Invalid"), "{message}");
     assert_eq!(message, denied(VM_WEBHOOK, &serial_text(0)));
     assert!(!vm_has(&bed, "bad-serial").await);
+    assert_eq!(
+        causes(&bed, &body("bad-serial", "a/b", "scsi")).await,
+        ["FieldValueInvalid spec.template.spec.domain.devices.disks[0].serial"]
+    );
 
     // `sata` is a disk bus ValidateDisks knows: the VM spec takes it...
     add(&bed, &body("bad-bus", "okserial", "sata"))

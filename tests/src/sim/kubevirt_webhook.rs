@@ -40,6 +40,34 @@ pub const VMI_UPDATE_PATH: &str = "/virtualmachineinstances-validate-update";
 const MAX_SERIAL: usize = 256;
 /// The template disks' field path as `ValidateVirtualMachineSpec` builds it.
 const TEMPLATE_DISKS: &str = "spec.template.spec.domain.devices.disks";
+/// The field `validateVolumeRequests` names (`k8sfield.NewPath("Status", "volumeRequests")`).
+const REQUESTS_FIELD: &str = "Status.volumeRequests";
+
+/// One `metav1.StatusCause` of a refusal; every rule played is a `FieldValueInvalid`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cause {
+    pub message: String,
+    /// The field path (`k8sfield.Path`), empty where upstream gives none.
+    pub field: String,
+}
+
+impl Cause {
+    fn new(message: String, field: impl Into<String>) -> Cause {
+        Cause {
+            message,
+            field: field.into(),
+        }
+    }
+
+    /// As Go marshals a `StatusCause`: the type under `reason`, an empty field left out.
+    fn to_json(&self) -> Value {
+        let mut c = json!({"reason": "FieldValueInvalid", "message": self.message});
+        if !self.field.is_empty() {
+            c["field"] = json!(self.field);
+        }
+        c
+    }
+}
 
 /// Every refusal the webhooks gave, `(webhook path, message)`, in order.
 #[derive(Clone, Default)]
@@ -65,7 +93,7 @@ pub async fn install(
 ) -> Result<Refusals, BedError> {
     let refusals = Refusals::default();
     for (path, check) in [
-        (VM_PATH, vm_causes as fn(&Value) -> Vec<String>),
+        (VM_PATH, vm_causes as fn(&Value) -> Vec<Cause>),
         (STATUS_PATH, status_causes),
         (VMI_UPDATE_PATH, vmi_update_causes),
     ] {
@@ -81,7 +109,10 @@ pub async fn install(
                     }
                     let message = to_message(&causes);
                     refusals.push(path, &message);
-                    Verdict::Refuse(Refusal::invalid(message))
+                    Verdict::Refuse(
+                        Refusal::invalid(message)
+                            .with_causes(causes.iter().map(Cause::to_json).collect()),
+                    )
                 }
             }),
         );
@@ -126,11 +157,11 @@ pub async fn install(
 }
 
 /// `ToAdmissionResponse`'s message.
-fn to_message(causes: &[String]) -> String {
+fn to_message(causes: &[Cause]) -> String {
     let mut message = causes
         .iter()
         .take(10)
-        .cloned()
+        .map(|c| c.message.as_str())
         .collect::<Vec<_>>()
         .join(", ");
     if causes.len() > 10 {
@@ -168,40 +199,56 @@ fn serial_charset_ok(serial: &str) -> bool {
 
 /// `ValidateDisks`, the rules a hot-plugged disk can break: bus support, serial charset and
 /// length.
-pub fn validate_disks(field: &str, disks: &[Value]) -> Vec<String> {
+pub fn validate_disks(field: &str, disks: &[Value]) -> Vec<Cause> {
     let mut causes = Vec::new();
     for (idx, disk) in disks.iter().enumerate() {
         let at = format!("{field}[{idx}]");
         let (bus, kind) = bus_and_type(disk);
         match bus.as_str() {
             "" | "scsi" | "usb" => {}
-            "ide" => causes.push("IDE bus is not supported".to_string()),
-            "virtio" if kind == "cdrom" => {
-                causes.push(format!("Bus type {bus} is invalid for CD-ROM device"))
-            }
+            "ide" => causes.push(Cause::new(
+                "IDE bus is not supported".to_string(),
+                format!("{at}.{kind}.bus"),
+            )),
+            "virtio" if kind == "cdrom" => causes.push(Cause::new(
+                format!("Bus type {bus} is invalid for CD-ROM device"),
+                format!("{at}.cdrom.bus"),
+            )),
             "virtio" => {}
             "sata" => {
                 if kind == "disk"
                     && disk.pointer("/disk/readonly").and_then(Value::as_bool) == Some(true)
                 {
-                    causes.push(format!("{bus} hard-disks do not support read-only."));
+                    causes.push(Cause::new(
+                        format!("{bus} hard-disks do not support read-only."),
+                        format!("{at}.disk.bus"),
+                    ));
                 }
             }
-            other => causes.push(format!(
-                "{at} is set with an unrecognized bus {other}, must be one of: [virtio scsi sata usb]"
+            other => causes.push(Cause::new(
+                format!(
+                    "{at} is set with an unrecognized bus {other}, must be one of: [virtio scsi sata usb]"
+                ),
+                format!("{at}.{kind}.bus"),
             )),
         }
         if let Some(serial) = disk.get("serial").and_then(Value::as_str)
             && !serial.is_empty()
         {
             if !serial_charset_ok(serial) {
-                causes.push(format!(
-                    "{at} must be made up of the following characters [A-Za-z0-9_.+-], if specified"
+                causes.push(Cause::new(
+                    format!(
+                        "{at} must be made up of the following characters [A-Za-z0-9_.+-], if specified"
+                    ),
+                    format!("{at}.serial"),
                 ));
             }
             if serial.chars().count() > MAX_SERIAL {
-                causes.push(format!(
-                    "{at} must be less than or equal to {MAX_SERIAL} in length, if specified"
+                causes.push(Cause::new(
+                    format!(
+                        "{at} must be less than or equal to {MAX_SERIAL} in length, if specified"
+                    ),
+                    format!("{at}.serial"),
                 ));
             }
         }
@@ -210,7 +257,16 @@ pub fn validate_disks(field: &str, disks: &[Value]) -> Vec<String> {
 }
 
 /// `ValidateHotplugDiskConfiguration`: the first cause only, as upstream returns.
-pub fn hotplug_disk_cause(disk: Option<&Value>, name: &str, prefix: &str) -> Option<String> {
+pub fn hotplug_disk_cause(
+    disk: Option<&Value>,
+    name: &str,
+    prefix: &str,
+    field: &str,
+) -> Option<Cause> {
+    hotplug_disk_text(disk, name, prefix).map(|m| Cause::new(m, field))
+}
+
+fn hotplug_disk_text(disk: Option<&Value>, name: &str, prefix: &str) -> Option<String> {
     let Some(disk) = disk.filter(|d| d.is_object()) else {
         return Some(format!(
             "{prefix} for [{name}] requires the disk field to be set."
@@ -233,7 +289,7 @@ pub fn hotplug_disk_cause(disk: Option<&Value>, name: &str, prefix: &str) -> Opt
 
 /// `validateVolumeRequests`: each add request's disk, then the template with the requests
 /// applied (`ApplyVolumeRequestOnVMISpec`: an added disk goes last) through `ValidateDisks`.
-fn volume_request_causes(vm: &Value) -> Vec<String> {
+fn volume_request_causes(vm: &Value) -> Vec<Cause> {
     let Some(requests) = vm
         .pointer("/status/volumeRequests")
         .and_then(Value::as_array)
@@ -245,7 +301,9 @@ fn volume_request_causes(vm: &Value) -> Vec<String> {
     for r in requests {
         if let Some(add) = r.get("addVolumeOptions") {
             let name = add.get("name").and_then(Value::as_str).unwrap_or_default();
-            if let Some(cause) = hotplug_disk_cause(add.get("disk"), name, "AddVolume request") {
+            if let Some(cause) =
+                hotplug_disk_cause(add.get("disk"), name, "AddVolume request", REQUESTS_FIELD)
+            {
                 return vec![cause];
             }
             if !disks
@@ -272,7 +330,7 @@ fn object(req: &Value) -> &Value {
 
 /// `VMsAdmitter.Admit` (for the rules played): a VM being deleted passes; the template's disks,
 /// then its volume requests.
-fn vm_causes(req: &Value) -> Vec<String> {
+fn vm_causes(req: &Value) -> Vec<Cause> {
     let vm = object(req);
     if vm
         .pointer("/metadata/deletionTimestamp")
@@ -291,13 +349,13 @@ fn vm_causes(req: &Value) -> Vec<String> {
 }
 
 /// `VMsAdmitter.AdmitStatus` (for the rules played).
-fn status_causes(req: &Value) -> Vec<String> {
+fn status_causes(req: &Value) -> Vec<Cause> {
     volume_request_causes(object(req))
 }
 
 /// `AdmitHotplugStorage` for hot-plugged disks: a hot-pluggable volume new in the VMI spec whose
 /// disk is new too must pass `ValidateHotplugDiskConfiguration` ("Hotplug configuration").
-fn vmi_update_causes(req: &Value) -> Vec<String> {
+fn vmi_update_causes(req: &Value) -> Vec<Cause> {
     let new = object(req);
     let old = req.get("oldObject").unwrap_or(&Value::Null);
     let volumes = |vmi: &Value| -> Vec<Value> {
@@ -331,9 +389,9 @@ fn vmi_update_causes(req: &Value) -> Vec<String> {
             continue;
         }
         let Some(disk) = new_disks.iter().find(|d| name_of(d) == name) else {
-            return vec![format!("disk {name} does not exist")];
+            return vec![Cause::new(format!("disk {name} does not exist"), "")];
         };
-        if let Some(cause) = hotplug_disk_cause(Some(disk), &name, "Hotplug configuration") {
+        if let Some(cause) = hotplug_disk_cause(Some(disk), &name, "Hotplug configuration", "") {
             return vec![cause];
         }
     }
@@ -386,30 +444,34 @@ mod tests {
             json!({"name": "odd", "disk": {"bus": "floppy"}}),
             json!({"name": "sata", "disk": {"bus": "sata"}}),
         ];
+        let messages = |c: Vec<Cause>| c.into_iter().map(|c| c.message).collect::<Vec<_>>();
+        let causes = validate_disks("f", &disks);
+        assert_eq!(causes[0].field, "f[1].serial");
+        assert_eq!(causes[2].field, "f[3].disk.bus");
         assert_eq!(
-            validate_disks("f", &disks),
+            messages(causes),
             [
                 "f[1] must be made up of the following characters [A-Za-z0-9_.+-], if specified",
                 "f[2] must be less than or equal to 256 in length, if specified",
                 "f[3] is set with an unrecognized bus floppy, must be one of: [virtio scsi sata usb]",
             ]
         );
-        assert_eq!(hotplug_disk_cause(Some(&disks[0]), "ok", "P"), None);
+        assert_eq!(hotplug_disk_text(Some(&disks[0]), "ok", "P"), None);
         assert_eq!(
-            hotplug_disk_cause(Some(&disks[4]), "sata", "AddVolume request").as_deref(),
+            hotplug_disk_text(Some(&disks[4]), "sata", "AddVolume request").as_deref(),
             Some(
                 "AddVolume request for disk [sata] requires bus to be 'scsi' or 'virtio'. [sata] is not permitted."
             )
         );
         assert_eq!(
-            hotplug_disk_cause(None, "x", "P").as_deref(),
+            hotplug_disk_text(None, "x", "P").as_deref(),
             Some("P for [x] requires the disk field to be set.")
         );
         assert_eq!(
-            hotplug_disk_cause(Some(&json!({"cdrom": {"bus": "sata"}})), "c", "P").as_deref(),
+            hotplug_disk_text(Some(&json!({"cdrom": {"bus": "sata"}})), "c", "P").as_deref(),
             Some("P for [c] requires diskDevice of type 'disk' or 'lun' to be used.")
         );
-        let many: Vec<String> = (0..12).map(|i| i.to_string()).collect();
+        let many: Vec<Cause> = (0..12).map(|i| Cause::new(i.to_string(), "")).collect();
         assert_eq!(
             to_message(&many),
             "0, 1, 2, 3, 4, 5, 6, 7, 8, 9, and 2 more validation errors"
@@ -423,14 +485,19 @@ mod tests {
                        {"name": "root", "disk": {"bus": "virtio"}}]}}}}},
                    "status": {"volumeRequests": [{"addVolumeOptions": {"name": "v", "disk": disk}}]}})
         };
+        let messages = |c: Vec<Cause>| c.into_iter().map(|c| c.message).collect::<Vec<_>>();
         assert_eq!(
-            volume_request_causes(&vm(json!({"serial": "a/b", "disk": {"bus": "scsi"}}))),
+            messages(volume_request_causes(&vm(
+                json!({"serial": "a/b", "disk": {"bus": "scsi"}})
+            ))),
             [format!(
                 "{TEMPLATE_DISKS}[1] must be made up of the following characters [A-Za-z0-9_.+-], if specified"
             )]
         );
+        let bus = volume_request_causes(&vm(json!({"serial": "ok", "disk": {"bus": "sata"}})));
+        assert_eq!(bus[0].field, REQUESTS_FIELD);
         assert_eq!(
-            volume_request_causes(&vm(json!({"serial": "ok", "disk": {"bus": "sata"}}))),
+            messages(bus),
             [
                 "AddVolume request for disk [v] requires bus to be 'scsi' or 'virtio'. [sata] is not permitted."
             ]

@@ -536,11 +536,21 @@ async fn guest_os_info(ctx: &HotplugCtx, ns: &str, name: &str) -> Reply {
     reply(StatusCode::OK, info)
 }
 
+/// An API server error relayed whole, as virt-api's `writeError` writes the `StatusError` it
+/// got (kubevirt/kubevirt v1.7.0 `pkg/virt-api/rest/subresource.go`): `details.causes` of an
+/// admission webhook's refusal included.
 fn api_error(e: kube::Error) -> Reply {
     match e {
         kube::Error::Api(s) => {
             let code = StatusCode::from_u16(s.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            failure(code, &s.reason, s.message)
+            match serde_json::to_value(&s) {
+                Ok(mut body) if body.is_object() => {
+                    body["kind"] = json!("Status");
+                    body["apiVersion"] = json!("v1");
+                    reply(code, body)
+                }
+                _ => failure(code, &s.reason, s.message),
+            }
         }
         other => failure(
             StatusCode::INTERNAL_SERVER_ERROR,
