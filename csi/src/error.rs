@@ -35,16 +35,26 @@ impl From<ArgError> for Status {
 /// The code for a failed Harvester API call: conflicts are retried by the caller (`ABORTED`),
 /// a request the cloud-config's identity may not make is `PERMISSION_DENIED` (RBAC, fixed by
 /// the operator, not by retrying), an unreachable or overloaded server is `UNAVAILABLE`,
-/// anything else `INTERNAL`.
+/// anything else `INTERNAL` — but a write an admission webhook of Harvester refused with a 4xx
+/// (kube-apiserver's `admission webhook "<name>" denied the request: <message>`, e.g. a restore
+/// named like an existing backup) is Harvester's rule about its current state, not our bug:
+/// `FAILED_PRECONDITION`, with the webhook's message.
 fn kube_code(e: &kube::Error) -> Code {
     match e {
         kube::Error::Api(s) if s.code == 409 => Code::Aborted,
         kube::Error::Api(s) if s.code == 403 => Code::PermissionDenied,
         kube::Error::Api(s) if s.code == 429 || s.code >= 500 => Code::Unavailable,
+        kube::Error::Api(s) if webhook_denied(&s.message) => Code::FailedPrecondition,
         kube::Error::Api(_) => Code::Internal,
         kube::Error::HyperError(_) | kube::Error::Service(_) => Code::Unavailable,
         _ => Code::Internal,
     }
+}
+
+/// kube-apiserver's text for a request an admission webhook refused
+/// (`k8s.io/apiserver/pkg/admission/plugin/webhook/errors`, `ToStatusErr`).
+fn webhook_denied(message: &str) -> bool {
+    message.starts_with("admission webhook \"") && message.contains("\" denied the request")
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -401,5 +411,34 @@ mod tests {
             ));
             assert_eq!(s.code(), want, "API answered {code} {reason}: {s:?}");
         }
+    }
+
+    #[test]
+    fn a_write_a_harvester_webhook_refused_is_a_failed_precondition_with_its_message() {
+        let denied = |code: u16, reason: &str| {
+            kube::Error::Api(
+                kube::core::Status::failure(
+                    "admission webhook \"validator.harvesterhci.io\" denied the request: a RemoteBackup with name v1 already exists in namespace ns",
+                    reason,
+                )
+                .with_code(code)
+                .boxed(),
+            )
+        };
+        let s = Status::from(ControllerError::api("creating VolumeRemoteRestore v1")(
+            denied(422, "Invalid"),
+        ));
+        assert_eq!(s.code(), Code::FailedPrecondition, "{s:?}");
+        assert!(
+            s.message()
+                .contains("a RemoteBackup with name v1 already exists in namespace ns"),
+            "{}",
+            s.message()
+        );
+        // A webhook's 500 (its lookup failed) may pass on a retry, as any 5xx.
+        let s = Status::from(ControllerError::api("creating VolumeRemoteBackup b")(
+            denied(500, "InternalError"),
+        ));
+        assert_eq!(s.code(), Code::Unavailable, "{s:?}");
     }
 }

@@ -188,6 +188,8 @@ impl TestBed {
         let kubevirt_refusals =
             crate::sim::kubevirt_webhook::install(&webhooks, &harvester.client, &pki).await?;
         crate::sim::kubevirt_webhook::wait_called(&harvester.client, &opts.vm_namespace).await?;
+        crate::sim::backup_validator::install(&webhooks, harvester.client.clone(), &pki).await?;
+        crate::sim::backup_validator::wait_called(&harvester.client, &opts.vm_namespace).await?;
         let lb_webhook = LbWebhook::install(&webhooks, harvester.client.clone(), opts.lb_webhook);
         lb_webhook
             .register(&webhooks, &harvester.client, &pki, &opts.vm_namespace)
@@ -243,7 +245,9 @@ impl TestBed {
         wait_virt_api_available(&self.harvester.client).await?;
         crate::sim::lb_webhook::wait_called(&self.harvester.client, &self.vm_namespace).await?;
         crate::sim::lb_validator::wait_called(&self.harvester.client, &self.vm_namespace).await?;
-        crate::sim::kubevirt_webhook::wait_called(&self.harvester.client, &self.vm_namespace).await
+        crate::sim::kubevirt_webhook::wait_called(&self.harvester.client, &self.vm_namespace)
+            .await?;
+        crate::sim::backup_validator::wait_called(&self.harvester.client, &self.vm_namespace).await
     }
 
     /// Pids of every process the bed started (for the no-orphans test).

@@ -631,3 +631,97 @@ async fn harvester_api_server_restarts_on_the_same_address_and_the_stand_in_reco
     })
     .await;
 }
+
+/// The LB CRDs are harvester/charts' (harvester-load-balancer-1.8.2): LoadBalancer serves
+/// v1alpha1 and v1beta1, a listener needs `backendPort` and `port` and defaults `protocol` to
+/// TCP, an IPPool status needs `total`, `available` and `lastAllocated` — and what the stand-in
+/// writes into an IPPool status (`IPPoolStatus`) has them.
+#[tokio::test]
+async fn lb_crds_are_upstreams_and_ippool_status_writes_carry_the_required_fields() {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let bed = bed().await;
+    let c = bed.harvester.client.clone();
+    let ar = |version: &str| {
+        ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("loadbalancer.harvesterhci.io", version, "LoadBalancer"),
+            "loadbalancers",
+        )
+    };
+    let beta: Api<DynamicObject> =
+        Api::namespaced_with(c.clone(), &bed.vm_namespace, &ar("v1beta1"));
+    let vm_lb = |name: &str, listener: serde_json::Value| -> DynamicObject {
+        obj(json!({
+            "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
+            "metadata": {"name": name},
+            "spec": {"workloadType": "vm", "ipam": "dhcp", "listeners": [listener]}
+        }))
+    };
+    let err = beta
+        .create(
+            &PostParams::default(),
+            &vm_lb(
+                "no-backend",
+                json!({"name": "a", "port": 80, "protocol": "TCP"}),
+            ),
+        )
+        .await
+        .expect_err("a listener without backendPort is invalid");
+    assert!(
+        err.to_string().contains("backendPort: Required value"),
+        "{err}"
+    );
+    let made = beta
+        .create(
+            &PostParams::default(),
+            &vm_lb(
+                "tcp-default",
+                json!({"name": "a", "port": 80, "backendPort": 8080}),
+            ),
+        )
+        .await
+        .expect("a listener without protocol is admitted");
+    assert_eq!(
+        made.data["spec"]["listeners"][0]["protocol"], "TCP",
+        "default TCP"
+    );
+    let alpha: Api<DynamicObject> =
+        Api::namespaced_with(c.clone(), &bed.vm_namespace, &ar("v1alpha1"));
+    assert!(alpha.get("tcp-default").await.is_ok(), "v1alpha1 is served");
+
+    let pools: Api<IPPool> = Api::all(c.clone());
+    let made = pools
+        .create(
+            &PostParams::default(),
+            &pool(
+                "p-required",
+                json!({"subnet": "10.72.0.0/30"}),
+                global_scope(),
+            ),
+        )
+        .await
+        .expect("pool");
+    let mut without: serde_json::Value = serde_json::to_value(&made).unwrap();
+    without["status"] = json!({"total": 2, "available": 2});
+    let raw: Api<DynamicObject> = Api::all_with(
+        c.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("loadbalancer.harvesterhci.io", "v1beta1", "IPPool"),
+            "ippools",
+        ),
+    );
+    let err = raw
+        .replace("p-required", &PostParams::default(), &obj(without))
+        .await
+        .expect_err("a status without lastAllocated is invalid");
+    assert!(
+        err.to_string().contains("lastAllocated: Required value"),
+        "{err}"
+    );
+    let mut with = made.clone();
+    with.status = Some(Default::default());
+    let stored = pools
+        .replace("p-required", &PostParams::default(), &with)
+        .await
+        .expect("IPPoolStatus::default() carries every required field");
+    assert_eq!(stored.status.unwrap().last_allocated, None);
+}

@@ -103,6 +103,21 @@ fn vrrs(bed: &TestBed) -> Api<DynamicObject> {
     )
 }
 
+fn vss(bed: &TestBed) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        bed.harvester.client.clone(),
+        &bed.vm_namespace,
+        &testbed::sim::snapshot::snapshot_resource(),
+    )
+}
+
+fn vscs(bed: &TestBed) -> Api<DynamicObject> {
+    Api::all_with(
+        bed.harvester.client.clone(),
+        &testbed::sim::snapshot::snapshot_content_resource(),
+    )
+}
+
 fn pvcs(bed: &TestBed) -> Api<PersistentVolumeClaim> {
     Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace)
 }
@@ -219,6 +234,38 @@ async fn a_backup_restores_its_data_into_a_new_volume_root() {
             && o.controller == Some(true)),
         "owned by its VRR: {owners:?}"
     );
+    // Through a VolumeSnapshotContent and a VolumeSnapshot named after the VRR, as upstream's
+    // `restore.go` goes: the PVC's dataSource is the VolumeSnapshot.
+    let source = pvc.spec.as_ref().and_then(|s| s.data_source.clone());
+    assert_eq!(
+        source.map(|d| (d.api_group, d.kind, d.name)),
+        Some((
+            Some("snapshot.storage.k8s.io".to_string()),
+            "VolumeSnapshot".to_string(),
+            "pvc-from-backup".to_string()
+        ))
+    );
+    let vs = vss(&bed)
+        .get("pvc-from-backup")
+        .await
+        .expect("the VolumeSnapshot");
+    assert_eq!(
+        vs.data["spec"]["source"],
+        json!({"volumeSnapshotContentName": "pvc-from-backup"})
+    );
+    let vsc = vscs(&bed)
+        .get("pvc-from-backup")
+        .await
+        .expect("the VolumeSnapshotContent");
+    assert_eq!(
+        vsc.data["spec"]["source"]["snapshotHandle"],
+        vrbs(&bed).get(&vrb_name).await.expect("the VRB").data["status"]["handle"],
+        "the content is the backup's handle"
+    );
+    assert_eq!(
+        vsc.data["spec"]["volumeSnapshotRef"],
+        json!({"name": "pvc-from-backup", "namespace": bed.vm_namespace})
+    );
     // Asking again is the same volume.
     let again = d
         .controller()
@@ -303,6 +350,13 @@ async fn a_backup_restores_its_data_into_a_new_volume_root() {
     detach_and_delete(&d, &copy_vol).await;
     gone("the VRR deleted", &vrrs(&bed), "pvc-from-backup").await;
     gone("the restored PVC deleted", &pvcs(&bed), "pvc-from-backup").await;
+    gone("its VolumeSnapshot deleted", &vss(&bed), "pvc-from-backup").await;
+    gone(
+        "its VolumeSnapshotContent deleted",
+        &vscs(&bed),
+        "pvc-from-backup",
+    )
+    .await;
 
     delete_snapshot(&d, &snap.snapshot_id)
         .await
@@ -586,4 +640,53 @@ async fn bad_backup_input_is_refused_naming_it() {
         e.message()
     );
     d.stop().await;
+}
+
+/// Issue 23: Harvester's remote-backup webhook (v1.8.2 `pkg/webhook/resources/volumeremotebackup/
+/// validator.go`) refuses a VolumeRemoteRestore named like a VolumeRemoteBackup of its namespace.
+/// The driver reaches it when the CO names a volume like a backup it took (CSI keeps volume and
+/// snapshot names apart): CreateVolume from that backup fails with a gRPC error carrying the
+/// webhook's message, a code that says retrying will not help, and nothing is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_a_restore_refused_by_harvesters_webhook_is_a_grpc_error_with_its_message() {
+    let bed = bed_with_vm().await;
+    let d = Driver::start(&bed, |_| {}).await;
+    let mut c = d.controller();
+    let vol = c
+        .create_volume(create_request(
+            "pvc-named-src",
+            16 << 20,
+            &mount_cap("ext4"),
+        ))
+        .await
+        .expect("CreateVolume")
+        .into_inner()
+        .volume
+        .expect("volume")
+        .volume_id;
+    let snap = take(&d, "same-name", &vol).await.expect("CreateSnapshot");
+    assert!(snap.ready_to_use, "{snap:?}");
+    let e = c
+        .create_volume(from_snapshot("same-name", 16 << 20, &snap.snapshot_id))
+        .await
+        .expect_err("a restore named like a backup is refused by Harvester");
+    let expected = format!(
+        "a RemoteBackup with name same-name already exists in namespace {}",
+        bed.vm_namespace
+    );
+    assert!(
+        e.message().contains(&expected) && e.message().contains("validator.harvesterhci.io"),
+        "the webhook's message and name: {e:?}"
+    );
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(
+        vrrs(&bed)
+            .get_opt("same-name")
+            .await
+            .expect("get")
+            .is_none(),
+        "no VRR"
+    );
+    let pvc = pvcs(&bed).get_opt("same-name").await.expect("get");
+    assert!(pvc.is_none(), "no PVC: {pvc:?}");
 }

@@ -266,7 +266,13 @@ pub struct IPPoolStatus {
     pub total: i64,
     #[serde(default)]
     pub available: i64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Always written, "" for none, as upstream's Go type (`LastAllocated string
+    /// json:"lastAllocated"`) and its CRD, which requires it; "" reads as none.
+    #[serde(
+        default,
+        serialize_with = "empty_for_none",
+        deserialize_with = "none_for_empty"
+    )]
     pub last_allocated: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub allocated: BTreeMap<String, String>,
@@ -276,6 +282,16 @@ pub struct IPPoolStatus {
     pub conditions: Vec<Condition>,
     #[serde(flatten)]
     pub rest: Rest,
+}
+
+fn empty_for_none<S: serde::Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(v.as_deref().unwrap_or(""))
+}
+
+/// A string, "" and null read as none; anything else too (lenient, as the rest of the status).
+fn none_for_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let v = serde_json::Value::deserialize(d)?;
+    Ok(v.as_str().filter(|s| !s.is_empty()).map(str::to_string))
 }
 
 #[cfg(test)]
@@ -291,6 +307,30 @@ mod tests {
             "status": status,
         }))
         .expect("a LoadBalancer decodes whatever its status holds")
+    }
+
+    /// harvester/charts `loadbalancer.harvesterhci.io_ippools.yaml` (harvester-load-balancer-1.8.2)
+    /// requires `total`, `available` and `lastAllocated` in an IPPool status; upstream's Go type
+    /// writes them always (`lastAllocated` "" before any allocation).
+    #[test]
+    fn an_ippool_status_always_carries_the_fields_the_crd_requires() {
+        let empty = serde_json::to_value(IPPoolStatus::default()).unwrap();
+        assert_eq!(
+            empty,
+            json!({"total": 0, "available": 0, "lastAllocated": ""})
+        );
+        let go: IPPoolStatus =
+            serde_json::from_value(json!({"total": 5, "available": 5, "lastAllocated": ""}))
+                .unwrap();
+        assert_eq!(go.last_allocated, None, "Go's empty string reads as none");
+        let some = IPPoolStatus {
+            last_allocated: Some("10.0.0.2".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            serde_json::to_value(&some).unwrap()["lastAllocated"],
+            "10.0.0.2"
+        );
     }
 
     #[test]

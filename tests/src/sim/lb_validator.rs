@@ -306,8 +306,7 @@ async fn admit(client: kube::Client, request: Value) -> Verdict {
 }
 
 /// Routes the validator at [`PATH`] of `server` and registers it; `client` is the Harvester admin
-/// client it lists VMs with. The mutator's readiness probe (a dry-run create) passes this
-/// validator too, so a bed that starts has both.
+/// client it lists VMs with. [`wait_called`] then waits until the API server calls it.
 pub async fn install(
     server: &WebhookServer,
     client: kube::Client,

@@ -4,6 +4,7 @@
 //! webhooks by [`webhook`]) against the real Harvester API server. It never stands in for an API: every object lives in kube-apiserver.
 
 pub mod backup;
+pub mod backup_validator;
 pub mod kubevirt_webhook;
 pub mod lb;
 pub mod lb_validator;

@@ -26,7 +26,7 @@ use super::storage::{CLONED_ANNOTATION, Storage, backing, clone_volume, flush, w
 /// Set on a PVC restored from a snapshot once its data is in place (value: the snapshot).
 pub const RESTORED_ANNOTATION: &str = "sim.harvesterhci.io/restored-from";
 
-fn snapshot_resource() -> ApiResource {
+pub fn snapshot_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", "VolumeSnapshot"),
         "volumesnapshots",
@@ -44,6 +44,21 @@ impl Ctx {
     fn data_file(&self, ns: &str, snapshot: &str) -> PathBuf {
         self.dir.join(format!("{ns}_{snapshot}.img"))
     }
+}
+
+/// Where the stand-in keeps the data of VolumeSnapshot `ns/snapshot` (`bed_dir` = the bed's
+/// directory): a snapshot it took, or a backup copy put there for a pre-provisioned content.
+pub fn data_file(bed_dir: &std::path::Path, ns: &str, snapshot: &str) -> PathBuf {
+    bed_dir
+        .join("snapshots")
+        .join(format!("{ns}_{snapshot}.img"))
+}
+
+pub fn snapshot_content_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("snapshot.storage.k8s.io", "v1", "VolumeSnapshotContent"),
+        "volumesnapshotcontents",
+    )
 }
 
 /// The stand-in's controller jobs in flight, one per key (also used by [`super::backup`]).
@@ -145,6 +160,13 @@ async fn take(ctx: Arc<Ctx>, snap: DynamicObject) -> Result<(), String> {
     let name = snap.name_any();
     let api: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), &ns, &snapshot_resource());
+    if let Some(content) = snap
+        .data
+        .pointer("/spec/source/volumeSnapshotContentName")
+        .and_then(|v| v.as_str())
+    {
+        return bind_content(&ctx, &api, &snap, content).await;
+    }
     let Some(source) = snap
         .data
         .pointer("/spec/source/persistentVolumeClaimName")
@@ -174,6 +196,53 @@ async fn take(ctx: Arc<Ctx>, snap: DynamicObject) -> Result<(), String> {
         "restoreSize": quantity::from_bytes(b.size),
         "creationTime": jiff::Timestamp::now().to_string(),
         "boundVolumeSnapshotContentName": format!("snapcontent-{}", snap.uid().unwrap_or_default()),
+    }});
+    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .map_err(|e| format!("marking VolumeSnapshot {ns}/{name} ready: {e}"))?;
+    Ok(())
+}
+
+/// A VolumeSnapshot of a pre-provisioned VolumeSnapshotContent (a restore from a backup):
+/// external-snapshotter's controller binds it once the content is ready to use, and it is ready
+/// with the content's size. Its data must already be in [`data_file`].
+async fn bind_content(
+    ctx: &Ctx,
+    api: &Api<DynamicObject>,
+    snap: &DynamicObject,
+    content: &str,
+) -> Result<(), String> {
+    let ns = snap.namespace().unwrap_or_default();
+    let name = snap.name_any();
+    let vscs: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &snapshot_content_resource());
+    let vsc = vscs
+        .get(content)
+        .await
+        .map_err(|e| format!("VolumeSnapshot {ns}/{name}: content {content}: {e}"))?;
+    if vsc
+        .data
+        .pointer("/status/readyToUse")
+        .and_then(|v| v.as_bool())
+        != Some(true)
+    {
+        return Err(format!(
+            "VolumeSnapshot {ns}/{name}: content {content} not ready yet"
+        ));
+    }
+    let data = ctx.data_file(&ns, &name);
+    let size = std::fs::metadata(&data)
+        .map_err(|e| {
+            format!(
+                "VolumeSnapshot {ns}/{name}: no data at {}: {e}",
+                data.display()
+            )
+        })?
+        .len();
+    let status = json!({"status": {
+        "readyToUse": true,
+        "restoreSize": quantity::from_bytes(size),
+        "creationTime": jiff::Timestamp::now().to_string(),
+        "boundVolumeSnapshotContentName": content,
     }});
     api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
         .await
