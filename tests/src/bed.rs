@@ -97,6 +97,8 @@ pub struct TestBed {
     pub lb_webhook: LbWebhook,
     /// The HTTPS server every admission webhook of the bed is served by ([`crate::sim::webhook`]).
     pub webhooks: WebhookServer,
+    /// Every refusal of KubeVirt's validating webhooks ([`crate::sim::kubevirt_webhook`]).
+    pub kubevirt_refusals: crate::sim::kubevirt_webhook::Refusals,
     pub guest: ApiServer,
     pub harvester: ApiServer,
     pub etcd: Etcd,
@@ -183,6 +185,9 @@ impl TestBed {
         let webhooks = WebhookServer::start(&pki).await?;
         crate::sim::lb_validator::install(&webhooks, harvester.client.clone(), &pki).await?;
         crate::sim::lb_validator::wait_called(&harvester.client, &opts.vm_namespace).await?;
+        let kubevirt_refusals =
+            crate::sim::kubevirt_webhook::install(&webhooks, &harvester.client, &pki).await?;
+        crate::sim::kubevirt_webhook::wait_called(&harvester.client, &opts.vm_namespace).await?;
         crate::sim::backup_validator::install(&webhooks, harvester.client.clone(), &pki).await?;
         crate::sim::backup_validator::wait_called(&harvester.client, &opts.vm_namespace).await?;
         let lb_webhook = LbWebhook::install(&webhooks, harvester.client.clone(), opts.lb_webhook);
@@ -211,6 +216,7 @@ impl TestBed {
             sim,
             lb_webhook,
             webhooks,
+            kubevirt_refusals,
             guest,
             harvester,
             etcd,
@@ -239,6 +245,8 @@ impl TestBed {
         wait_virt_api_available(&self.harvester.client).await?;
         crate::sim::lb_webhook::wait_called(&self.harvester.client, &self.vm_namespace).await?;
         crate::sim::lb_validator::wait_called(&self.harvester.client, &self.vm_namespace).await?;
+        crate::sim::kubevirt_webhook::wait_called(&self.harvester.client, &self.vm_namespace)
+            .await?;
         crate::sim::backup_validator::wait_called(&self.harvester.client, &self.vm_namespace).await
     }
 

@@ -774,7 +774,7 @@ mod tests {
     fn virt_api_answers_are_read_by_what_they_mean() {
         use VirtApiAnswer::*;
         // kubevirt/kubevirt v1.6.0-v1.8.3 pkg/virt-api/rest/volumes.go: (verb, code, text) -> meaning
-        let rows: [(&str, u16, &str, VirtApiAnswer); 13] = [
+        let rows: [(&str, u16, &str, VirtApiAnswer); 14] = [
             (
                 "addvolume",
                 409,
@@ -830,11 +830,19 @@ mod tests {
                 "the server rejected our request due to an error in our request",
                 Race,
             ),
-            // KubeVirt's admission webhook refusing the VM patch virt-api sent: its message.
+            // KubeVirt's admission webhooks refusing the VM (declarative) or VM status
+            // (HotplugVolumes) patch virt-api sent, as the bed plays them: their message
+            // (pkg/storage/admitters/disks.go, storagehotplug.go, v1.7.0).
             (
                 "addvolume",
                 422,
-                "admission webhook \"virtualmachine-validator.kubevirt.io\" denied the request: spec.template.spec.domain.devices.disks[1].serial must be ...",
+                "admission webhook \"virtualmachine-validator.kubevirt.io\" denied the request: spec.template.spec.domain.devices.disks[1] must be made up of the following characters [A-Za-z0-9_.+-], if specified",
+                Refused(String::new()),
+            ),
+            (
+                "addvolume",
+                422,
+                "admission webhook \"kubevirt-crd-status-validator.kubevirt.io\" denied the request: AddVolume request for disk [v1] requires bus to be 'scsi' or 'virtio'. [sata] is not permitted.",
                 Refused(String::new()),
             ),
             // KubeVirt before v1.6 answered 400 for the same conflicts.

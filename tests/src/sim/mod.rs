@@ -5,6 +5,7 @@
 
 pub mod backup;
 pub mod backup_validator;
+pub mod kubevirt_webhook;
 pub mod lb;
 pub mod lb_validator;
 pub mod lb_webhook;
@@ -66,6 +67,7 @@ impl Sim {
             vms: Default::default(),
             by_id_dirs: Default::default(),
             gates: std::sync::Mutex::new(gates),
+            agent_hostnames: Default::default(),
         });
         let virt_api = VirtApi::start(pki, hotplug.clone()).await?;
         let mut tasks = JoinSet::new();

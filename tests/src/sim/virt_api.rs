@@ -61,6 +61,8 @@ pub struct HotplugCtx {
     pub by_id_dirs: Mutex<HashMap<String, PathBuf>>,
     /// KubeVirt's hot-plug feature gates, as the Harvester release under test enables them.
     pub gates: Mutex<Gates>,
+    /// What the qemu-guest-agent of a sim-only VMI (`namespace/name`) reports as its host name.
+    pub agent_hostnames: Mutex<HashMap<String, String>>,
 }
 
 /// KubeVirt's two hot-plug feature gates. Harvester's chart enables `HotplugVolumes` in v1.7
@@ -110,6 +112,13 @@ pub const VMI_ADD: &str = "vmi-add";
 /// [`HotplugCall::verb`] of KubeVirt taking a volume out of a VMI.
 pub const VMI_REMOVE: &str = "vmi-remove";
 
+/// [`HotplugCall::verb`] of a `guestosinfo` GET (volume empty).
+pub const GUEST_OS_INFO: &str = "guestosinfo";
+/// virt-api's `vmiNotRunning` (kubevirt/kubevirt v1.6.0-v1.8.3 `pkg/virt-api/rest/subresource.go`).
+pub const VMI_NOT_RUNNING: &str = "VMI is not running";
+/// virt-api's `vmiGuestAgentErr` (same file and versions).
+pub const VMI_NO_AGENT: &str = "VMI does not have guest agent connected";
+
 /// How long a VM-backed hot-plug waits for the guest kernel to show the disk.
 const GUEST_DISK_WAIT: Duration = Duration::from_secs(60);
 
@@ -156,6 +165,22 @@ impl HotplugCtx {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(node)
+            .cloned()
+    }
+
+    /// Makes the sim-only guest of VMI `namespace/name` report `hostname` through its agent.
+    pub fn set_agent_hostname(&self, namespace: &str, name: &str, hostname: &str) {
+        self.agent_hostnames
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(format!("{namespace}/{name}"), hostname.to_string());
+    }
+
+    fn agent_hostname(&self, namespace: &str, name: &str) -> Option<String> {
+        self.agent_hostnames
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&format!("{namespace}/{name}"))
             .cloned()
     }
 
@@ -337,6 +362,22 @@ async fn route(req: Request<Incoming>, ctx: Arc<HotplugCtx>) -> Reply {
         return reply(StatusCode::OK, resource_list());
     }
     let parts: Vec<&str> = path.split('/').collect();
+    if let [
+        "",
+        "apis",
+        "subresources.kubevirt.io",
+        "v1",
+        "namespaces",
+        ns,
+        "virtualmachineinstances",
+        vmi,
+        "guestosinfo",
+    ] = parts.as_slice()
+        && method == Method::GET
+    {
+        ctx.record(GUEST_OS_INFO, ns, vmi, "");
+        return guest_os_info(&ctx, ns, vmi).await;
+    }
     // ["", "apis", "subresources.kubevirt.io", "v1", "namespaces", ns, "virtualmachines", vm, verb]
     if let [
         "",
@@ -412,15 +453,104 @@ fn resource_list() -> serde_json::Value {
         "resources": [
             r("virtualmachines/addvolume"), r("virtualmachines/removevolume"),
             r("virtualmachineinstances/addvolume"), r("virtualmachineinstances/removevolume"),
+            json!({"name": "virtualmachineinstances/guestosinfo", "namespaced": true,
+                   "kind": "VirtualMachineInstanceGuestAgentInfo", "verbs": ["get"]}),
         ]
     })
 }
 
+/// An error as virt-api's GET subresource handlers write it (kubevirt/kubevirt v1.6.0, v1.7.0,
+/// v1.8.3 `pkg/virt-api/rest/subresource.go` `httpGetRequestHandler`): whatever the
+/// `StatusError` (a 409 Conflict, a 404), `response.WriteError(http.StatusInternalServerError,
+/// err)`, which go-restful v3 writes as status 500 with the error's text as a plain body.
+fn get_handler_error(message: String) -> Reply {
+    let mut r = Response::new(Full::new(Bytes::from(message)));
+    *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+/// virt-api's VMI `guestosinfo` (kubevirt/kubevirt v1.6.0, v1.7.0, v1.8.3
+/// `pkg/virt-api/rest/subresource.go` `GuestOSInfo`): the VMI must be `Running` and have the
+/// `AgentConnected` condition, else the conflict `VMI is not running` / `VMI does not have guest
+/// agent connected` (written by [`get_handler_error`]); then virt-handler asks virt-launcher,
+/// whose agent poller has the guest's `guest-get-host-name` and `guest-get-osinfo`. The answer is
+/// a `VirtualMachineInstanceGuestAgentInfo` (`staging/src/kubevirt.io/api/core/v1/types.go`). A
+/// guest backed by a real VM is asked over its agent channel; a sim-only guest answers what the
+/// test gave it ([`HotplugCtx::set_agent_hostname`]).
+async fn guest_os_info(ctx: &HotplugCtx, ns: &str, name: &str) -> Reply {
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(ctx.client.clone(), ns);
+    let vmi = match vmis.get_opt(name).await {
+        Ok(Some(vmi)) => vmi,
+        Ok(None) => {
+            return get_handler_error(format!(
+                "virtualmachineinstance.kubevirt.io \"{name}\" not found"
+            ));
+        }
+        Err(e) => {
+            return get_handler_error(format!(
+                "Internal error occurred: unable to retrieve vmi [{name}]: {e}"
+            ));
+        }
+    };
+    let not_fulfilled = |text: &str| {
+        get_handler_error(format!(
+            "Operation cannot be fulfilled on virtualmachineinstance.kubevirt.io \"{name}\": {text}"
+        ))
+    };
+    if vmi.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Running") {
+        return not_fulfilled(VMI_NOT_RUNNING);
+    }
+    let connected = vmi
+        .status
+        .as_ref()
+        .and_then(|s| s.rest.get("conditions"))
+        .and_then(|c| c.as_array())
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| c.get("type").and_then(|t| t.as_str()) == Some("AgentConnected"))
+        });
+    if !connected {
+        return not_fulfilled(VMI_NO_AGENT);
+    }
+    let hostname = match ctx.vm(name) {
+        Some(backend) => match backend.agent_host_name().await {
+            Ok(h) => h,
+            Err(e) => {
+                return get_handler_error(format!("guest agent of {ns}/{name}: {e}"));
+            }
+        },
+        None => ctx.agent_hostname(ns, name).unwrap_or_default(),
+    };
+    let mut info = json!({
+        "guestAgentVersion": "8.2.2",
+        "os": {"name": "Ubuntu", "id": "ubuntu", "version": "24.04", "versionId": "24.04",
+               "prettyName": "Ubuntu 24.04 LTS", "machine": "x86_64"},
+    });
+    if !hostname.is_empty() {
+        info["hostname"] = json!(hostname);
+    }
+    reply(StatusCode::OK, info)
+}
+
+/// An API server error relayed whole, as virt-api's `writeError` writes the `StatusError` it
+/// got (kubevirt/kubevirt v1.7.0 `pkg/virt-api/rest/subresource.go`): `details.causes` of an
+/// admission webhook's refusal included.
 fn api_error(e: kube::Error) -> Reply {
     match e {
         kube::Error::Api(s) => {
             let code = StatusCode::from_u16(s.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            failure(code, &s.reason, s.message)
+            match serde_json::to_value(&s) {
+                Ok(mut body) if body.is_object() => {
+                    body["kind"] = json!("Status");
+                    body["apiVersion"] = json!("v1");
+                    reply(code, body)
+                }
+                _ => failure(code, &s.reason, s.message),
+            }
         }
         other => failure(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -645,9 +775,36 @@ async fn add_volume(
         return request_in_status(ctx, ns, &vm, json!({"addVolumeOptions": add})).await;
     }
     patch_spec(ctx, ns, vm_name, |spec| {
-        hotplug::declarative_add_patch(spec, &opts.name, &claim, &serial)
+        let mut patch = hotplug::declarative_add_patch(spec, &opts.name, &claim, &serial)?;
+        // virt-api stores the caller's disk device (`generateVolumeRequestPatch` appends
+        // `opts.Disk`): its bus goes into the spec as asked, for the admitters to judge.
+        if !opts.disk.disk.is_null() {
+            with_disk_device(&mut patch, &opts.name, &opts.disk.disk);
+        }
+        Some(patch)
     })
     .await
+}
+
+/// Sets the device (`disk: {bus}`) of the disk named `name` wherever `patch` adds it.
+fn with_disk_device(patch: &mut serde_json::Value, name: &str, device: &serde_json::Value) {
+    match patch {
+        serde_json::Value::Array(items) => {
+            for item in items {
+                with_disk_device(item, name, device);
+            }
+        }
+        serde_json::Value::Object(map) => {
+            if map.get("name").and_then(|n| n.as_str()) == Some(name) && map.contains_key("disk") {
+                map.insert("disk".into(), device.clone());
+                return;
+            }
+            for v in map.values_mut() {
+                with_disk_device(v, name, device);
+            }
+        }
+        _ => {}
+    }
 }
 
 /// virt-controller's part of a hot-plug: a running VM's VMI gets the volume in its spec and a

@@ -34,6 +34,9 @@ pub struct GuestVm {
     /// Multus network name (`namespace/nad`) of the VM's NIC.
     pub network: String,
     pub ips: Vec<String>,
+    /// The host name its qemu-guest-agent reports (KubeVirt's `guestosinfo`); `Some` also
+    /// marks the VMI `AgentConnected`, as virt-handler does once the agent answers.
+    pub agent_hostname: Option<String>,
 }
 
 impl GuestVm {
@@ -43,7 +46,14 @@ impl GuestVm {
             host: "harvester-1".into(),
             network: "default/mgmt-vlan".into(),
             ips: Vec::new(),
+            agent_hostname: None,
         }
+    }
+    /// A guest whose qemu-guest-agent is connected and reports `hostname` (sim-only VMs; a
+    /// VM backed by a real guest asks its agent).
+    pub fn guest_agent(mut self, hostname: &str) -> Self {
+        self.agent_hostname = Some(hostname.into());
+        self
     }
     pub fn on_host(mut self, host: &str) -> Self {
         self.host = host.into();
@@ -57,6 +67,12 @@ impl GuestVm {
         self.ips.push(ip.into());
         self
     }
+}
+
+/// The VMI conditions virt-handler sets once the guest agent answers.
+fn agent_connected() -> serde_json::Value {
+    json!([{"type": "AgentConnected", "status": "True",
+            "lastProbeTime": null, "lastTransitionTime": null}])
 }
 
 fn meta(name: &str, ns: Option<&str>) -> ObjectMeta {
@@ -116,7 +132,12 @@ impl Sim {
         &self,
         vm: &GuestVm,
     ) -> Result<(VirtualMachine, VirtualMachineInstance), BedError> {
-        self.create_vm_with(vm, vec![listed_interface(vm)], None)
+        let connected = vm.agent_hostname.as_ref().map(|hostname| {
+            self.hotplug
+                .set_agent_hostname(&self.vm_namespace, &vm.name, hostname);
+            agent_connected()
+        });
+        self.create_vm_with(vm, vec![listed_interface(vm)], connected)
             .await
     }
 
@@ -178,10 +199,7 @@ impl Sim {
             }
         };
         let interfaces = vec![vmi_interface("nic-1", GUEST_MAC, agent.as_ref())];
-        let connected = agent.is_some().then(|| {
-            json!([{"type": "AgentConnected", "status": "True",
-                    "lastProbeTime": null, "lastTransitionTime": null}])
-        });
+        let connected = agent.is_some().then(agent_connected);
         self.create_vm_with(vm, interfaces, connected).await
     }
 

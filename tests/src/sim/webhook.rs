@@ -61,6 +61,9 @@ pub struct Refusal {
     pub code: u16,
     pub reason: String,
     pub message: String,
+    /// `details.causes` of the Status (KubeVirt's admitters give one per rule broken: `type`,
+    /// `message`, `field`); empty: no `details`.
+    pub causes: Vec<Value>,
 }
 
 impl Refusal {
@@ -85,7 +88,13 @@ impl Refusal {
             code,
             reason: reason.into(),
             message: message.into(),
+            causes: Vec::new(),
         }
+    }
+    /// The same refusal with `details.causes`.
+    pub fn with_causes(mut self, causes: Vec<Value>) -> Refusal {
+        self.causes = causes;
+        self
     }
 }
 
@@ -287,10 +296,13 @@ pub fn review_response(review: &Value, verdict: Verdict) -> Value {
             "uid": uid, "allowed": true, "patchType": "JSONPatch",
             "patch": base64::engine::general_purpose::STANDARD.encode(Value::Array(patch).to_string()),
         }),
-        Verdict::Refuse(r) => json!({
-            "uid": uid, "allowed": false,
-            "status": {"status": "Failure", "message": r.message, "reason": r.reason, "code": r.code},
-        }),
+        Verdict::Refuse(r) => {
+            let mut status = json!({"status": "Failure", "message": r.message, "reason": r.reason, "code": r.code});
+            if !r.causes.is_empty() {
+                status["details"] = json!({"causes": r.causes});
+            }
+            json!({"uid": uid, "allowed": false, "status": status})
+        }
     };
     json!({"apiVersion": api_version, "kind": "AdmissionReview", "response": response})
 }

@@ -551,10 +551,31 @@ impl Vm {
 
     /// qemu-guest-agent's `guest-network-get-interfaces` over its virtio-serial channel.
     pub async fn agent_interfaces(&self) -> Result<Value, BedError> {
+        self.agent("guest-network-get-interfaces").await
+    }
+
+    /// qemu-guest-agent's `guest-get-host-name` (`{"host-name": ...}`), which virt-launcher asks
+    /// for the `hostname` of KubeVirt's `guestosinfo`.
+    pub async fn agent_host_name(&self) -> Result<String, BedError> {
+        let reply = self.agent("guest-get-host-name").await?;
+        reply
+            .get("host-name")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .ok_or_else(|| {
+                BedError::Setup(format!(
+                    "guest {}: guest-get-host-name answered {reply}",
+                    self.name
+                ))
+            })
+    }
+
+    /// One argument-less qemu-guest-agent command over its virtio-serial channel, bounded.
+    async fn agent(&self, command: &str) -> Result<Value, BedError> {
         self.alive()?;
         let ask = async {
             let mut a = Qmp::connect_agent(&self.qga_socket).await?;
-            a.execute("guest-network-get-interfaces", json!({})).await
+            a.execute(command, json!({})).await
         };
         match tokio::time::timeout(AGENT_TIMEOUT, ask).await {
             Ok(r) => Ok(r?),
