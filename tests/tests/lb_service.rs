@@ -632,3 +632,110 @@ async fn lb_fifty_services_at_once_with_a_restart_in_the_middle_get_distinct_mat
     );
     ccm.stop().await;
 }
+
+/// Harvester's LB controller lost the status write that recorded an address while the pool kept
+/// it (the pool is written first): upstream's allocator then refuses the LoadBalancer as a
+/// duplicate applicant, the controller releases the address and says so in the Ready condition;
+/// that status write wakes it again, and the pool's history gives the same address back. The
+/// Service keeps that address, and nothing is allocated twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_a_lost_allocation_is_released_as_a_duplicate_and_the_same_address_comes_back() {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    use testbed::sim::lb::DUPLICATE_ALLOCATION;
+
+    let bed = bed().await;
+    create_pool(&bed, "pool-dup", json!([{"subnet": "10.71.0.0/24"}])).await;
+    let ccm = start_ccm(&bed);
+    let created = services(&bed)
+        .create(
+            &PostParams::default(),
+            &lb_svc("dup", &[(80, "TCP")], json!({})),
+        )
+        .await
+        .expect("service");
+    let (ip, _) = wait_address(&bed, "dup").await;
+    let name = lb_name(CLUSTER, "default", "dup", &created.uid().expect("uid"));
+    let cr = crs(&bed);
+    wait::until("the CR records the address", LIMIT, || {
+        let cr = cr.clone();
+        let (name, ip) = (name.clone(), ip.clone());
+        async move {
+            let lb = cr.get(&name).await.map_err(|e| e.to_string())?;
+            Ok(if lb.allocated_ip() == Some(ip.as_str()) {
+                Ok(())
+            } else {
+                Err(lb.status)
+            })
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+
+    // Every version of the CR from now on, as the watch delivers them.
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut versions = Box::pin(watcher(cr.clone(), config).applied_objects());
+    let t0 = std::time::Instant::now();
+    cr.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"allocatedAddress": null}})),
+    )
+    .await
+    .expect("the CR forgets its address");
+    let mut said_duplicate = None;
+    let back = tokio::time::timeout(LIMIT, async {
+        while let Some(Ok(lb)) = versions.next().await {
+            if let Some(c) = lb.ready_condition()
+                && c.status == "False"
+                && c.message
+                    .as_deref()
+                    .is_some_and(|m| m.contains(DUPLICATE_ALLOCATION))
+            {
+                said_duplicate.get_or_insert((c.message.clone(), t0.elapsed()));
+            }
+            if said_duplicate.is_some() && lb.allocated_ip().is_some() {
+                return lb;
+            }
+        }
+        panic!("the LoadBalancer watch ended");
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!("no duplicate refusal and re-allocation within {LIMIT:?}; seen {said_duplicate:?}")
+    });
+    let (message, at) = said_duplicate.expect("seen");
+    eprintln!(
+        "duplicate refused after {at:?} ({message:?}); address back after {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(
+        back.allocated_ip(),
+        Some(ip.as_str()),
+        "the same address again"
+    );
+    let pool = Api::<IPPool>::all(bed.harvester.client.clone())
+        .get("pool-dup")
+        .await
+        .expect("pool");
+    let holders: Vec<_> = pool
+        .status
+        .as_ref()
+        .map(|s| {
+            s.allocated
+                .iter()
+                .filter(|(_, id)| id.ends_with(&format!("/{name}")))
+                .count()
+        })
+        .into_iter()
+        .collect();
+    assert_eq!(
+        holders,
+        vec![1],
+        "allocated once in the pool: {:?}",
+        pool.status
+    );
+    let (again, _) = wait_address(&bed, "dup").await;
+    assert_eq!(again, ip, "the Service keeps its address");
+    ccm.stop().await;
+}

@@ -283,6 +283,9 @@ async fn store_state(
     }
 }
 
+/// What upstream's allocator says to an applicant that already holds an address of the pool.
+pub const DUPLICATE_ALLOCATION: &str = "duplicate allocation is not allowed";
+
 /// `Ok(Err(message))` is a condition to report (no pool, exhausted), not a failure to retry.
 async fn allocate(
     client: &kube::Client,
@@ -321,7 +324,23 @@ async fn allocate(
         }
     };
     let mut st = state(pool);
-    match ipam::allocate(&ranges, &mut st, &applicant(lb)) {
+    let id = applicant(lb);
+    // Upstream's allocator (host-local's) refuses an applicant that already holds an address of
+    // the pool, as one does whose status write was lost after the pool's: the controller releases
+    // it and returns the error, which its status write records (load-balancer-harvester v1.8.2
+    // `pkg/controller/loadbalancer/controller.go` `ensureAllocatedAddressPool`,
+    // `tryReleaseDuplicatedIPToPool`, `handleError`; `pkg/utils/const.go`
+    // `DuplicateAllocationKeyWord`). That write changes the object (the CRD has no status
+    // subresource), which wakes the controller again at once, and the address, now in the
+    // history, comes back.
+    if st.allocated.values().any(|holder| holder == &id) {
+        ipam::release(&mut st, &id);
+        store_state(client, pool, &ranges, &st).await?;
+        return Ok(Err(format!(
+            "fail to get ip from pool {chosen}, error: {DUPLICATE_ALLOCATION}"
+        )));
+    }
+    match ipam::allocate(&ranges, &mut st, &id) {
         Ok(a) => {
             store_state(client, pool, &ranges, &st).await?;
             Ok(Ok(AllocatedAddress {
