@@ -26,6 +26,8 @@ pub enum LbSimError {
     Kube(#[from] kube::Error),
     #[error("IPPool {pool} changed under us; retrying")]
     Conflict { pool: String },
+    #[error("the cached LoadBalancer {lb} is older than the API server's; retrying")]
+    Stale { lb: String },
 }
 
 /// A LoadBalancer with this annotation is left alone by the stand-in (fault tests plant
@@ -334,6 +336,15 @@ async fn allocate(
     // subresource), which wakes the controller again at once, and the address, now in the
     // history, comes back.
     if st.allocated.values().any(|holder| holder == &id) {
+        // Only a status really lost is a duplicate: a cache that has not seen our own status
+        // write yet (woken by the pool's watch) is not.
+        let fresh =
+            Api::<LoadBalancer>::namespaced(client.clone(), &lb.namespace().unwrap_or_default())
+                .get_opt(&lb.name_any())
+                .await?;
+        if fresh.as_ref().is_some_and(|f| f.allocated_ip().is_some()) {
+            return Err(LbSimError::Stale { lb: id });
+        }
         ipam::release(&mut st, &id);
         store_state(client, pool, &ranges, &st).await?;
         return Ok(Err(format!(
