@@ -216,25 +216,13 @@ pub async fn wait_called(client: &kube::Client, namespace: &str) -> Result<(), B
         "spec": {"source": "testbed-no-such-pvc", "type": "lh"}
     }))
     .map_err(|e| BedError::Setup(format!("backup validator probe: {e}")))?;
-    let params = kube::api::PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
-    crate::wait::until(
+    super::webhook::wait_refused(
+        api,
+        probe,
+        WEBHOOK_NAME,
         "the Harvester API server calls Harvester's remote-backup validator",
-        std::time::Duration::from_secs(30),
-        || {
-            let (api, probe, params) = (api.clone(), probe.clone(), params.clone());
-            async move {
-                Ok(match api.create(&params, &probe).await {
-                    Err(kube::Error::Api(s)) if s.message.contains(WEBHOOK_NAME) => Ok(()),
-                    other => Err(other.map(|_| "admitted").map_err(|e| e.to_string())),
-                })
-            }
-        },
     )
     .await
-    .map_err(BedError::Setup)
 }
 
 #[cfg(test)]

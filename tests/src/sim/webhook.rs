@@ -449,6 +449,31 @@ fn with_namespace(mut request: Value) -> Value {
     request
 }
 
+/// Waits, 30 s at most, until the API server calls validating webhook `webhook_name`: a dry-run
+/// create of `probe`, which the webhook refuses, comes back refused by it. `what` names the wait.
+pub async fn wait_refused(
+    api: kube::Api<kube::api::DynamicObject>,
+    probe: kube::api::DynamicObject,
+    webhook_name: &str,
+    what: &str,
+) -> Result<(), BedError> {
+    let params = kube::api::PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    crate::wait::until(what, std::time::Duration::from_secs(30), || {
+        let (api, probe, params) = (api.clone(), probe.clone(), params.clone());
+        async move {
+            Ok(match api.create(&params, &probe).await {
+                Err(kube::Error::Api(s)) if s.message.contains(webhook_name) => Ok(()),
+                other => Err(other.map(|_| "admitted").map_err(|e| e.to_string())),
+            })
+        }
+    })
+    .await
+    .map_err(BedError::Setup)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
