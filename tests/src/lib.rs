@@ -28,6 +28,7 @@ pub mod process;
 pub mod rbac;
 pub mod registrar;
 pub mod scrape;
+pub mod service_controller;
 pub mod sim;
 pub mod tools;
 pub mod vm;

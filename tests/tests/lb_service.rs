@@ -5,15 +5,15 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use harvester_cloud_provider::service::plan::ingress_ip;
-use harvester_cloud_provider::service::{self, FINALIZER, name::lb_name, plan::LbSettings};
+use harvester_cloud_provider::service::{FINALIZER, name::lb_name};
 use harvester_common::harvester::{IPPool, LoadBalancer};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
+use testbed::service_controller::ServiceController;
 use testbed::{BedOptions, TestBed, wait};
-use tokio::sync::oneshot;
 
 const CLUSTER: &str = "rke2-test";
 const LIMIT: Duration = Duration::from_secs(30);
@@ -25,42 +25,8 @@ async fn bed() -> TestBed {
 }
 
 /// The service controller running in this process until stopped.
-struct Ccm {
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-fn start_ccm(bed: &TestBed) -> Ccm {
-    let (tx, rx) = oneshot::channel::<()>();
-    let settings = LbSettings {
-        cluster_name: CLUSTER.into(),
-        ..Default::default()
-    };
-    let task = tokio::spawn(service::run(
-        bed.guest.client.clone(),
-        bed.harvester.client.clone(),
-        bed.vm_namespace.clone(),
-        settings,
-        Duration::from_secs(60),
-        None,
-        async move {
-            let _ = rx.await;
-        },
-    ));
-    Ccm {
-        stop: Some(tx),
-        task,
-    }
-}
-
-impl Ccm {
-    async fn stop(mut self) {
-        drop(self.stop.take());
-        tokio::time::timeout(Duration::from_secs(20), &mut self.task)
-            .await
-            .expect("the controller stops within 20 s of its shutdown signal")
-            .expect("controller task");
-    }
+fn start_ccm(bed: &TestBed) -> ServiceController {
+    ServiceController::start(bed, CLUSTER)
 }
 
 fn pool(name: &str, ranges: serde_json::Value) -> IPPool {

@@ -6,55 +6,21 @@
 use std::time::Duration;
 
 use harvester_cloud_provider::service::plan::{LABEL_SERVICE_NAME, ingress_ip};
-use harvester_cloud_provider::service::{self, plan::LbSettings};
 use harvester_common::harvester::{IPPool, LoadBalancer};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
+use testbed::service_controller::ServiceController;
 use testbed::sim::lb_validator::{ANN_ON_REMOVE, LABEL_CLUSTER_ON_VM, LABEL_CREATOR, WEBHOOK_NAME};
 use testbed::{BedOptions, TestBed, wait};
-use tokio::sync::oneshot;
 
 const CLUSTER: &str = "rke2-going";
 const LIMIT: Duration = Duration::from_secs(30);
 
-struct Ccm {
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-fn start_ccm(bed: &TestBed) -> Ccm {
-    let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(service::run(
-        bed.guest.client.clone(),
-        bed.harvester.client.clone(),
-        bed.vm_namespace.clone(),
-        LbSettings {
-            cluster_name: CLUSTER.into(),
-            ..Default::default()
-        },
-        Duration::from_secs(60),
-        None,
-        async move {
-            let _ = rx.await;
-        },
-    ));
-    Ccm {
-        stop: Some(tx),
-        task,
-    }
-}
-
-impl Ccm {
-    async fn stop(mut self) {
-        drop(self.stop.take());
-        tokio::time::timeout(Duration::from_secs(20), &mut self.task)
-            .await
-            .expect("the controller stops within 20 s of its shutdown signal")
-            .expect("controller task");
-    }
+fn start_ccm(bed: &TestBed) -> ServiceController {
+    ServiceController::start(bed, CLUSTER)
 }
 
 /// A node-driver VM of guest cluster `CLUSTER`, marked as Rancher marks the VMs of a guest

@@ -5,20 +5,20 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use harvester_cloud_provider::service;
 use harvester_cloud_provider::service::plan::ingress_ip;
-use harvester_cloud_provider::service::{self, plan::LbSettings};
 use harvester_common::harvester::LoadBalancer;
 use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
+use testbed::service_controller::ServiceController;
 use testbed::sim::lb::UNMANAGED;
 use testbed::sim::lb_webhook::{
     ANN_CLUSTER, ANN_MANAGEMENT_NETWORK, ANN_NAMESPACE, ANN_NETWORK, ANN_PROJECT, ANN_PROJECT_ID,
     Rules,
 };
 use testbed::{BedOptions, TestBed, wait};
-use tokio::sync::oneshot;
 
 const CLUSTER: &str = "rke2-hook";
 const LIMIT: Duration = Duration::from_secs(30);
@@ -49,41 +49,8 @@ fn crs(bed: &TestBed) -> Api<LoadBalancer> {
     Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace)
 }
 
-struct Ccm {
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-fn start_ccm(bed: &TestBed) -> Ccm {
-    let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(service::run(
-        bed.guest.client.clone(),
-        bed.harvester.client.clone(),
-        bed.vm_namespace.clone(),
-        LbSettings {
-            cluster_name: CLUSTER.into(),
-            ..Default::default()
-        },
-        Duration::from_secs(60),
-        None,
-        async move {
-            let _ = rx.await;
-        },
-    ));
-    Ccm {
-        stop: Some(tx),
-        task,
-    }
-}
-
-impl Ccm {
-    async fn stop(mut self) {
-        drop(self.stop.take());
-        tokio::time::timeout(Duration::from_secs(20), &mut self.task)
-            .await
-            .expect("the controller stops within 20 s of its shutdown signal")
-            .expect("controller task");
-    }
+fn start_ccm(bed: &TestBed) -> ServiceController {
+    ServiceController::start(bed, CLUSTER)
 }
 
 /// Waits until Service `name` shows `want` (Some: that address; None: any address) with
