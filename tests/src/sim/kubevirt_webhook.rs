@@ -410,25 +410,13 @@ pub async fn wait_called(client: &kube::Client, namespace: &str) -> Result<(), B
             "disks": [{"name": "probe", "serial": "not/valid", "disk": {"bus": "scsi"}}]}}}}}
     }))
     .map_err(|e| BedError::Setup(format!("KubeVirt validator probe: {e}")))?;
-    let params = kube::api::PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
-    crate::wait::until(
+    super::webhook::wait_refused(
+        api,
+        probe,
+        VM_WEBHOOK,
         "the Harvester API server calls KubeVirt's VM validator",
-        std::time::Duration::from_secs(30),
-        || {
-            let (api, probe, params) = (api.clone(), probe.clone(), params.clone());
-            async move {
-                Ok(match api.create(&params, &probe).await {
-                    Err(kube::Error::Api(s)) if s.message.contains(VM_WEBHOOK) => Ok(()),
-                    other => Err(other.map(|_| "admitted").map_err(|e| e.to_string())),
-                })
-            }
-        },
     )
     .await
-    .map_err(BedError::Setup)
 }
 
 #[cfg(test)]

@@ -634,7 +634,7 @@ fn request_name(r: &serde_json::Value, kind: &str) -> Option<String> {
 
 /// virt-api under `HotplugVolumes`: the request is appended to the VM's `status.volumeRequests`
 /// by a JSON patch that `test`s the list as read (`vmVolumePatchStatus`,
-/// `generateVMVolumeRequestPatch`); virt-controller applies it later ([`run_volume_requests`]).
+/// `generateVMVolumeRequestPatch`); virt-controller applies it later ([`apply_volume_requests`]).
 /// A lost race is the API server's 422, relayed; any other failure a 500.
 async fn request_in_status(
     ctx: &HotplugCtx,
@@ -690,20 +690,27 @@ async fn request_in_status(
         {"op": "test", "path": "/status/volumeRequests", "value": old},
         {"op": op, "path": "/status/volumeRequests", "value": list},
     ]);
-    match hotplug::patch_vm_at(&ctx.client, ns, &vm_name, Some("status"), &patch).await {
+    let patched = hotplug::patch_vm_at(&ctx.client, ns, &vm_name, Some("status"), &patch).await;
+    accepted_or(patched, "vm status")
+}
+
+/// virt-api's answer to its own VM patch: 202 when stored, the API server's 422 (a lost `test`,
+/// or an admission webhook's refusal) relayed whole, anything else 500 `unable to patch <what>`.
+fn accepted_or(patched: Result<VirtualMachine, kube::Error>, what: &str) -> Reply {
+    match patched {
         Ok(_) => reply(StatusCode::ACCEPTED, json!({})),
         Err(kube::Error::Api(s)) if s.code == 422 => api_error(kube::Error::Api(s)),
         Err(e) => failure(
             StatusCode::INTERNAL_SERVER_ERROR,
             "InternalError",
-            format!("unable to patch vm status: {e}"),
+            format!("unable to patch {what}: {e}"),
         ),
     }
 }
 
 /// virt-api under `DeclarativeHotplugVolumes` alone: the VM spec itself is JSON-patched, with a
 /// `test` of the volume and disk lists as read (`vmVolumePatch`, `generateVolumeRequestPatch`);
-/// virt-controller's declarative hot-plug acts on the spec ([`run_declarative`]).
+/// virt-controller's declarative hot-plug acts on the spec ([`sync_declarative`]).
 async fn patch_spec(
     ctx: &HotplugCtx,
     ns: &str,
@@ -724,15 +731,10 @@ async fn patch_spec(
     let Some(patch) = plan(&spec) else {
         return reply(StatusCode::ACCEPTED, json!({}));
     };
-    match hotplug::patch_vm(&ctx.client, ns, vm_name, &patch).await {
-        Ok(_) => reply(StatusCode::ACCEPTED, json!({})),
-        Err(kube::Error::Api(s)) if s.code == 422 => api_error(kube::Error::Api(s)),
-        Err(e) => failure(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "InternalError",
-            format!("unable to patch vm: {e}"),
-        ),
-    }
+    accepted_or(
+        hotplug::patch_vm(&ctx.client, ns, vm_name, &patch).await,
+        "vm",
+    )
 }
 
 /// virt-api's VM `addvolume` (kubevirt/kubevirt v1.6.0-v1.8.3 `pkg/virt-api/rest/volumes.go`

@@ -451,12 +451,15 @@ fn with_namespace(mut request: Value) -> Value {
 
 /// Waits, 30 s at most, until the API server calls validating webhook `webhook_name`: a dry-run
 /// create of `probe`, which the webhook refuses, comes back refused by it. `what` names the wait.
-pub async fn wait_refused(
-    api: kube::Api<kube::api::DynamicObject>,
-    probe: kube::api::DynamicObject,
+pub async fn wait_refused<K>(
+    api: kube::Api<K>,
+    probe: K,
     webhook_name: &str,
     what: &str,
-) -> Result<(), BedError> {
+) -> Result<(), BedError>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
+{
     let params = kube::api::PostParams {
         dry_run: true,
         ..Default::default()
