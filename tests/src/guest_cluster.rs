@@ -82,7 +82,7 @@ fn workload_image(dir: &Path) -> Result<Image, BedError> {
         files: Vec::new(),
     };
     let tarball = dir.join("workload.tar");
-    images::pack(&recipe, &tarball)?;
+    images::pack(&recipe, &tarball, images::Compression::None)?;
     Ok(Image {
         name: WORKLOAD.into(),
         tarball,

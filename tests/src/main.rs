@@ -2,9 +2,11 @@
 //! prints them, and tears everything down.
 //! `testbed cluster` (`make cluster`): the real guest cluster with both charts installed, until
 //! Ctrl-C.
+//! `testbed images` (`make images`): the release images as OCI archives.
 
 mod demo;
 
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -29,6 +31,19 @@ enum Cmd {
     /// Start the real guest cluster (kubelet, containerd, control plane, both charts installed;
     /// root and `make node-tools`), print how to reach both clusters, stay until Ctrl-C.
     Cluster,
+    /// Build the images harvester-cloud-provider and harvester-csi-driver as OCI archives
+    /// (`make images`: from target/release into target/images), print their paths and digests.
+    Images {
+        /// Where the binaries are; default: beside this program (target/<profile>).
+        #[arg(long)]
+        bin_dir: Option<PathBuf>,
+        /// Where the archives go; default: target/images.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Repository prefix of the image names (host[:port][/path]).
+        #[arg(long, default_value = testbed::images::release::DEFAULT_PREFIX)]
+        prefix: String,
+    },
 }
 
 #[tokio::main]
@@ -42,7 +57,45 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().command.unwrap_or(Cmd::Demo) {
         Cmd::Demo => demo().await,
         Cmd::Cluster => cluster().await,
+        Cmd::Images {
+            bin_dir,
+            out,
+            prefix,
+        } => images(bin_dir, out, &prefix),
     }
+}
+
+/// `testbed images`: both release images, then one line per image (name, digest, archive).
+fn images(bin_dir: Option<PathBuf>, out: Option<PathBuf>, prefix: &str) -> anyhow::Result<()> {
+    let exe = std::env::current_exe().context("finding this program")?;
+    let here = exe
+        .parent()
+        .context("this program's directory")?
+        .to_path_buf();
+    let bin_dir = bin_dir.unwrap_or(here);
+    // target/<profile>/.. is target/.
+    let out = match out {
+        Some(o) => o,
+        None => bin_dir
+            .parent()
+            .context("the binaries' directory has no parent")?
+            .join("images"),
+    };
+    let t0 = Instant::now();
+    let built = testbed::images::release::build(&bin_dir, &out, prefix)?;
+    println!(
+        "built {} images from {} in {:.1}s:",
+        built.len(),
+        bin_dir.display(),
+        t0.elapsed().as_secs_f64()
+    );
+    for b in built {
+        println!("{}", b.name);
+        println!("  image digest   {}", b.digest);
+        println!("  archive        {}", b.archive.display());
+        println!("  archive sha256 {}", b.archive_sha256);
+    }
+    Ok(())
 }
 
 /// Prints an object as YAML without the noise of managedFields.

@@ -1,6 +1,9 @@
-//! Container images of the real guest node (issue 15), built without a registry: each image is
-//! a `docker save` tarball (one layer + config + `manifest.json`) that `ctr images import` takes.
+//! Container images built without a registry or docker: each image is an OCI image layout
+//! archive ([`oci`]: one layer, config, manifest, `index.json`) that `ctr images import` and
+//! `skopeo copy oci-archive:...` take. One writer ([`pack`]) serves the test bed and the release
+//! images of `make images` ([`release`]).
 //!
+//! The bed's images (issue 15), for the real guest node:
 //! - the pause image containerd runs in every sandbox ([`crate::node::SANDBOX_IMAGE`]): the
 //!   `pause` binary of this crate;
 //! - our two programs (`harvester-cloud-provider`, `harvester-csi-driver`: the debug build
@@ -12,13 +15,18 @@
 //!
 //! A dynamic binary brings the libraries `ldd` names and the ELF interpreter. The image is
 //! "usr-merged" as Debian 12 is: `/bin`, `/sbin`, `/lib`, `/lib64` are links into `/usr`. Layers
-//! are deterministic: sorted, mtime 0, owner root (GNU tar).
+//! and archives are deterministic: sorted, mtime 0, owner root (GNU tar), fixed modes, no clock
+//! in the config, so the same inputs give the same digests.
+
+pub mod oci;
+pub mod release;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::BedError;
+pub use oci::Compression;
 
 /// The tag of every image the bed builds.
 pub const TAG: &str = "testbed";
@@ -79,7 +87,7 @@ const USR_MERGED: &[(&str, &str)] = &[
     ("sbin", "usr/sbin"),
 ];
 
-/// A built image: its full name (`repository:tag`) and its `docker save` tarball.
+/// A built image: its full name (`repository:tag`) and its OCI image layout archive.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Image {
     pub name: String,
@@ -260,28 +268,6 @@ pub fn parse_ldd(output: &str) -> Result<Vec<PathBuf>, String> {
     Ok(libs)
 }
 
-/// The image's config (OCI image config, as `docker save` writes it): amd64/linux, the
-/// entrypoint, `PATH`, and the layer's diff ID.
-pub fn config_json(entrypoint: &[String], diff_id: &str) -> serde_json::Value {
-    serde_json::json!({
-        "architecture": "amd64",
-        "os": "linux",
-        "created": "1970-01-01T00:00:00Z",
-        "config": {
-            "Entrypoint": entrypoint,
-            "Env": [PATH_ENV],
-            "WorkingDir": "/",
-        },
-        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{diff_id}")]},
-        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "testbed::images"}],
-    })
-}
-
-/// `manifest.json` of a `docker save` tarball.
-pub fn manifest_json(config: &str, name: &str, layer: &str) -> serde_json::Value {
-    serde_json::json!([{"Config": config, "RepoTags": [name], "Layers": [layer]}])
-}
-
 /// The program's libraries, from `ldd` (none for a static binary).
 pub fn libraries(program: &Path) -> Result<Vec<PathBuf>, BedError> {
     let out = Command::new("ldd")
@@ -363,14 +349,16 @@ fn single(name: String, binary: &Path) -> Result<Recipe, BedError> {
     })
 }
 
-/// Every recipe of the bed, with the host's files found (I/O: `ldd`, the binaries' paths).
-pub fn recipes() -> Result<Vec<(&'static str, Recipe)>, BedError> {
-    let tools = crate::node::node_tools_dir()?;
-    let pause = workspace_binary("pause")?;
-    let mut csi = single(
-        name(CSI_DRIVER_REPO),
-        &workspace_binary("harvester-csi-driver")?,
-    )?;
+/// The cloud provider's image `name`: the binary as `/usr/bin/harvester-cloud-provider`, the
+/// entrypoint (the chart's Deployment runs `command: [harvester-cloud-provider]`).
+pub fn cloud_provider(name: String, binary: &Path) -> Result<Recipe, BedError> {
+    single(name, binary)
+}
+
+/// The CSI driver's image `name`: the binary as its entrypoint, every program its node plugin
+/// runs ([`NODE_PLUGIN_PROGRAMS`], from the host) and their configuration files.
+pub fn csi_driver(name: String, binary: &Path) -> Result<Recipe, BedError> {
+    let mut csi = single(name, binary)?;
     for p in NODE_PLUGIN_PROGRAMS {
         csi.programs.push(host_program(p)?);
     }
@@ -381,6 +369,17 @@ pub fn recipes() -> Result<Vec<(&'static str, Recipe)>, BedError> {
             .filter(|p| p.is_file())
             .map(|p| (p.to_path_buf(), p.to_path_buf())),
     );
+    Ok(csi)
+}
+
+/// Every recipe of the bed, with the host's files found (I/O: `ldd`, the binaries' paths).
+pub fn recipes() -> Result<Vec<(&'static str, Recipe)>, BedError> {
+    let tools = crate::node::node_tools_dir()?;
+    let pause = workspace_binary("pause")?;
+    let csi = csi_driver(
+        name(CSI_DRIVER_REPO),
+        &workspace_binary("harvester-csi-driver")?,
+    )?;
     Ok(vec![
         (
             "pause",
@@ -393,7 +392,7 @@ pub fn recipes() -> Result<Vec<(&'static str, Recipe)>, BedError> {
         ),
         (
             "cloud-provider",
-            single(
+            cloud_provider(
                 name(CLOUD_PROVIDER_REPO),
                 &workspace_binary("harvester-cloud-provider")?,
             )?,
@@ -429,15 +428,15 @@ pub fn recipes() -> Result<Vec<(&'static str, Recipe)>, BedError> {
     ])
 }
 
-/// Packs every image of the bed into `docker save` tarballs under `out_dir`
-/// (`<out_dir>/<image>.tar`).
+/// Packs every image of the bed into OCI archives under `out_dir` (`<out_dir>/<image>.tar`),
+/// layers uncompressed (imported locally; packing stays fast).
 pub fn build_all(out_dir: &Path) -> Result<ImageSet, BedError> {
     std::fs::create_dir_all(out_dir)
         .map_err(|e| BedError::Setup(format!("creating {}: {e}", out_dir.display())))?;
     let mut built = BTreeMap::new();
     for (key, recipe) in recipes()? {
         let tarball = out_dir.join(format!("{key}.tar"));
-        pack(&recipe, &tarball)?;
+        pack(&recipe, &tarball, Compression::None)?;
         built.insert(
             key,
             Image {
@@ -485,7 +484,8 @@ fn run(what: &str, cmd: &mut Command) -> Result<String, BedError> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn sha256(path: &Path) -> Result<String, BedError> {
+/// The sha256 of a file, in hex.
+pub fn sha256(path: &Path) -> Result<String, BedError> {
     let out = run(
         &format!("hashing {}", path.display()),
         Command::new("sha256sum").arg(path),
@@ -522,16 +522,47 @@ fn tar(what: &str, dir: &Path, names: &[String], out: &Path) -> Result<(), BedEr
     .map(drop)
 }
 
-/// Writes the image of `recipe` as a `docker save` tarball at `tarball`.
-pub fn pack(recipe: &Recipe, tarball: &Path) -> Result<(), BedError> {
+/// Writes the image of `recipe` as an OCI image layout archive at `tarball`; returns the
+/// image's digest (its manifest's, what a registry reports after a push).
+pub fn pack(recipe: &Recipe, tarball: &Path, compression: Compression) -> Result<String, BedError> {
     let files = file_list(recipe)?;
     let work = tarball.with_extension("work");
     if work.exists() {
         std::fs::remove_dir_all(&work).map_err(io_err("removing", &work))?;
     }
-    let result = pack_in(recipe, &files, &work, tarball);
+    let result = pack_in(recipe, &files, &work, tarball, compression);
     let _ = std::fs::remove_dir_all(&work);
     result
+}
+
+/// Sets `path`'s mode: what lands in an archive must not depend on the umask.
+fn chmod(path: &Path, mode: u32) -> Result<(), BedError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(io_err("chmod", path))
+}
+
+/// Writes `bytes` as a blob of `blobs` (`blobs/sha256/<hex>`, mode 0644).
+fn write_blob(blobs: &Path, bytes: &[u8]) -> Result<oci::Blob, BedError> {
+    let tmp = blobs.join("new");
+    std::fs::write(&tmp, bytes).map_err(io_err("writing", &tmp))?;
+    move_blob(blobs, &tmp)
+}
+
+/// Moves the file `from` into `blobs` under its digest (mode 0644).
+fn move_blob(blobs: &Path, from: &Path) -> Result<oci::Blob, BedError> {
+    let hex = sha256(from)?;
+    let size = std::fs::metadata(from)
+        .map_err(io_err("reading", from))?
+        .len();
+    let to = blobs.join(&hex);
+    std::fs::rename(from, &to).map_err(io_err("moving", from))?;
+    chmod(&to, 0o644)?;
+    Ok(oci::Blob { hex, size })
+}
+
+fn json_bytes(what: &str, v: &serde_json::Value) -> Result<Vec<u8>, BedError> {
+    serde_json::to_vec(v).map_err(|e| BedError::Setup(format!("{what}: {e}")))
 }
 
 fn pack_in(
@@ -539,25 +570,30 @@ fn pack_in(
     files: &BTreeMap<PathBuf, Entry>,
     work: &Path,
     tarball: &Path,
-) -> Result<(), BedError> {
-    use std::os::unix::fs::PermissionsExt;
+    compression: Compression,
+) -> Result<String, BedError> {
     let rootfs = work.join("rootfs");
     let archive = work.join("archive");
+    let blobs = archive.join("blobs/sha256");
     std::fs::create_dir_all(&rootfs).map_err(io_err("creating", &rootfs))?;
-    std::fs::create_dir_all(&archive).map_err(io_err("creating", &archive))?;
+    std::fs::create_dir_all(&blobs).map_err(io_err("creating", &blobs))?;
+    for d in [&archive, &archive.join("blobs"), &blobs] {
+        chmod(d, 0o755)?;
+    }
     // BTreeMap order: every directory comes before what is in it.
     for (at, entry) in files {
         let dest = rootfs.join(at);
         match entry {
             Entry::Dir => {
                 std::fs::create_dir(&dest).map_err(io_err("creating", &dest))?;
-                let mode = if at == Path::new("tmp") {
-                    0o1777
-                } else {
-                    0o755
-                };
-                std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(mode))
-                    .map_err(io_err("chmod", &dest))?;
+                chmod(
+                    &dest,
+                    if at == Path::new("tmp") {
+                        0o1777
+                    } else {
+                        0o755
+                    },
+                )?;
             }
             Entry::Symlink(target) => {
                 std::os::unix::fs::symlink(target, &dest).map_err(io_err("linking", &dest))?
@@ -577,34 +613,65 @@ fn pack_in(
         .filter(|p| p.components().count() == 1)
         .map(|p| p.display().to_string())
         .collect();
-    let layer = work.join("layer.tar");
+    let layer_tar = work.join("layer.tar");
     tar(
         &format!("image {}: layer", recipe.name),
         &rootfs,
         &top,
-        &layer,
+        &layer_tar,
     )?;
-    let diff_id = sha256(&layer)?;
-    let layer_dir = archive.join(&diff_id);
-    std::fs::create_dir(&layer_dir).map_err(io_err("creating", &layer_dir))?;
-    std::fs::rename(&layer, layer_dir.join("layer.tar")).map_err(io_err("moving", &layer))?;
-    let config = work.join("config.json");
-    let config_text = serde_json::to_vec(&config_json(&recipe.entrypoint, &diff_id))
-        .map_err(|e| BedError::Setup(format!("image config: {e}")))?;
-    std::fs::write(&config, config_text).map_err(io_err("writing", &config))?;
-    let config_name = format!("{}.json", sha256(&config)?);
-    std::fs::rename(&config, archive.join(&config_name)).map_err(io_err("moving", &config))?;
-    let layer_name = format!("{diff_id}/layer.tar");
-    let manifest = manifest_json(&config_name, &recipe.name, &layer_name);
-    let manifest_path = archive.join("manifest.json");
-    std::fs::write(&manifest_path, manifest.to_string())
-        .map_err(io_err("writing", &manifest_path))?;
+    let diff_id = sha256(&layer_tar)?;
+    let layer = match compression {
+        Compression::None => move_blob(&blobs, &layer_tar)?,
+        Compression::Gzip => {
+            let gz = work.join("layer.tar.gz");
+            gzip(&layer_tar, &gz)?;
+            move_blob(&blobs, &gz)?
+        }
+    };
+    let what = format!("image {}", recipe.name);
+    let config = write_blob(
+        &blobs,
+        &json_bytes(&what, &oci::config_json(&recipe.entrypoint, &diff_id))?,
+    )?;
+    let manifest = write_blob(
+        &blobs,
+        &json_bytes(&what, &oci::manifest_json(&config, &layer, compression))?,
+    )?;
+    for (name, value) in [
+        ("index.json", oci::index_json(&manifest, &recipe.name)),
+        ("oci-layout", oci::layout_json()),
+    ] {
+        let path = archive.join(name);
+        std::fs::write(&path, json_bytes(&what, &value)?).map_err(io_err("writing", &path))?;
+        chmod(&path, 0o644)?;
+    }
     tar(
-        &format!("image {}", recipe.name),
+        &what,
         &archive,
-        &["manifest.json".into(), config_name, diff_id],
+        &["blobs".into(), "index.json".into(), "oci-layout".into()],
         tarball,
-    )
+    )?;
+    Ok(manifest.digest())
+}
+
+/// `gzip -n` of `from` into `to`: no file name or time in the header, so the same tar gives
+/// the same bytes (with the same gzip: Debian 12's 1.12).
+fn gzip(from: &Path, to: &Path) -> Result<(), BedError> {
+    let out = std::fs::File::create(to).map_err(io_err("creating", to))?;
+    let status = Command::new("gzip")
+        .args(["-n", "-c", "--"])
+        .arg(from)
+        .stdout(out)
+        .status()
+        .map_err(|e| BedError::Setup(format!("running gzip for {}: {e}", from.display())))?;
+    if !status.success() {
+        return Err(BedError::Setup(format!(
+            "gzip {} failed ({status})",
+            from.display()
+        )));
+    }
+    Ok(())
 }
 
 /// `ctr --address <socket> -n k8s.io images import` of each tarball (unpacked for the CRI).
@@ -775,22 +842,6 @@ mod tests {
         assert_eq!(
             sidecar(dir.path(), "csi-attacher").unwrap(),
             dir.path().join("csi-attacher")
-        );
-    }
-
-    #[test]
-    fn config_and_manifest_have_docker_save_shape() {
-        let c = config_json(&["/pause".into()], "ab");
-        assert_eq!(c["architecture"], "amd64");
-        assert_eq!(c["os"], "linux");
-        assert_eq!(c["config"]["Entrypoint"], serde_json::json!(["/pause"]));
-        assert_eq!(c["config"]["Env"], serde_json::json!([PATH_ENV]));
-        assert_eq!(c["rootfs"]["diff_ids"], serde_json::json!(["sha256:ab"]));
-        let m = manifest_json("cd.json", "localhost/pause:3.10", "ab/layer.tar");
-        assert_eq!(
-            m,
-            serde_json::json!([{"Config": "cd.json", "RepoTags": ["localhost/pause:3.10"],
-                                "Layers": ["ab/layer.tar"]}])
         );
     }
 }
