@@ -29,6 +29,9 @@ source "$(dirname "$0")/lib.sh"
 # --- Debian packages ------------------------------------------------------------------------
 DEBS=(e2fsprogs xfsprogs util-linux mount dnsmasq-base iproute2 openssl)
 install_debs -- "${DEBS[@]}"
+# skopeo: the images test copies the OCI archives of `make images` with it, as docs/install.md
+# pushes them (Debian 12: skopeo 1.9.3).
+install_debs --no-install-recommends -- skopeo
 # The NFS server of the RWX tests (the stand-in's networkfs-manager exports volumes with it): a
 # userspace NFSv4 server, since the host kernel has no nfsd. Debian 12: nfs-ganesha 4.3. nfs-common:
 # mount.nfs for the CSI node image (tests/src/images.rs).

@@ -1,18 +1,22 @@
-//! The real node's images (`testbed::images`): every image is built as a `docker save` tarball
-//! with the right name, entrypoint and layer; a containerd of its own imports them all; and the
+//! The real node's images (`testbed::images`): every image is built as an OCI image layout
+//! archive with the right name, entrypoint and layer; a containerd of its own imports them all; and the
 //! images run: each program in its image prints what the same program prints on the host (so
 //! every library it loads is in the image), and the pause image exits 0 on SIGTERM as PID 1.
 //!
-//! Needs root, containerd/runc and the CSI sidecars (`make node-tools`), and the workspace's
-//! binaries (`cargo build --bins`; `cargo test --workspace` builds them):
-//! `cargo test -p testbed --test images`.
+//! The release images of `make images` (`testbed::images::release`, built here from the debug
+//! binaries: the same code) are reproducible OCI archives skopeo copies, and containerd imports
+//! and runs them too.
+//!
+//! Needs root, containerd/runc and the CSI sidecars (`make node-tools`), skopeo
+//! (tests/scripts/tools.sh), and the workspace's binaries (`cargo build --bins`; `cargo test
+//! --workspace` builds them): `cargo test -p testbed --test images`.
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use testbed::images::{self, Image};
+use testbed::images::{self, Image, release};
 use testbed::mounts::MountSweeper;
 use testbed::node::{NodeDirs, containerd_config};
 use testbed::process::Proc;
@@ -134,52 +138,131 @@ fn sh(cmd: &mut Command) -> Output {
     out
 }
 
-/// A member of a tarball, as bytes.
-fn member(tarball: &Path, name: &str) -> Vec<u8> {
-    sh(Command::new("tar").arg("-xOf").arg(tarball).arg(name)).stdout
+/// An OCI archive checked member by member: what [`check_oci`] found.
+struct Layout {
+    /// The manifest's digest (`sha256:...`).
+    digest: String,
+    /// The layer's file list.
+    files: Vec<String>,
+    config: serde_json::Value,
+    layer_media_type: String,
 }
 
-fn sha256_of_member(tarball: &Path, name: &str) -> String {
-    let out = sh(Command::new("sh").arg("-c").arg(format!(
-        "tar -xOf '{}' '{name}' | sha256sum",
-        tarball.display()
-    )));
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .expect("a hash")
-        .to_string()
+fn read_json(path: &Path) -> serde_json::Value {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// The layer's file list (`tar -t` of the layer inside the tarball).
-fn layer_files(tarball: &Path, layer: &str) -> Vec<String> {
-    let out = sh(Command::new("sh").arg("-c").arg(format!(
-        "tar -xOf '{}' '{layer}' | tar -t",
-        tarball.display()
-    )));
-    String::from_utf8_lossy(&out.stdout)
+/// The blob a descriptor names, after checking that it exists with the descriptor's size.
+fn blob(root: &Path, descriptor: &serde_json::Value) -> PathBuf {
+    let digest = descriptor["digest"].as_str().expect("descriptor digest");
+    let hex = digest.strip_prefix("sha256:").expect("a sha256 digest");
+    let path = root.join("blobs/sha256").join(hex);
+    let size = std::fs::metadata(&path)
+        .unwrap_or_else(|e| panic!("blob {digest}: {e}"))
+        .len();
+    assert_eq!(
+        descriptor["size"].as_u64(),
+        Some(size),
+        "blob {digest}: size"
+    );
+    path
+}
+
+/// Checks that `tarball` is an OCI image layout (image-spec `image-layout.md`) of the image
+/// `name`: `oci-layout`, `index.json` naming it for containerd and skopeo, every blob under
+/// `blobs/sha256` named by its sha256, a manifest whose config names the layer's diff ID.
+fn check_oci(tarball: &Path, name: &str) -> Layout {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path();
+    sh(Command::new("tar")
+        .arg("-xf")
+        .arg(tarball)
+        .arg("-C")
+        .arg(root));
+    let mut top: Vec<String> = std::fs::read_dir(root)
+        .expect("unpacked archive")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    top.sort();
+    assert_eq!(top, ["blobs", "index.json", "oci-layout"], "{name}");
+    assert_eq!(
+        read_json(&root.join("oci-layout")),
+        serde_json::json!({"imageLayoutVersion": "1.0.0"})
+    );
+    for b in std::fs::read_dir(root.join("blobs/sha256")).expect("blobs/sha256") {
+        let b = b.expect("blob").path();
+        let named = b.file_name().expect("name").to_string_lossy().into_owned();
+        assert_eq!(
+            images::sha256(&b).expect("hashing"),
+            named,
+            "{name}: a blob not named by its content"
+        );
+    }
+    let index = read_json(&root.join("index.json"));
+    assert_eq!(index["schemaVersion"], 2);
+    let manifests = index["manifests"].as_array().expect("manifests");
+    assert_eq!(manifests.len(), 1, "{name}: one manifest");
+    let m = &manifests[0];
+    assert_eq!(m["mediaType"], images::oci::MANIFEST_MEDIA_TYPE);
+    assert_eq!(m["annotations"][images::oci::CONTAINERD_NAME], name);
+    assert_eq!(
+        m["annotations"][images::oci::REF_NAME],
+        images::oci::tag_of(name)
+    );
+    assert_eq!(
+        m["platform"],
+        serde_json::json!({"architecture": "amd64", "os": "linux"})
+    );
+    let manifest = read_json(&blob(root, m));
+    assert_eq!(manifest["schemaVersion"], 2);
+    assert_eq!(
+        manifest["config"]["mediaType"],
+        images::oci::CONFIG_MEDIA_TYPE
+    );
+    let config = read_json(&blob(root, &manifest["config"]));
+    let layers = manifest["layers"].as_array().expect("layers");
+    assert_eq!(layers.len(), 1, "{name}: one layer");
+    let layer = blob(root, &layers[0]);
+    let layer_media_type = layers[0]["mediaType"]
+        .as_str()
+        .expect("layer mediaType")
+        .to_string();
+    // The diff ID is the sha256 of the layer tar as it unpacks (gunzipped when gzip).
+    let diff_id = if layer_media_type.ends_with("+gzip") {
+        let out = sh(Command::new("sh")
+            .arg("-c")
+            .arg(format!("gzip -dc '{}' | sha256sum", layer.display())));
+        text(&out.stdout)
+            .split_whitespace()
+            .next()
+            .expect("a hash")
+            .to_string()
+    } else {
+        assert_eq!(layer_media_type, "application/vnd.oci.image.layer.v1.tar");
+        images::sha256(&layer).expect("hashing")
+    };
+    assert_eq!(
+        config["rootfs"]["diff_ids"],
+        serde_json::json!([format!("sha256:{diff_id}")]),
+        "{name}"
+    );
+    let files = text(&sh(Command::new("tar").arg("-tf").arg(&layer)).stdout)
         .lines()
         .map(|l| l.trim_end_matches('/').to_string())
-        .collect()
+        .collect();
+    Layout {
+        digest: m["digest"].as_str().expect("digest").to_string(),
+        files,
+        config,
+        layer_media_type,
+    }
 }
 
-/// Checks the `docker save` layout of `image` and returns its layer's file list.
+/// Checks the layout of a bed image and returns its layer's file list.
 fn check_layout(image: &Image, entrypoint: &str) -> Vec<String> {
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&member(&image.tarball, "manifest.json")).expect("manifest JSON");
-    let m = &manifest[0];
-    assert_eq!(
-        m["RepoTags"],
-        serde_json::json!([image.name]),
-        "{}",
-        image.name
-    );
-    let layers = m["Layers"].as_array().expect("Layers");
-    assert_eq!(layers.len(), 1, "{}: one layer", image.name);
-    let layer = layers[0].as_str().expect("layer path");
-    let config_name = m["Config"].as_str().expect("Config");
-    let config: serde_json::Value =
-        serde_json::from_slice(&member(&image.tarball, config_name)).expect("config JSON");
+    let layout = check_oci(&image.tarball, &image.name);
+    let config = &layout.config;
     assert_eq!(
         config["config"]["Entrypoint"],
         serde_json::json!([entrypoint]),
@@ -192,26 +275,14 @@ fn check_layout(image: &Image, entrypoint: &str) -> Vec<String> {
         config["config"]["Env"],
         serde_json::json!([images::PATH_ENV])
     );
-    // The config names the layer by its content, and is named by its own.
-    let diff_id = sha256_of_member(&image.tarball, layer);
-    assert_eq!(
-        config["rootfs"]["diff_ids"],
-        serde_json::json!([format!("sha256:{diff_id}")]),
-        "{}",
-        image.name
-    );
-    assert_eq!(
-        format!("{}.json", sha256_of_member(&image.tarball, config_name)),
-        config_name
-    );
-    let files = layer_files(&image.tarball, layer);
     let entry = entrypoint.trim_start_matches('/');
     assert!(
-        files.iter().any(|f| f == entry),
-        "{}: no {entry} in {files:?}",
-        image.name
+        layout.files.iter().any(|f| f == entry),
+        "{}: no {entry} in {:?}",
+        image.name,
+        layout.files
     );
-    files
+    layout.files
 }
 
 fn mib(p: &Path) -> f64 {
@@ -320,7 +391,7 @@ fn images_build_import_and_run_root() {
         .find(|(k, _)| *k == "pause")
         .expect("pause recipe");
     let again = dir.path().join("pause-again.tar");
-    images::pack(pause, &again).expect("packing pause again");
+    images::pack(pause, &again, images::Compression::None).expect("packing pause again");
     assert_eq!(
         std::fs::read(&again).expect("tarball"),
         std::fs::read(&set.pause.tarball).expect("tarball"),
@@ -350,8 +421,28 @@ fn images_build_import_and_run_root() {
         eprintln!("  imported {} in {:.1?}", i.name, one.elapsed());
     }
     eprintln!("imported {} images in {:.1?}", set.all().len(), t.elapsed());
+    // The release images (`make images`: gzip layers) import the same way.
+    let t = Instant::now();
+    let release: Vec<Image> = release::build(&bin_dir(), &dir.path().join("release"), "localhost")
+        .unwrap_or_else(|e| panic!("building the release images: {e}"))
+        .into_iter()
+        .map(|b| Image {
+            name: b.name,
+            tarball: b.archive,
+        })
+        .collect();
+    let release_ccm = &release[0];
+    let release_csi = &release[1];
+    for i in [release_ccm, release_csi] {
+        images::import(&containerd.dirs.containerd_socket, &[i])
+            .unwrap_or_else(|e| panic!("importing: {e}"));
+    }
+    eprintln!(
+        "built and imported the release images in {:.1?}",
+        t.elapsed()
+    );
     let listed = text(&sh(containerd.ctr().args(["images", "ls", "-q"])).stdout);
-    for i in set.all() {
+    for i in set.all().into_iter().chain([release_ccm, release_csi]) {
         assert!(
             listed.lines().any(|l| l == i.name),
             "{} not in `ctr images ls`:\n{listed}",
@@ -426,6 +517,30 @@ fn images_build_import_and_run_root() {
             host(&ccm),
             "harvester-cloud-provider",
             vec!["--version"],
+        ),
+        (
+            release_ccm,
+            host(&ccm),
+            "harvester-cloud-provider",
+            vec!["--version"],
+        ),
+        (
+            release_csi,
+            host(&csi),
+            "harvester-csi-driver",
+            vec!["--version"],
+        ),
+        (
+            release_csi,
+            "/usr/sbin/mkfs.xfs".into(),
+            "mkfs.xfs",
+            vec!["-V"],
+        ),
+        (
+            release_csi,
+            "/usr/sbin/mount.nfs".into(),
+            "mount.nfs",
+            vec!["-V"],
         ),
         (
             &set.registrar,
@@ -559,4 +674,130 @@ fn images_build_import_and_run_root() {
         "mounts left under {}",
         node_root.display()
     );
+}
+
+/// Where `cargo build --bins` put this profile's binaries (target/debug under `cargo test`).
+fn bin_dir() -> PathBuf {
+    testbed::process::built_binary("harvester-cloud-provider")
+        .parent()
+        .expect("target/<profile>")
+        .to_path_buf()
+}
+
+/// skopeo, or a panic saying how to install it.
+fn skopeo() -> Command {
+    assert!(
+        Path::new("/usr/bin/skopeo").is_file(),
+        "skopeo is not installed: run tests/scripts/tools.sh (Debian package skopeo)"
+    );
+    let mut c = Command::new("/usr/bin/skopeo");
+    // No /etc/containers/policy.json needed: nothing is pulled from a registry here.
+    c.arg("--insecure-policy");
+    c
+}
+
+/// `make images` (`testbed images` -> `testbed::images::release`) from the debug binaries (the
+/// release build takes the same path), twice into two directories: the same archives byte for
+/// byte and the same digests; each a valid OCI layout with a gzip layer, named
+/// `<prefix>/<program>:<workspace version>`; skopeo (how docs/install.md pushes them) copies
+/// each with every digest checked and keeps the image's digest.
+#[test]
+fn release_images_are_reproducible_oci_archives() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let prefix = "registry.example.com:5000/team";
+    let t = Instant::now();
+    let first = release::build(&bin_dir(), &dir.path().join("a"), prefix)
+        .unwrap_or_else(|e| panic!("building the release images: {e}"));
+    let once = t.elapsed();
+    let second = release::build(&bin_dir(), &dir.path().join("b"), prefix)
+        .unwrap_or_else(|e| panic!("building the release images again: {e}"));
+    eprintln!(
+        "built both release images in {once:.1?} ({:.1?} the second time)",
+        t.elapsed() - once
+    );
+    let programs = ["harvester-cloud-provider", "harvester-csi-driver"];
+    assert_eq!(first.len(), programs.len());
+    assert_eq!(second.len(), programs.len());
+    let mut csi_files = Vec::new();
+    for ((a, b), program) in first.iter().zip(&second).zip(programs) {
+        eprintln!(
+            "  {:>6.1} MiB  {}  {}",
+            mib(&a.archive),
+            a.digest,
+            a.archive.display()
+        );
+        assert_eq!(a.name, format!("{prefix}/{program}:{}", release::VERSION));
+        assert_eq!(
+            a.archive.file_name().expect("file name").to_string_lossy(),
+            format!("{program}-{}.oci.tar", release::VERSION)
+        );
+        assert_eq!(a.digest, b.digest, "{program}: image digests differ");
+        assert_eq!(
+            a.archive_sha256, b.archive_sha256,
+            "{program}: archives differ"
+        );
+        assert_eq!(
+            std::fs::read(&a.archive).expect("archive"),
+            std::fs::read(&b.archive).expect("archive"),
+            "{program}: archives differ"
+        );
+        assert_eq!(images::sha256(&a.archive).expect("hash"), a.archive_sha256);
+        let layout = check_oci(&a.archive, &a.name);
+        assert_eq!(layout.digest, a.digest, "{program}: the digest printed");
+        assert_eq!(
+            layout.layer_media_type,
+            "application/vnd.oci.image.layer.v1.tar+gzip"
+        );
+        let entrypoint = format!("/usr/bin/{program}");
+        assert_eq!(
+            layout.config["config"]["Entrypoint"],
+            serde_json::json!([entrypoint])
+        );
+        assert_eq!(layout.config["created"], "1970-01-01T00:00:00Z");
+        assert!(
+            layout.files.contains(&entrypoint[1..].to_string()),
+            "{program}: no {entrypoint}"
+        );
+        if program == "harvester-csi-driver" {
+            csi_files = layout.files;
+        }
+
+        // skopeo reads the archive (checking each blob's digest) into a layout of its own; the
+        // manifest, hence the image's digest, is unchanged.
+        let copy = dir.path().join(format!("{program}-copy"));
+        let from = format!("oci-archive:{}", a.archive.display());
+        let to = format!("oci:{}:{}", copy.display(), release::VERSION);
+        sh(skopeo().args(["copy", "--quiet", &from, &to]));
+        let raw = sh(skopeo().args(["inspect", "--raw", &to])).stdout;
+        let raw_file = dir.path().join(format!("{program}-manifest.json"));
+        std::fs::write(&raw_file, &raw).expect("manifest");
+        assert_eq!(
+            format!("sha256:{}", images::sha256(&raw_file).expect("hash")),
+            a.digest,
+            "{program}: skopeo's copy has another manifest"
+        );
+    }
+    // Every program the node plugin runs is in the CSI driver's image.
+    for p in images::NODE_PLUGIN_PROGRAMS {
+        assert!(
+            ["usr/bin", "usr/sbin"]
+                .iter()
+                .any(|d| csi_files.contains(&format!("{d}/{p}"))),
+            "the CSI driver's release image lacks {p}"
+        );
+    }
+
+    // A prefix that is no registry fails before anything is built, naming it.
+    let e = release::build(
+        &bin_dir(),
+        &dir.path().join("c"),
+        "https://registry.example.com",
+    )
+    .expect_err("a prefix with a scheme")
+    .to_string();
+    assert!(
+        e.contains("\"https://registry.example.com\" has a scheme"),
+        "{e}"
+    );
+    assert!(!dir.path().join("c").exists());
 }

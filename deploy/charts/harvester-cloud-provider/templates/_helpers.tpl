@@ -24,12 +24,60 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
 {{/* "registry/" when Rancher's global.cattle.systemDefaultRegistry (or RKE2's
-global.systemDefaultRegistry) is set. */}}
+global.systemDefaultRegistry) is set, as upstream prefixes every image (harvester/charts
+charts/harvester-cloud-provider/templates/_helpers.tpl "system_default_registry"). A value that is no
+registry (a scheme, a space) fails naming the key: the images would not pull. */}}
 {{- define "system_default_registry" -}}
-{{- $registry := dig "global" "cattle" "systemDefaultRegistry" "" .Values.AsMap | default (dig "global" "systemDefaultRegistry" "" .Values.AsMap) -}}
-{{- with $registry -}}
+{{- $key := "global.cattle.systemDefaultRegistry" -}}
+{{- $registry := dig "global" "cattle" "systemDefaultRegistry" "" .Values.AsMap -}}
+{{- if not $registry -}}
+{{- $key = "global.systemDefaultRegistry" -}}
+{{- $registry = dig "global" "systemDefaultRegistry" "" .Values.AsMap -}}
+{{- end -}}
+{{- with $registry | toString | trimSuffix "/" -}}
+{{- if not (regexMatch `^[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?)*(:[0-9]+)?(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*$` .) -}}
+{{- fail (printf "%s %q is not a registry: host[:port] with an optional path, no scheme, no spaces (e.g. registry.example.com:5000)" $key .) -}}
+{{- end -}}
 {{- printf "%s/" . -}}
 {{- end -}}
+{{- end -}}
+
+{{/* Our image (dict "ctx" $ "key" "image.repository" "image" <map with repository, tag>): the
+repository must be set (there is no published image: docs/install.md, "Images") and be a
+repository without scheme or tag; the tag defaults to the chart's appVersion. */}}
+{{- define "harvester-cloud-provider.ownImage" -}}
+{{- $repo := required (printf "%s is not set: build the image with `make images`, push it to your registry and set %s (docs/install.md, Images)" .key .key) (dig "repository" "" .image) | toString -}}
+{{- if not (regexMatch `^([a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?)*(:[0-9]+)?/)?[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*$` $repo) -}}
+{{- fail (printf "%s %q is not an image repository: [host[:port]/]path in lowercase, no scheme, no tag, no spaces (e.g. registry.example.com/team/harvester-cloud-provider)" .key $repo) -}}
+{{- end -}}
+{{- printf "%s%s:%s" (include "system_default_registry" .ctx) $repo (toString (dig "tag" "" .image) | default .ctx.Chart.AppVersion) -}}
+{{- end -}}
+
+{{/* A pod's imagePullSecrets from lists of names or {name: ...} (a list of lists), each name
+once; nothing when there is none. */}}
+{{- define "harvester-cloud-provider.pullSecrets" -}}
+{{- $names := list -}}
+{{- range $list := . -}}
+{{- range $list -}}
+{{- if kindIs "map" . -}}
+{{- with .name -}}{{- $names = append $names (toString .) -}}{{- end -}}
+{{- else if . -}}
+{{- $names = append $names (toString .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- with $names -}}
+imagePullSecrets:
+{{- range . | uniq }}
+  - name: {{ . | quote }}
+{{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/* The cloud provider's pods: imagePullSecrets (upstream's key) and Rancher's
+global.cattle.imagePullSecrets. */}}
+{{- define "harvester-cloud-provider.imagePullSecrets" -}}
+{{- include "harvester-cloud-provider.pullSecrets" (list (dig "imagePullSecrets" list .Values.AsMap) (dig "global" "cattle" "imagePullSecrets" list .Values.AsMap)) -}}
 {{- end -}}
 
 {{/* --cluster-name: Rancher's global.cattle.clusterName (what upstream renders), else

@@ -23,10 +23,54 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
-{{/* "registry/" when Rancher's global.cattle.systemDefaultRegistry is set. */}}
+{{/* "registry/" when Rancher's global.cattle.systemDefaultRegistry (or RKE2's
+global.systemDefaultRegistry) is set, as upstream prefixes every image (harvester/charts
+charts/harvester-csi-driver/templates/_helpers.tpl "system_default_registry"). A value that is no
+registry (a scheme, a space) fails naming the key: the images would not pull. */}}
 {{- define "system_default_registry" -}}
-{{- with dig "global" "cattle" "systemDefaultRegistry" "" .Values.AsMap | default (dig "global" "systemDefaultRegistry" "" .Values.AsMap) -}}
+{{- $key := "global.cattle.systemDefaultRegistry" -}}
+{{- $registry := dig "global" "cattle" "systemDefaultRegistry" "" .Values.AsMap -}}
+{{- if not $registry -}}
+{{- $key = "global.systemDefaultRegistry" -}}
+{{- $registry = dig "global" "systemDefaultRegistry" "" .Values.AsMap -}}
+{{- end -}}
+{{- with $registry | toString | trimSuffix "/" -}}
+{{- if not (regexMatch `^[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?)*(:[0-9]+)?(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*$` .) -}}
+{{- fail (printf "%s %q is not a registry: host[:port] with an optional path, no scheme, no spaces (e.g. registry.example.com:5000)" $key .) -}}
+{{- end -}}
 {{- printf "%s/" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Our image (dict "ctx" $ "key" "image.repository" "image" <map with repository, tag>): the
+repository must be set (there is no published image: docs/install.md, "Images") and be a
+repository without scheme or tag; the tag defaults to the chart's appVersion. */}}
+{{- define "harvester-csi-driver.ownImage" -}}
+{{- $repo := required (printf "%s is not set: build the image with `make images`, push it to your registry and set %s (docs/install.md, Images)" .key .key) (dig "repository" "" .image) | toString -}}
+{{- if not (regexMatch `^([a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?(\.[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?)*(:[0-9]+)?/)?[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*$` $repo) -}}
+{{- fail (printf "%s %q is not an image repository: [host[:port]/]path in lowercase, no scheme, no tag, no spaces (e.g. registry.example.com/team/harvester-csi-driver)" .key $repo) -}}
+{{- end -}}
+{{- printf "%s%s:%s" (include "system_default_registry" .ctx) $repo (toString (dig "tag" "" .image) | default .ctx.Chart.AppVersion) -}}
+{{- end -}}
+
+{{/* A pod's imagePullSecrets from lists of names or {name: ...} (a list of lists), each name
+once; nothing when there is none. */}}
+{{- define "harvester-csi-driver.pullSecrets" -}}
+{{- $names := list -}}
+{{- range $list := . -}}
+{{- range $list -}}
+{{- if kindIs "map" . -}}
+{{- with .name -}}{{- $names = append $names (toString .) -}}{{- end -}}
+{{- else if . -}}
+{{- $names = append $names (toString .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- with $names -}}
+imagePullSecrets:
+{{- range . | uniq }}
+  - name: {{ . | quote }}
+{{- end }}
 {{- end -}}
 {{- end -}}
 
@@ -61,22 +105,10 @@ the host network. */}}
 {{- dig "nodeHealthPort" 9808 .Values.AsMap -}}
 {{- end -}}
 
-{{/* imagePullSecrets from global.cattle.imagePullSecrets (names or {name: ...}). */}}
+{{/* Every pod's imagePullSecrets: imagePullSecrets (ours) and global.cattle.imagePullSecrets
+(upstream's key; names or {name: ...}). */}}
 {{- define "harvester-csi-driver.imagePullSecrets" -}}
-{{- $names := list -}}
-{{- range dig "global" "cattle" "imagePullSecrets" list .Values.AsMap -}}
-{{- if kindIs "map" . -}}
-{{- with .name -}}{{- $names = append $names . -}}{{- end -}}
-{{- else if . -}}
-{{- $names = append $names . -}}
-{{- end -}}
-{{- end -}}
-{{- with $names -}}
-imagePullSecrets:
-{{- range . | uniq }}
-  - name: {{ . | quote }}
-{{- end }}
-{{- end -}}
+{{- include "harvester-csi-driver.pullSecrets" (list (dig "imagePullSecrets" list .Values.AsMap) (dig "global" "cattle" "imagePullSecrets" list .Values.AsMap)) -}}
 {{- end -}}
 
 {{/* Where the driver finds the cloud-config inside its containers. */}}
