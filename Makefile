@@ -6,7 +6,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo cluster test tools node-tools proto-check fmt-check clippy unit-and-integration help-check bench charts-check fuzz
+.PHONY: demo cluster images test tools node-tools proto-check fmt-check clippy unit-and-integration help-check bench charts-check fuzz
 
 demo: tools
 	$(CARGO) run --quiet -p testbed --bin testbed -- demo
@@ -16,6 +16,15 @@ demo: tools
 cluster: tools node-tools
 	$(CARGO) build --quiet --workspace --bins
 	$(CARGO) run --quiet -p testbed --bin testbed -- cluster
+
+# Not part of `make test` (a release build): the images harvester-cloud-provider and
+# harvester-csi-driver as OCI archives in target/images/, tagged with the workspace version,
+# from the release binaries and this Debian 12 host's mkfs/mount programs (tools.sh installs
+# them). Reproducible; prints each archive's path and digests. docs/install.md, "Images".
+IMAGE_PREFIX ?= localhost
+images:
+	$(CARGO) build --release --bins
+	$(CARGO) run --release --quiet -p testbed --bin testbed -- images --prefix '$(IMAGE_PREFIX)'
 
 test: tools node-tools proto-check fmt-check clippy help-check charts-check unit-and-integration
 

@@ -252,7 +252,7 @@ fn cloud_provider_chart_takes_every_cloud_config_source_and_the_cluster_name() {
     let c = container(deploy, "harvester-cloud-provider");
     assert_eq!(
         c["image"],
-        "registry.example.com/harvester-rs/harvester-cloud-provider:0.1.0"
+        "registry.example.com/team/harvester-cloud-provider:0.1.0"
     );
     assert!(args(c).contains(&"--cluster-name=c-m-abcd1234".to_string()));
     assert_eq!(
@@ -523,7 +523,7 @@ fn csi_chart_takes_secret_host_class_kubelet_dir_and_storage_class_parameters() 
     );
     assert_eq!(
         node["spec"]["template"]["spec"]["imagePullSecrets"],
-        json!([{"name": "regcred"}, {"name": "other"}])
+        json!([{"name": "regcred"}, {"name": "mine"}, {"name": "other"}])
     );
 }
 

@@ -35,9 +35,16 @@ pub fn helm() -> PathBuf {
         .unwrap_or_else(|e| panic!("this test needs helm: {e} (`make test` builds it)"))
 }
 
-/// A chart's value sets: `default` (values.yaml alone) and every `ci/*-values.yaml`.
+/// `ci/default-values.yaml`: values.yaml's defaults plus the one value every install sets, our
+/// image (the charts have no default for it and refuse to render without it).
+pub fn default_values(chart: &str) -> PathBuf {
+    chart_dir(chart).join("ci/default-values.yaml")
+}
+
+/// A chart's value sets: every `ci/*-values.yaml` (`default-values.yaml` first: values.yaml's
+/// defaults and the image).
 pub fn value_sets(chart: &str) -> Vec<(String, Option<PathBuf>)> {
-    let mut sets = vec![("default".to_string(), None)];
+    let mut sets = Vec::new();
     let dir = chart_dir(chart).join("ci");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
@@ -78,12 +85,21 @@ pub fn run_helm(args: &[&str]) -> Result<String, String> {
     }
 }
 
-/// `helm template` of `chart` as release `chart` in kube-system, with a values file and
-/// `--set` pairs; Err(helm's message) when rendering fails.
+/// `helm template` of `chart` as release `chart` in kube-system, with [`default_values`] (the
+/// image), then a values file and `--set` pairs; Err(helm's message) when rendering fails.
 pub fn try_template(chart: &str, values: Option<&Path>, set: &[&str]) -> Result<String, String> {
     let dir = chart_dir(chart);
     let dir = dir.to_string_lossy();
-    let mut args = vec!["template", chart, &dir, "--namespace", RELEASE_NAMESPACE];
+    let defaults = default_values(chart).to_string_lossy().to_string();
+    let mut args = vec![
+        "template",
+        chart,
+        &dir,
+        "--namespace",
+        RELEASE_NAMESPACE,
+        "--values",
+        &defaults,
+    ];
     let values = values.map(|v| v.to_string_lossy().to_string());
     if let Some(v) = &values {
         args.extend(["--values", v]);

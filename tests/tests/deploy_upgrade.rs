@@ -496,6 +496,9 @@ async fn cloud_config_secret_is_mounted_with_the_default_cloud_config_path() {
         "cloudConfig.secretName=harvester-cloud-config",
         "--set",
         "cloudConfig.secretKey=kubeconfig",
+        // Our image: the chart has no default for it.
+        "--set",
+        CCM_IMAGE[0],
     ]);
     let live = workloads(&bed.guest.client).await;
     let deployment = &live["Deployment/harvester-cloud-provider"];
