@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # harvester-cloud-provider image: the binary on a minimal runtime (glibc, libgcc, CA roots).
 # Build from the repository root:
-#   docker build -f deploy/cloud-provider.Dockerfile -t harvester-rs/harvester-cloud-provider:0.1.0 .
+#   docker build -f deploy/cloud-provider.Dockerfile -t <registry>/harvester-cloud-provider:0.1.0 .
+# (`make images` builds an equivalent image without a container engine: docs/install.md, "Images".)
 
 # Debian 12 to match the runtime's glibc; the toolchain the repository is tested with.
 FROM docker.io/library/rust:1.95-bookworm AS build

@@ -4,7 +4,8 @@
 # mount/umount from mount, mount.nfs from nfs-common for RWX volumes). The same image serves
 # --mode controller (which runs none of them).
 # Build from the repository root:
-#   docker build -f deploy/csi-driver.Dockerfile -t harvester-rs/harvester-csi-driver:0.1.0 .
+#   docker build -f deploy/csi-driver.Dockerfile -t <registry>/harvester-csi-driver:0.1.0 .
+# (`make images` builds an equivalent image without a container engine: docs/install.md, "Images".)
 
 FROM docker.io/library/rust:1.95-bookworm AS build
 WORKDIR /src
