@@ -2,8 +2,12 @@
 //!
 //! Two namespaces joined by a veth pair: the server side (`10.77.0.1/24`) runs a real dnsmasq
 //! (Debian `dnsmasq-base`) handing out `10.77.0.100`-`10.77.0.150` with 2-minute leases (dnsmasq's
-//! minimum) into a lease file in a temp dir; the client side's interface is up with no address.
-//! Test code runs on the client side through [`DhcpNet::in_client`]. Names carry the pid and a
+//! minimum) into a lease file in a temp dir; the client side's interface is up with no address
+//! (or, after [`DhcpNet::add_client_default_route`], `10.77.0.2/24` with the server as default
+//! gateway: a node whose default route goes to the DHCP server's network).
+//! Test code runs on the client side through [`DhcpNet::in_client`], or keeps running there
+//! through [`DhcpNet::spawn_in_client`] (a cloud provider on that node), reaching the bed's API
+//! servers through [`DhcpNet::forward_into_client`]. Names carry the pid and a
 //! counter, so tests in parallel threads never meet; everything is removed on drop (dnsmasq
 //! killed, both namespaces and with them the veth pair deleted), also when the test fails.
 

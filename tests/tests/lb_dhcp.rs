@@ -467,6 +467,7 @@ async fn without_a_default_route_the_warning_names_what_was_tried_root() {
         n.contains("no interface to lease")
     })
     .await;
+    eprintln!("Warning: {note}");
     for tried in [
         "cloudprovider.harvesterhci.io/network",
         "kube-system/harvester-nad-mapping",
@@ -498,6 +499,7 @@ async fn a_dhcp_interface_that_does_not_exist_is_a_clear_warning_root() {
         .await
         .unwrap();
     let note = wait_note(&bed, "dns", "Warning", LIMIT, |n| n.contains("nosuchif0")).await;
+    eprintln!("Warning: {note}");
     assert!(note.contains("No such device"), "{note}");
     assert_eq!(ingress_ip(&api.get("dns").await.unwrap()), None);
     assert!(metric(&telemetry, "failed") >= 1);

@@ -4,6 +4,9 @@
 //! restarted provider asks for the same one, and releases it when the Service goes. kube-vip then
 //! only announces the address, as for pool addresses (upstream leaves the whole lease to kube-vip,
 //! whose renewals are known to fail: Harvester issues #6563, #6637).
+//!
+//! The interface a lease is on comes from [`lease_interface`]: the Service's mapped network,
+//! `--dhcp-interface`, else the default route's, where kube-vip leases under upstream's values.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
