@@ -14,7 +14,6 @@
 //! thread's network namespace, where the DHCP sockets are opened too. Parsing is pure
 //! ([`default_route`]); [`read_default_route`] only reads the two files.
 
-use std::fmt;
 use std::io::ErrorKind;
 
 /// The kernel's IPv4 routing table (main table), this thread's network namespace.
@@ -37,16 +36,6 @@ pub enum Family {
 pub struct DefaultRoute {
     pub iface: String,
     pub family: Family,
-}
-
-impl fmt::Display for DefaultRoute {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let family = match self.family {
-            Family::Ipv4 => "IPv4",
-            Family::Ipv6 => "IPv6",
-        };
-        write!(f, "{} ({family} default route)", self.iface)
-    }
 }
 
 /// A routing table that could not be read.
@@ -200,15 +189,6 @@ mod tests {
         // A header whose columns happen to be zeros is still the header.
         let table = "eth0 0 0 0 0 0 0 0\n";
         assert_eq!(default_route(table, ""), None);
-    }
-
-    #[test]
-    fn a_default_route_names_its_interface_and_family() {
-        let r = DefaultRoute {
-            iface: "eth0".into(),
-            family: Family::Ipv4,
-        };
-        assert_eq!(r.to_string(), "eth0 (IPv4 default route)");
     }
 
     #[test]
