@@ -137,11 +137,13 @@ spec:
      volumeMounts: [{{name: d, mountPath: /data}}]}}
   volumes: [{{name: d, persistentVolumeClaim: {{claimName: demo}}}}]
 EOF
+kubectl wait --for=condition=Ready pod/demo --timeout=120s
 kubectl logs demo
 kubectl --kubeconfig "$HARVESTER_KUBECONFIG" -n {ns} get vm,vmi,pvc
 
 # a LoadBalancer Service: its address comes from Harvester IPPool {pool} ({subnet})
 {try_lb}
+kubectl wait --for=jsonpath='{{.status.loadBalancer.ingress}}' service/{svc} --timeout=60s
 kubectl get service {svc}
 kubectl --kubeconfig "$HARVESTER_KUBECONFIG" get ippools,loadbalancers -A
 
