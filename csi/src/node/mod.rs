@@ -162,7 +162,7 @@ impl NodeService {
         let nfs = netns::choose(&netns::read(Path::new("/proc")), Path::new("/proc"));
         match nfs.warning {
             Some(w) => tracing::warn!(reason = nfs.reason, "{w}"),
-            None => tracing::info!(netns = ?nfs.netns, reason = nfs.reason, "NFS mounts of RWX volumes"),
+            None => tracing::info!(netns = ?nfs.netns, reason = nfs.reason, "RWX (NFS) mounts"),
         }
         let vmis: Api<VirtualMachineInstance> =
             Api::namespaced(harvester.client.clone(), &harvester.namespace);

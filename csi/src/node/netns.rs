@@ -203,7 +203,10 @@ mod tests {
     fn the_warning_says_what_to_set() {
         let c = choose(&ns(1, Some(1), 2, 3), Path::new("/proc"));
         let w = c.warning.unwrap_or_default();
-        assert!(w.contains("hostPID: true") && w.contains("hostNetwork: true"), "{w}");
+        assert!(
+            w.contains("hostPID: true") && w.contains("hostNetwork: true"),
+            "{w}"
+        );
         assert!(w.contains("RWX"), "{w}");
     }
 

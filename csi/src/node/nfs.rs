@@ -39,8 +39,8 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::Api;
 
 use super::NodeService;
-use super::netns::NfsNetns;
 use super::mount::{Cmd, MountInfo, canonical, mount_at, mounts, run_any};
+use super::netns::NfsNetns;
 use crate::error::NodeError;
 
 /// What to mount (pure): `<endpoint>:/<pv>` and the options, the CR's (or `vers=4`) then the
@@ -193,7 +193,8 @@ impl NodeService {
             reason,
         };
         let limit = self.nfs_mount_timeout;
-        match tokio::time::timeout(limit, run_any(&mount_cmd(&m, &staging, &self.nfs_netns))).await {
+        let helper = mount_cmd(&m, &staging, &self.nfs_netns);
+        match tokio::time::timeout(limit, run_any(&helper)).await {
             Ok(Ok(out)) if out.code == Some(0) => Ok(()),
             Ok(Ok(out)) => {
                 undo_mount(&staging).await;
