@@ -1302,6 +1302,161 @@ async fn contract_nfs_server_down_never_blocks_the_node_plugin_root() {
     ));
 }
 
+/// The size of the filesystem mounted at `at` (df), in bytes.
+fn filesystem_size(at: &Path) -> u64 {
+    let out = std::process::Command::new("df")
+        .args(["-B1", "--output=size"])
+        .arg(at)
+        .output()
+        .expect("df");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .nth(1)
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("df {}: {out:?}", at.display()))
+}
+
+/// Contract (networkfs-manager b9addbdce76c2317c828ec7ac84c472b6f7a96b4 `OnPVCChange`,
+/// `checkAndProcessExpand`): an RWX volume's host PVC grown on Harvester (its UI; the driver
+/// refuses RWX expansion) makes the Enabled NetworkFilesystem `Expanding` until the claim's
+/// capacity follows, then `Ready` again, with the share manager's filesystem grown online. All
+/// along the volume is served: a ControllerPublish to another node answers at once instead of
+/// waiting for `Ready`. No guest kernel needed: the controller runs on the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_rwx_online_expansion_keeps_the_volume_served_root() {
+    assert_root();
+    const XFS_CLASS: &str = "longhorn-rwx-xfs";
+    let bed = common::bed().await;
+    common::install_default_storage_class(&bed).await;
+    // xfs: online ext4 growth needs CAP_SYS_RESOURCE, which this host lacks (docs/testbed.md).
+    create_class(
+        &bed,
+        XFS_CLASS,
+        upstream::LONGHORN_PROVISIONER,
+        json!({"fsType": "xfs"}),
+    )
+    .await;
+    bed.sim
+        .create_host("harvester-1", None, None)
+        .await
+        .expect("host");
+    for node in ["rwx-a", "rwx-b"] {
+        bed.sim
+            .create_vm(&GuestVm::new(node).on_host("harvester-1"))
+            .await
+            .expect("VM");
+    }
+    let fs = bed
+        .sim
+        .start_networkfs(HOST_FROM_GUEST)
+        .unwrap_or_else(|e| panic!("the NFS server must start for this test: {e}"));
+    let ctrl = Driver::start(&bed, |c| c.mode = Mode::Controller).await;
+    // xfs needs 300 MiB at least.
+    let mut request = rwx_request("growing", &[("hostStorageClass", XFS_CLASS)]);
+    request.capacity_range = Some(CapacityRange {
+        required_bytes: (320 * MIB) as i64,
+        limit_bytes: 0,
+    });
+    let id = ControllerClient::new(ctrl.channel.clone())
+        .create_volume(request)
+        .await
+        .expect("CreateVolume RWX")
+        .into_inner()
+        .volume
+        .expect("volume")
+        .volume_id;
+    let pv = pv_of(&bed, &id).await;
+    let (history, watch) = record_history(&bed, &pv);
+    controller_publish(&ctrl, &id, "rwx-a")
+        .await
+        .expect("ControllerPublishVolume to rwx-a");
+    let before = filesystem_size(&fs.host_mount(&pv));
+
+    // An administrator grows the host PVC; the expander takes 3 s.
+    let expander = Duration::from_secs(3);
+    fs.set_expand_delay(expander);
+    Api::<PersistentVolumeClaim>::namespaced(bed.sim.harvester.clone(), &bed.vm_namespace)
+        .patch(
+            &id,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"spec": {"resources": {"requests": {"storage": "640Mi"}}}}),
+            ),
+        )
+        .await
+        .expect("growing the host PVC");
+    wait::until(
+        &format!("NetworkFilesystem {pv} Expanding"),
+        Duration::from_secs(10),
+        || async {
+            let s = network_fs(&bed, &pv).await.and_then(|n| n.status);
+            let now = s.map(|s| (s.state, s.status));
+            Ok(match &now {
+                Some((state, status)) if state == "Enabled" && status == "Expanding" => Ok(()),
+                _ => Err(now),
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let took = controller_publish(&ctrl, &id, "rwx-b")
+        .await
+        .expect("ControllerPublishVolume to rwx-b while Expanding");
+    let during = network_fs(&bed, &pv).await.and_then(|n| n.status);
+    say(&format!(
+        "ControllerPublishVolume to rwx-b while Expanding: {took:?}; the CR then: {:?}",
+        during.as_ref().map(|s| (&s.state, &s.status))
+    ));
+    assert_eq!(
+        during.as_ref().map(|s| s.status.as_str()),
+        Some("Expanding"),
+        "the publish answered while the volume was still expanding"
+    );
+    assert!(took < Duration::from_secs(2), "answered at once: {took:?}");
+
+    wait::until(
+        &format!("NetworkFilesystem {pv} Ready at 640Mi"),
+        Duration::from_secs(30),
+        || async {
+            let status = network_fs(&bed, &pv)
+                .await
+                .and_then(|n| n.status)
+                .map(|s| s.status);
+            let capacity = host_pvc(&bed, &id)
+                .await
+                .and_then(|p| p.status)
+                .and_then(|s| s.capacity)
+                .and_then(|c| c.get("storage").map(|q| q.0.clone()));
+            let now = (status, capacity, fs.errors(&pv));
+            Ok(match &now {
+                (Some(s), Some(c), _) if s == "Ready" && c == "640Mi" => Ok(()),
+                _ => Err(now),
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let after = filesystem_size(&fs.host_mount(&pv));
+    say(&format!("share manager's xfs: {before} -> {after} bytes"));
+    assert!(
+        after >= before + 300 * MIB,
+        "the filesystem grew online: {before} -> {after}"
+    );
+    let statuses: Vec<String> = history
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|h| h.1 == "Enabled")
+        .map(|h| h.2.clone())
+        .collect();
+    let mut order = statuses.iter().map(String::as_str).collect::<Vec<_>>();
+    order.dedup();
+    assert_eq!(order, ["Ready", "Expanding", "Ready"], "{statuses:?}");
+    assert!(fs.errors(&pv).is_empty(), "{:?}", fs.errors(&pv));
+    watch.abort();
+    ctrl.stop().await;
+}
+
 /// The network namespace of the node plugin "Pod" in the guest, bound here as `ip netns add`
 /// would (so that it can be entered and deleted by name).
 const POD_NETNS: &str = "/run/pod-net";
