@@ -27,6 +27,7 @@ use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use kube::Api;
 use serde_json::json;
 use testbed::sim::GuestVm;
+use testbed::sim::networkfs::NetworkFs;
 use testbed::vm::{GUEST_SHARE, HOST_FROM_GUEST, Vm, VmOptions};
 use testbed::{TestBed, wait};
 use tonic::transport::Channel;
@@ -358,6 +359,25 @@ async fn boot(bed: &TestBed, name: &str) -> Arc<Vm> {
         .await
         .expect("VM and VMI backed by the guest");
     vm
+}
+
+/// A bed with the Longhorn RWX class, one host, the NFS server, the guest `name` booted (a VM
+/// on the host) and the controller; the node plugin is the test's to start.
+async fn one_guest(name: &str) -> (TestBed, Arc<NetworkFs>, Arc<Vm>, Driver) {
+    let bed = common::bed().await;
+    common::install_default_storage_class(&bed).await;
+    create_class(&bed, RWX_CLASS, upstream::LONGHORN_PROVISIONER, json!({})).await;
+    bed.sim
+        .create_host("harvester-1", None, None)
+        .await
+        .expect("host");
+    let fs = bed
+        .sim
+        .start_networkfs(HOST_FROM_GUEST)
+        .unwrap_or_else(|e| panic!("the NFS server must start for this test: {e}"));
+    let vm = boot(&bed, name).await;
+    let ctrl = Driver::start(&bed, |c| c.mode = Mode::Controller).await;
+    (bed, fs, vm, ctrl)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1100,19 +1120,7 @@ async fn contract_rwx_republish_waits_for_disabled_root() {
 async fn contract_nfs_server_down_never_blocks_the_node_plugin_root() {
     assert_root();
     let t0 = Instant::now();
-    let bed = common::bed().await;
-    common::install_default_storage_class(&bed).await;
-    create_class(&bed, RWX_CLASS, upstream::LONGHORN_PROVISIONER, json!({})).await;
-    bed.sim
-        .create_host("harvester-1", None, None)
-        .await
-        .expect("host");
-    let fs = bed
-        .sim
-        .start_networkfs(HOST_FROM_GUEST)
-        .unwrap_or_else(|e| panic!("the NFS server must start for this test: {e}"));
-    let vm = boot(&bed, "rwx-d").await;
-    let ctrl = Driver::start(&bed, |c| c.mode = Mode::Controller).await;
+    let (bed, fs, vm, ctrl) = one_guest("rwx-d").await;
     let node = start_plugin(&bed, &vm).await;
     let id = ControllerClient::new(ctrl.channel.clone())
         .create_volume(rwx_request("served", &[("hostStorageClass", RWX_CLASS)]))
@@ -1540,19 +1548,7 @@ fn api_port(bed: &TestBed) -> u16 {
 async fn rwx_mount_outlives_the_node_plugin_pod_root() {
     assert_root();
     let t0 = Instant::now();
-    let bed = common::bed().await;
-    common::install_default_storage_class(&bed).await;
-    create_class(&bed, RWX_CLASS, upstream::LONGHORN_PROVISIONER, json!({})).await;
-    bed.sim
-        .create_host("harvester-1", None, None)
-        .await
-        .expect("host");
-    let fs = bed
-        .sim
-        .start_networkfs(HOST_FROM_GUEST)
-        .unwrap_or_else(|e| panic!("the NFS server must start for this test: {e}"));
-    let vm = boot(&bed, "rwx-p").await;
-    let ctrl = Driver::start(&bed, |c| c.mode = Mode::Controller).await;
+    let (bed, fs, vm, ctrl) = one_guest("rwx-p").await;
     share_plugin(&bed, &vm);
     // The kubelet's side: the CSI port relayed into whichever Pod network namespace is current.
     vm.run(&format!(
