@@ -87,6 +87,18 @@ fn rwx_request(name: &str, params: &[(&str, &str)]) -> CreateVolumeRequest {
     }
 }
 
+/// CreateVolume of an RWX volume `name` on the Longhorn RWX class; its ID.
+async fn create_rwx(ctrl: &Driver, name: &str) -> String {
+    ControllerClient::new(ctrl.channel.clone())
+        .create_volume(rwx_request(name, &[("hostStorageClass", RWX_CLASS)]))
+        .await
+        .expect("CreateVolume RWX")
+        .into_inner()
+        .volume
+        .expect("volume")
+        .volume_id
+}
+
 async fn create_class(bed: &TestBed, name: &str, provisioner: &str, params: serde_json::Value) {
     let sc: StorageClass = serde_json::from_value(json!({
         "metadata": {"name": name}, "provisioner": provisioner,
@@ -988,14 +1000,7 @@ async fn contract_rwx_republish_waits_for_disabled_root() {
         c.timeouts.nfs_disabled = bound;
     })
     .await;
-    let id = ControllerClient::new(ctrl.channel.clone())
-        .create_volume(rwx_request("moving", &[("hostStorageClass", RWX_CLASS)]))
-        .await
-        .expect("CreateVolume RWX")
-        .into_inner()
-        .volume
-        .expect("volume")
-        .volume_id;
+    let id = create_rwx(&ctrl, "moving").await;
     let pv = pv_of(&bed, &id).await;
     let (history, watch) = record_history(&bed, &pv);
 
@@ -1122,14 +1127,7 @@ async fn contract_nfs_server_down_never_blocks_the_node_plugin_root() {
     let t0 = Instant::now();
     let (bed, fs, vm, ctrl) = one_guest("rwx-d").await;
     let node = start_plugin(&bed, &vm).await;
-    let id = ControllerClient::new(ctrl.channel.clone())
-        .create_volume(rwx_request("served", &[("hostStorageClass", RWX_CLASS)]))
-        .await
-        .expect("CreateVolume RWX")
-        .into_inner()
-        .volume
-        .expect("volume")
-        .volume_id;
+    let id = create_rwx(&ctrl, "served").await;
     controller_publish(&ctrl, &id, "rwx-d")
         .await
         .expect("ControllerPublishVolume");
@@ -1559,14 +1557,7 @@ async fn rwx_mount_outlives_the_node_plugin_pod_root() {
     .expect("the CSI port's relay");
     let relay = [api_port(&bed), fs.nfs.port];
     let pod = start_plugin_as_pod(&vm, &relay, "pod-1.log").await;
-    let id = ControllerClient::new(ctrl.channel.clone())
-        .create_volume(rwx_request("outlives", &[("hostStorageClass", RWX_CLASS)]))
-        .await
-        .expect("CreateVolume RWX")
-        .into_inner()
-        .volume
-        .expect("volume")
-        .volume_id;
+    let id = create_rwx(&ctrl, "outlives").await;
     let pv = pv_of(&bed, &id).await;
     controller_publish(&ctrl, &id, "rwx-p")
         .await
