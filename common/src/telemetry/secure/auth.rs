@@ -211,13 +211,7 @@ impl Delegated {
     }
 
     fn always_allowed(&self, path: &str) -> bool {
-        self.opts
-            .always_allow_paths
-            .iter()
-            .any(|p| match p.strip_suffix('*') {
-                Some(prefix) => path.starts_with(prefix),
-                None => p == path,
-            })
+        path_allowed(&self.opts.always_allow_paths, path)
     }
 
     async fn review(&self, user: &User, verb: &str, path: &str) -> Result<bool, kube::Error> {
@@ -238,6 +232,28 @@ impl Delegated {
         let api: Api<SubjectAccessReview> = Api::all(self.client.clone());
         let status = api.create(&PostParams::default(), &review).await?.status;
         Ok(status.is_some_and(|s| s.allowed && s.denied != Some(true)))
+    }
+}
+
+/// Whether `path` is among `patterns` (k8s.io/apiserver pkg/authorization/path: a leading `/`
+/// is optional on both sides, a trailing `*` matches a prefix).
+fn path_allowed(patterns: &[String], path: &str) -> bool {
+    let path = path.strip_prefix('/').unwrap_or(path);
+    patterns.iter().any(|p| {
+        let p = p.strip_prefix('/').unwrap_or(p);
+        match p.strip_suffix('*') {
+            Some(prefix) => path.starts_with(prefix),
+            None => p == path,
+        }
+    })
+}
+
+/// Checks one `--authorization-always-allow-paths` entry as upstream does: `*` only at the end.
+pub fn check_allow_path(pattern: &str) -> Result<(), String> {
+    let p = pattern.strip_prefix('/').unwrap_or(pattern);
+    match p.char_indices().find(|&(i, c)| c == '*' && i + 1 < p.len()) {
+        Some(_) => Err(format!("only trailing * allowed in {p:?}")),
+        None => Ok(()),
     }
 }
 
@@ -289,5 +305,19 @@ mod tests {
         assert_eq!(bearer_token(b"Bearer"), Some(""));
         assert_eq!(bearer_token(b"Basic dXNlcjpwdw=="), None);
         assert_eq!(bearer_token(&[0xff, 0xfe]), None);
+    }
+
+    #[test]
+    fn always_allowed_paths_match_as_upstream_matches_them() {
+        let p: Vec<String> = ["/healthz", "readyz", "/debug/*"].map(String::from).into();
+        for yes in ["/healthz", "/readyz", "/debug/pprof", "/debug/"] {
+            assert!(path_allowed(&p, yes), "{yes}");
+        }
+        for no in ["/metrics", "/healthz/x", "/debug", "/livez"] {
+            assert!(!path_allowed(&p, no), "{no}");
+        }
+        assert!(path_allowed(&["/".to_string()], "/"));
+        assert!(check_allow_path("/debug/*").is_ok());
+        assert!(check_allow_path("/de*bug").is_err());
     }
 }
