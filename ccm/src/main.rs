@@ -115,11 +115,7 @@ fn https_endpoint(s: SecureServing) -> Result<Option<Https>, secure::TlsError> {
     }))
 }
 
-fn start(
-    config: Config,
-    leader: Option<LeaderConfig>,
-    endpoints: Endpoints,
-) -> anyhow::Result<()> {
+fn start(config: Config, leader: Option<LeaderConfig>, endpoints: Endpoints) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     let shutdown = telemetry::shutdown_signal().boxed().shared();
     let stop_waiting = shutdown.clone();

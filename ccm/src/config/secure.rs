@@ -62,7 +62,8 @@ pub struct SecureServing {
 
 impl SecureServing {
     pub fn from_flags(f: &SecureFlags) -> Result<SecureServing, ConfigError> {
-        let path = |raw: &str| Some(PathBuf::from(raw.trim())).filter(|p| !p.as_os_str().is_empty());
+        let path =
+            |raw: &str| Some(PathBuf::from(raw.trim())).filter(|p| !p.as_os_str().is_empty());
         let ttl = |flag: &'static str, raw: &str| {
             parse_go_duration(raw).map_err(|r| ConfigError::new(flag, raw, r))
         };

@@ -45,8 +45,12 @@ pub async fn serve_on(
                 .await
             {
                 Decision::Allow => route(&path, &metrics, &readiness),
-                Decision::Unauthorized => status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized"),
-                Decision::Forbidden(message) => status(StatusCode::FORBIDDEN, "Forbidden", &message),
+                Decision::Unauthorized => {
+                    status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized")
+                }
+                Decision::Forbidden(message) => {
+                    status(StatusCode::FORBIDDEN, "Forbidden", &message)
+                }
                 Decision::Error(message) => {
                     status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", &message)
                 }

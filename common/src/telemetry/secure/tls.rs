@@ -115,13 +115,20 @@ pub fn serving_cert(opts: &CertOptions) -> Result<ServingCert, TlsError> {
     write_private(&cert, &cert_pem)?;
     write_private(&key, &key_pem)?;
     let mut pair = read_pair("--cert-dir", &cert, "--cert-dir", &key)?;
-    pair.origin = format!("self-signed, written to {} and {}", cert.display(), key.display());
+    pair.origin = format!(
+        "self-signed, written to {} and {}",
+        cert.display(),
+        key.display()
+    );
     Ok(pair)
 }
 
 /// A rustls server configuration serving `cert` with HTTP/2 and HTTP/1.1 (ALPN). Refuses a key
 /// that does not belong to the certificate.
-pub fn server_config(cert: ServingCert, paths: (&Path, &Path)) -> Result<rustls::ServerConfig, TlsError> {
+pub fn server_config(
+    cert: ServingCert,
+    paths: (&Path, &Path),
+) -> Result<rustls::ServerConfig, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mismatch = |reason: String| TlsError::Mismatch {
         cert: paths.0.to_path_buf(),
@@ -319,13 +326,25 @@ mod tests {
             Ok(c) => server_config(c, (&cert, &other)).unwrap_err().to_string(),
         };
         let e = err(files(&junk, &key));
-        assert!(e.contains("--tls-cert-file") && e.contains("junk.pem"), "{e}");
+        assert!(
+            e.contains("--tls-cert-file") && e.contains("junk.pem"),
+            "{e}"
+        );
         let e = err(files(&cert, &junk));
-        assert!(e.contains("--tls-private-key-file") && e.contains("junk.pem"), "{e}");
+        assert!(
+            e.contains("--tls-private-key-file") && e.contains("junk.pem"),
+            "{e}"
+        );
         let e = err(files(&d.join("missing.pem"), &key));
-        assert!(e.contains("--tls-cert-file") && e.contains("missing.pem"), "{e}");
+        assert!(
+            e.contains("--tls-cert-file") && e.contains("missing.pem"),
+            "{e}"
+        );
         let e = err(files(&cert, &other));
-        assert!(e.contains("--tls-private-key-file") && e.contains("other.pem"), "{e}");
+        assert!(
+            e.contains("--tls-private-key-file") && e.contains("other.pem"),
+            "{e}"
+        );
         let e = err(CertOptions {
             cert_file: Some(cert.clone()),
             ..CertOptions::default()
