@@ -30,8 +30,11 @@ use kube::api::{Api, PostParams};
 pub const DEFAULT_ALWAYS_ALLOW_PATHS: &[&str] = &["/healthz", "/readyz", "/livez"];
 /// Upstream's `AlwaysAllowGroups` default: kube-apiserver lets this group do anything anyway.
 const ALWAYS_ALLOW_GROUP: &str = "system:masters";
-/// How many cached decisions are kept before the expired ones are swept.
-const CACHE_SWEEP_AT: usize = 1024;
+/// At most this many answers per cache: when full, expired ones are swept, and a new answer is
+/// not kept while it stays full (so a flood of distinct tokens cannot grow memory).
+const CACHE_CAPACITY: usize = 4096;
+/// Upstream's timeout of a review (`TokenRequestTimeout`, `ClientTimeout`: 10 s).
+const REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The typed flags of delegated authentication and authorization.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,7 +136,7 @@ impl Delegated {
         self.authorize(user, method, path).await
     }
 
-    async fn authenticate(&self, token: &str) -> Result<Option<User>, kube::Error> {
+    async fn authenticate(&self, token: &str) -> Result<Option<User>, ReviewError> {
         let ttl = self.opts.token_cache_ttl;
         if let Some(hit) = cached(&self.tokens, token, ttl) {
             return Ok(hit);
@@ -146,8 +149,7 @@ impl Delegated {
             ..TokenReview::default()
         };
         let api: Api<TokenReview> = Api::all(self.client.clone());
-        let status = api
-            .create(&PostParams::default(), &review)
+        let status = within_timeout(api.create(&PostParams::default(), &review))
             .await?
             .status
             .unwrap_or_default();
@@ -214,7 +216,7 @@ impl Delegated {
         path_allowed(&self.opts.always_allow_paths, path)
     }
 
-    async fn review(&self, user: &User, verb: &str, path: &str) -> Result<bool, kube::Error> {
+    async fn review(&self, user: &User, verb: &str, path: &str) -> Result<bool, ReviewError> {
         let review = SubjectAccessReview {
             spec: SubjectAccessReviewSpec {
                 user: Some(user.name.clone()),
@@ -230,9 +232,30 @@ impl Delegated {
             ..SubjectAccessReview::default()
         };
         let api: Api<SubjectAccessReview> = Api::all(self.client.clone());
-        let status = api.create(&PostParams::default(), &review).await?.status;
+        let status = within_timeout(api.create(&PostParams::default(), &review))
+            .await?
+            .status;
         Ok(status.is_some_and(|s| s.allowed && s.denied != Some(true)))
     }
+}
+
+/// `call`, or a timeout error after [`REVIEW_TIMEOUT`].
+async fn within_timeout<T>(
+    call: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, ReviewError> {
+    match tokio::time::timeout(REVIEW_TIMEOUT, call).await {
+        Ok(r) => r.map_err(ReviewError::Api),
+        Err(_) => Err(ReviewError::Timeout(REVIEW_TIMEOUT)),
+    }
+}
+
+/// Why a review has no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    #[error("{0}")]
+    Api(kube::Error),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
 }
 
 /// Whether `path` is among `patterns` (k8s.io/apiserver pkg/authorization/path: a leading `/`
@@ -287,9 +310,11 @@ fn remember<K: Eq + std::hash::Hash, V>(cache: &Cache<K, V>, key: K, value: V, t
     let Ok(mut map) = cache.lock() else {
         return;
     };
-    if map.len() >= CACHE_SWEEP_AT {
-        // Entries older than the longest TTL (the flags are seconds to minutes) are dead.
+    if map.len() >= CACHE_CAPACITY {
         map.retain(|_, (at, _)| at.elapsed() < ttl);
+        if map.len() >= CACHE_CAPACITY {
+            return;
+        }
     }
     map.insert(key, (Instant::now(), value));
 }
@@ -305,6 +330,21 @@ mod tests {
         assert_eq!(bearer_token(b"Bearer"), Some(""));
         assert_eq!(bearer_token(b"Basic dXNlcjpwdw=="), None);
         assert_eq!(bearer_token(&[0xff, 0xfe]), None);
+    }
+
+    #[test]
+    fn caches_expire_and_stay_bounded() {
+        let cache: Cache<String, bool> = Mutex::default();
+        let ttl = Duration::from_secs(60);
+        for i in 0..CACHE_CAPACITY {
+            remember(&cache, format!("t{i}"), true, ttl);
+        }
+        remember(&cache, "one more".into(), true, ttl);
+        assert_eq!(cached(&cache, "t0", ttl), Some(true));
+        assert_eq!(cached(&cache, "one more", ttl), None, "full: not kept");
+        assert_eq!(cached(&cache, "t0", Duration::ZERO), None, "expired");
+        remember(&cache, "zero ttl".into(), true, Duration::ZERO);
+        assert_eq!(cache.lock().unwrap().len(), CACHE_CAPACITY);
     }
 
     #[test]

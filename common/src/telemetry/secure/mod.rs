@@ -21,6 +21,9 @@ pub use tls::{CertOptions, ServingCert, TlsError};
 use super::metrics::Metrics;
 use super::server::{Readiness, route, serve_connection, text};
 
+/// How long a client may take over the TLS handshake.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Serves the endpoints over TLS on `listener` until `shutdown` resolves; every request passes
 /// `auth` first.
 pub async fn serve_on(
@@ -64,10 +67,12 @@ pub async fn serve_on(
             };
             let (acceptor, handler) = (acceptor.clone(), handler.clone());
             tokio::spawn(async move {
-                // A client that fails the handshake (a plain-HTTP probe, a scanner) just goes.
-                match acceptor.accept(tcp).await {
-                    Ok(stream) => serve_connection(stream, handler).await,
-                    Err(e) => tracing::debug!("TLS handshake: {e}"),
+                // A client that fails the handshake (a plain-HTTP probe, a scanner) or stalls in
+                // it just goes.
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    Ok(Ok(stream)) => serve_connection(stream, handler).await,
+                    Ok(Err(e)) => tracing::debug!("TLS handshake: {e}"),
+                    Err(_) => tracing::debug!("TLS handshake: no end within {HANDSHAKE_TIMEOUT:?}"),
                 }
             });
         }
