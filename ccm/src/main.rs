@@ -95,6 +95,8 @@ struct Https {
     addr: std::net::SocketAddr,
     tls: std::sync::Arc<rustls::ServerConfig>,
     auth: secure::AuthOptions,
+    authentication_kubeconfig: Option<std::path::PathBuf>,
+    authorization_kubeconfig: Option<std::path::PathBuf>,
 }
 
 fn https_endpoint(s: SecureServing) -> Result<Option<Https>, secure::TlsError> {
@@ -112,6 +114,8 @@ fn https_endpoint(s: SecureServing) -> Result<Option<Https>, secure::TlsError> {
         addr,
         tls: std::sync::Arc::new(tls),
         auth: s.auth,
+        authentication_kubeconfig: s.authentication_kubeconfig,
+        authorization_kubeconfig: s.authorization_kubeconfig,
     }))
 }
 
@@ -153,6 +157,25 @@ async fn serve(
     )
     .await?;
     if let Some(https) = endpoints.https {
+        // Upstream reads these kubeconfigs as they are (no --master override).
+        let review_client = |flag: &'static str, path: Option<std::path::PathBuf>| {
+            let (guest, metrics) = (guest.clone(), telemetry.metrics.clone());
+            async move {
+                match path {
+                    None => Ok(guest),
+                    Some(p) => guest_client(Some(&p), None, Some(&metrics))
+                        .await
+                        .with_context(|| flag),
+                }
+            }
+        };
+        let authn = review_client(
+            "--authentication-kubeconfig",
+            https.authentication_kubeconfig,
+        )
+        .await?;
+        let authz =
+            review_client("--authorization-kubeconfig", https.authorization_kubeconfig).await?;
         let listener = tokio::net::TcpListener::bind(https.addr)
             .await
             .with_context(|| format!("--bind-address/--secure-port {}", https.addr))?;
@@ -160,7 +183,7 @@ async fn serve(
         tokio::spawn(secure::serve_on(
             listener,
             https.tls,
-            Delegated::new(guest.clone(), https.auth),
+            Delegated::new(authn, authz, https.auth),
             telemetry.metrics.clone(),
             telemetry.readiness.clone(),
             shutdown.clone(),

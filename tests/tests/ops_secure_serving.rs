@@ -200,6 +200,52 @@ async fn metrics_need_a_token_allowed_to_get_the_path_and_probes_need_none() {
         assert_eq!(r.code, 401, "{path}: {r:?}");
     }
     p.check_alive().expect("the provider still runs");
+    drop(p);
+
+    // --authentication-kubeconfig / --authorization-kubeconfig: the reviews go where they say.
+    // An account that may not create reviews: the scraper's valid token is refused (401 for the
+    // TokenReview, 500 for the SubjectAccessReview, as upstream's chain answers errors).
+    let kubeconfig = |who: &'static str| {
+        let (admin, url, pki, dir) = (
+            bed.guest.client.clone(),
+            bed.guest.url.clone(),
+            &bed.pki,
+            bed.dir.path().to_path_buf(),
+        );
+        async move {
+            let path = dir.join(format!("{who}.kubeconfig"));
+            testbed::rbac::account_kubeconfig(
+                &admin,
+                &url,
+                pki,
+                ("default", who),
+                "default",
+                &path,
+            )
+            .await
+            .expect("account kubeconfig");
+            format!("{}", path.display())
+        }
+    };
+    let stranger_kubeconfig = kubeconfig("stranger").await;
+    for (flag, code) in [
+        ("--authentication-kubeconfig", 401),
+        ("--authorization-kubeconfig", 500),
+    ] {
+        let port = testbed::process::free_port().unwrap();
+        let mut p = provider(
+            &bed,
+            "reviews-elsewhere",
+            port,
+            &[&format!("{flag}={stranger_kubeconfig}")],
+        );
+        up(&mut p, port).await;
+        let r = get(port, "/metrics", Some(&scraper)).await;
+        assert_eq!(
+            r.code, code,
+            "{flag} of an account without review rights: {r:?}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -41,6 +41,13 @@ pub struct SecureFlags {
     /// Paths served without a token or an authorization check (a trailing `*` is a prefix).
     #[arg(long, value_delimiter = ',', default_value = "/healthz,/readyz,/livez")]
     pub authorization_always_allow_paths: Vec<String>,
+    /// Kubeconfig of the API server that answers TokenReviews; the guest cluster client
+    /// (--kubeconfig or in-cluster) when empty.
+    #[arg(long, default_value = "")]
+    pub authentication_kubeconfig: String,
+    /// Kubeconfig of the API server that answers SubjectAccessReviews; as above when empty.
+    #[arg(long, default_value = "")]
+    pub authorization_kubeconfig: String,
     /// How long a TokenReview's answer is reused.
     #[arg(long, default_value = "10s")]
     pub authentication_token_webhook_cache_ttl: String,
@@ -58,6 +65,10 @@ pub struct SecureServing {
     pub addr: Option<SocketAddr>,
     pub cert: CertOptions,
     pub auth: AuthOptions,
+    /// `--authentication-kubeconfig`; `None`: the guest cluster client.
+    pub authentication_kubeconfig: Option<PathBuf>,
+    /// `--authorization-kubeconfig`; `None`: the guest cluster client.
+    pub authorization_kubeconfig: Option<PathBuf>,
 }
 
 impl SecureServing {
@@ -79,6 +90,8 @@ impl SecureServing {
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(SecureServing {
+            authentication_kubeconfig: path(&f.authentication_kubeconfig),
+            authorization_kubeconfig: path(&f.authorization_kubeconfig),
             addr: (f.secure_port != 0).then(|| SocketAddr::new(f.bind_address, f.secure_port)),
             cert: CertOptions {
                 cert_file: path(&f.tls_cert_file),
@@ -124,6 +137,7 @@ mod tests {
         assert_eq!(s.addr, Some("0.0.0.0:10258".parse().unwrap()));
         assert_eq!(s.cert.cert_file, None);
         assert_eq!(s.cert.cert_dir, None);
+        assert_eq!(s.authentication_kubeconfig, None);
         assert_eq!(s.cert.pair_name, "cloud-controller-manager");
         assert_eq!(s.auth, AuthOptions::default());
         assert_eq!(s.auth.always_allow_paths, ["/healthz", "/readyz", "/livez"]);
@@ -138,6 +152,8 @@ mod tests {
             "--tls-cert-file=/c.pem",
             "--tls-private-key-file=/k.pem",
             "--cert-dir=/d",
+            "--authentication-kubeconfig=/authn",
+            "--authorization-kubeconfig=/authz",
             "--authorization-always-allow-paths=/healthz,/debug/*",
             "--authentication-token-webhook-cache-ttl=1m",
             "--authorization-webhook-cache-authorized-ttl=5s",
@@ -148,6 +164,8 @@ mod tests {
         assert_eq!(s.cert.cert_file, Some("/c.pem".into()));
         assert_eq!(s.cert.key_file, Some("/k.pem".into()));
         assert_eq!(s.cert.cert_dir, Some("/d".into()));
+        assert_eq!(s.authentication_kubeconfig, Some("/authn".into()));
+        assert_eq!(s.authorization_kubeconfig, Some("/authz".into()));
         assert_eq!(s.auth.always_allow_paths, ["/healthz", "/debug/*"]);
         assert_eq!(s.auth.token_cache_ttl, Duration::from_secs(60));
         assert_eq!(s.auth.allowed_cache_ttl, Duration::from_secs(5));

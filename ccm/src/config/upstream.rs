@@ -49,10 +49,9 @@ pub const WITHOUT_EFFECT: &[(&str, GoType)] = &[
     ("disable-http2-serving", GoType::Bool),
     ("permit-port-sharing", GoType::Bool),
     ("permit-address-sharing", GoType::Bool),
-    // delegated authn/authz (config::secure): the reviews go to the guest cluster's API server
-    // through the provider's own client; client certificates and front-proxy headers are not
-    // authenticated (never looked up: as with --authentication-skip-lookup)
-    ("authentication-kubeconfig", GoType::String),
+    // delegated authn/authz (config::secure): bearer tokens only; client certificates and
+    // front-proxy headers are not authenticated (never looked up: as with
+    // --authentication-skip-lookup)
     ("authentication-skip-lookup", GoType::Bool),
     ("authentication-tolerate-lookup-failure", GoType::Bool),
     ("client-ca-file", GoType::String),
@@ -62,7 +61,6 @@ pub const WITHOUT_EFFECT: &[(&str, GoType)] = &[
     ("requestheader-group-headers", GoType::StringSlice),
     ("requestheader-uid-headers", GoType::StringSlice),
     ("requestheader-username-headers", GoType::StringSlice),
-    ("authorization-kubeconfig", GoType::String),
     // profiling: no /debug/pprof here
     ("contention-profiling", GoType::Bool),
     ("profiling", GoType::Bool),

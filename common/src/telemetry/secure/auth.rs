@@ -94,16 +94,22 @@ type Cache<K, V> = Mutex<HashMap<K, (Instant, V)>>;
 
 /// Delegated authentication and authorization against one API server.
 pub struct Delegated {
-    client: kube::Client,
+    /// Asked the TokenReviews.
+    authn: kube::Client,
+    /// Asked the SubjectAccessReviews.
+    authz: kube::Client,
     opts: AuthOptions,
     tokens: Cache<String, Option<User>>,
     decisions: Cache<(User, String, String), bool>,
 }
 
 impl Delegated {
-    pub fn new(client: kube::Client, opts: AuthOptions) -> Arc<Delegated> {
+    /// Reviews tokens with `authn` and requests with `authz` (upstream's
+    /// `--authentication-kubeconfig` and `--authorization-kubeconfig`; often one client).
+    pub fn new(authn: kube::Client, authz: kube::Client, opts: AuthOptions) -> Arc<Delegated> {
         Arc::new(Delegated {
-            client,
+            authn,
+            authz,
             opts,
             tokens: Mutex::default(),
             decisions: Mutex::default(),
@@ -148,7 +154,7 @@ impl Delegated {
             },
             ..TokenReview::default()
         };
-        let api: Api<TokenReview> = Api::all(self.client.clone());
+        let api: Api<TokenReview> = Api::all(self.authn.clone());
         let status = within_timeout(api.create(&PostParams::default(), &review))
             .await?
             .status
@@ -231,7 +237,7 @@ impl Delegated {
             },
             ..SubjectAccessReview::default()
         };
-        let api: Api<SubjectAccessReview> = Api::all(self.client.clone());
+        let api: Api<SubjectAccessReview> = Api::all(self.authz.clone());
         let status = within_timeout(api.create(&PostParams::default(), &review))
             .await?
             .status;
