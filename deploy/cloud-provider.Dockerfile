@@ -16,7 +16,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 
 # distroless/cc: glibc and libgcc_s for the Rust binary, nothing else (no shell, no package
 # manager). Runs as root: it reads the root-owned cloud-config file from the node, and the
-# chart drops every capability but NET_ADMIN, NET_RAW and NET_BIND_SERVICE (DHCP mode).
+# chart drops every capability but NET_RAW and NET_BIND_SERVICE (DHCP mode).
 FROM gcr.io/distroless/cc-debian12
 COPY --from=build /out/harvester-cloud-provider /usr/bin/harvester-cloud-provider
 ENTRYPOINT ["/usr/bin/harvester-cloud-provider"]

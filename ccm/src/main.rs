@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
+use harvester_cloud_provider::config::secure::SecureServing;
 use harvester_cloud_provider::config::{Config, ConfigError, OpsFlags, parse_go_duration};
 use harvester_cloud_provider::error::one_line;
 use harvester_cloud_provider::{
@@ -14,6 +15,7 @@ use harvester_cloud_provider::{
 };
 use harvester_common::cloud_config::{CREDENTIALS_CHECK_PERIOD, Harvester};
 use harvester_common::flags::Outcome;
+use harvester_common::telemetry::secure::{self, Delegated};
 use harvester_common::telemetry::{self, LeaderConfig};
 
 /// Exit code of a refused command line (a flag or a flag's value), as pflag programs use.
@@ -51,16 +53,29 @@ fn main() -> ExitCode {
         let leader = leader_config(&flags.ops).map_err(|e| e.to_string())?;
         let metrics_address =
             telemetry::server::parse_address("--metrics-address", &flags.ops.metrics_address)?;
-        Ok((config, leader, metrics_address))
+        let secure = SecureServing::from_flags(&flags.secure).map_err(|e| e.to_string())?;
+        Ok((config, leader, metrics_address, secure))
     })();
-    let (config, leader, metrics_address) = match checked {
+    let (config, leader, metrics_address, secure) = match checked {
         Ok(c) => c,
         Err(e) => {
             eprintln!("harvester-cloud-provider: {e}");
             return ExitCode::from(BAD_FLAG);
         }
     };
-    match start(config, leader, metrics_address) {
+    // The certificate is read (or made) before anything else, as upstream does in Complete().
+    let https = match https_endpoint(secure) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("harvester-cloud-provider: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let endpoints = Endpoints {
+        metrics_address,
+        https,
+    };
+    match start(config, leader, endpoints) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("harvester-cloud-provider: {}", one_line(e.as_ref()));
@@ -69,17 +84,48 @@ fn main() -> ExitCode {
     }
 }
 
-fn start(
-    config: Config,
-    leader: Option<LeaderConfig>,
+/// Where the endpoints are served: plain HTTP (`--metrics-address`) and HTTPS (`--secure-port`).
+struct Endpoints {
     metrics_address: Option<std::net::SocketAddr>,
-) -> anyhow::Result<()> {
+    https: Option<Https>,
+}
+
+/// The HTTPS endpoint, its certificate loaded.
+struct Https {
+    addr: std::net::SocketAddr,
+    tls: std::sync::Arc<rustls::ServerConfig>,
+    auth: secure::AuthOptions,
+    authentication_kubeconfig: Option<std::path::PathBuf>,
+    authorization_kubeconfig: Option<std::path::PathBuf>,
+}
+
+fn https_endpoint(s: SecureServing) -> Result<Option<Https>, secure::TlsError> {
+    let Some(addr) = s.addr else {
+        return Ok(None);
+    };
+    let cert = secure::tls::serving_cert(&s.cert)?;
+    tracing::info!("serving certificate: {}", cert.origin);
+    let paths = (
+        s.cert.cert_file.clone().unwrap_or_default(),
+        s.cert.key_file.clone().unwrap_or_default(),
+    );
+    let tls = secure::tls::server_config(cert, (&paths.0, &paths.1))?;
+    Ok(Some(Https {
+        addr,
+        tls: std::sync::Arc::new(tls),
+        auth: s.auth,
+        authentication_kubeconfig: s.authentication_kubeconfig,
+        authorization_kubeconfig: s.authorization_kubeconfig,
+    }))
+}
+
+fn start(config: Config, leader: Option<LeaderConfig>, endpoints: Endpoints) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     let shutdown = telemetry::shutdown_signal().boxed().shared();
     let stop_waiting = shutdown.clone();
     runtime.block_on(async move {
         tokio::select! {
-            result = serve(config, leader, metrics_address, shutdown) => result,
+            result = serve(config, leader, endpoints, shutdown) => result,
             () = async { stop_waiting.await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
                 tracing::warn!("reconciles still running {SHUTDOWN_GRACE:?} after the shutdown signal; exiting anyway");
                 Ok(())
@@ -94,7 +140,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(25);
 async fn serve(
     config: Config,
     leader: Option<LeaderConfig>,
-    metrics_address: Option<std::net::SocketAddr>,
+    endpoints: Endpoints,
     shutdown: Shared<BoxFuture<'static, ()>>,
 ) -> anyhow::Result<()> {
     let telemetry = Telemetry::new();
@@ -110,7 +156,40 @@ async fn serve(
         Some(&telemetry.metrics),
     )
     .await?;
-    if let Some(addr) = metrics_address {
+    if let Some(https) = endpoints.https {
+        // Upstream reads these kubeconfigs as they are (no --master override).
+        let review_client = |flag: &'static str, path: Option<std::path::PathBuf>| {
+            let (guest, metrics) = (guest.clone(), telemetry.metrics.clone());
+            async move {
+                match path {
+                    None => Ok(guest),
+                    Some(p) => guest_client(Some(&p), None, Some(&metrics))
+                        .await
+                        .with_context(|| flag),
+                }
+            }
+        };
+        let authn = review_client(
+            "--authentication-kubeconfig",
+            https.authentication_kubeconfig,
+        )
+        .await?;
+        let authz =
+            review_client("--authorization-kubeconfig", https.authorization_kubeconfig).await?;
+        let listener = tokio::net::TcpListener::bind(https.addr)
+            .await
+            .with_context(|| format!("--bind-address/--secure-port {}", https.addr))?;
+        tracing::info!("health and metrics on https://{}", https.addr);
+        tokio::spawn(secure::serve_on(
+            listener,
+            https.tls,
+            Delegated::new(authn, authz, https.auth),
+            telemetry.metrics.clone(),
+            telemetry.readiness.clone(),
+            shutdown.clone(),
+        ));
+    }
+    if let Some(addr) = endpoints.metrics_address {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("--metrics-address {addr}"))?;

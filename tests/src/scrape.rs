@@ -1,5 +1,7 @@
 //! Scraping the programs' HTTP endpoints as Prometheus and the kubelet would: a plain HTTP/1.1
-//! GET, and a parser for the OpenMetrics text of `/metrics`.
+//! GET, the same over TLS with an optional bearer token (what a Prometheus job with
+//! `insecure_skip_verify` and a ServiceAccount token sends), and a parser for the OpenMetrics
+//! text of `/metrics`.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -26,6 +28,133 @@ pub fn http_get(port: u16, path: &str) -> Result<(u16, String), String> {
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     Ok((code, body))
+}
+
+/// What an HTTPS GET got back: the status, the body and the server's leaf certificate (DER).
+#[derive(Debug, Clone)]
+pub struct HttpsResponse {
+    pub code: u16,
+    pub body: String,
+    pub server_cert: Vec<u8>,
+}
+
+/// `GET path` over TLS on 127.0.0.1:`port` with `Authorization: Bearer <token>` when given. The
+/// server's certificate is not verified (as a scraper with `insecure_skip_verify`, or the
+/// kubelet's HTTPS probes) but returned, so a test can compare it with the one it expects.
+pub fn https_get(port: u16, path: &str, token: Option<&str>) -> Result<HttpsResponse, String> {
+    use std::sync::Arc;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCert(provider)))
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from("localhost").map_err(|e| e.to_string())?;
+    let conn = rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| e.to_string())?;
+    let tcp = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    tcp.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        tls,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Connection: close\r\n\r\n"
+    )
+    .map_err(|e| format!("TLS to 127.0.0.1:{port}: {e}"))?;
+    let mut raw = Vec::new();
+    // A server that closes without close_notify is an error to rustls; what was read counts.
+    if let Err(e) = tls.read_to_end(&mut raw)
+        && raw.is_empty()
+    {
+        return Err(format!("reading from 127.0.0.1:{port}: {e}"));
+    }
+    let server_cert = tls
+        .conn
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| c.to_vec())
+        .ok_or("no server certificate")?;
+    let out = String::from_utf8_lossy(&raw).to_string();
+    let code = out
+        .get(9..12)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("not an HTTP response: {out:?}"))?;
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok(HttpsResponse {
+        code,
+        body,
+        server_cert,
+    })
+}
+
+/// Polls `https_get(port, path, None)` until it answers 200, up to `within`.
+pub async fn wait_for_https_200(port: u16, path: &str, within: Duration) -> Result<(), String> {
+    crate::wait::until(&format!("https {path} 200"), within, || async {
+        let p = path.to_string();
+        let got = tokio::task::spawn_blocking(move || https_get(port, &p, None))
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(match got {
+            Ok(r) if r.code == 200 => Ok(()),
+            other => Err(other.map(|r| (r.code, r.body))),
+        })
+    })
+    .await
+}
+
+/// Accepts any server certificate; signatures are still checked with ring's algorithms.
+#[derive(Debug)]
+struct AnyCert(std::sync::Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyCert {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
 }
 
 /// One sample of a metric family.

@@ -47,7 +47,11 @@ pub fn start_provider(bed: &TestBed, name: &str) -> Proc {
     cmd.args(["--cloud-config", &bed.cloud_config.to_string_lossy()])
         .args(["--kubeconfig", &bed.guest.kubeconfig.to_string_lossy()])
         .args(["--cluster-name", CLUSTER])
-        .args(["--leader-elect=false", "--metrics-address="]);
+        .args([
+            "--leader-elect=false",
+            "--metrics-address=",
+            "--secure-port=0",
+        ]);
     Proc::spawn(name, cmd, bed.dir.path()).expect("start the cloud provider binary")
 }
 

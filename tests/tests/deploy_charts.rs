@@ -100,20 +100,41 @@ fn cloud_provider_chart_renders_the_upstream_shape_with_our_needs() {
             "--cloud-config=/etc/kubernetes/cloud-config",
             "--leader-elect-resource-namespace=kube-system",
             "--leader-elect-resource-name=cloud-controller-manager",
-            "--metrics-address=0.0.0.0:10268",
+            "--bind-address=0.0.0.0",
+            "--secure-port=10258",
         ],
         "no cluster name given: the flag's default applies"
     );
-    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
-    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
-    assert_eq!(c["ports"][0]["containerPort"], 10268);
+    // Upstream's HTTPS endpoints; the probes' paths are open without a token.
+    assert_eq!(
+        c["livenessProbe"]["httpGet"],
+        json!({"scheme": "HTTPS", "path": "/healthz", "port": "https"})
+    );
+    assert_eq!(
+        c["readinessProbe"]["httpGet"],
+        json!({"scheme": "HTTPS", "path": "/readyz", "port": "https"})
+    );
+    assert_eq!(
+        c["ports"],
+        json!([{"name": "https", "containerPort": 10258}])
+    );
+    let off = template(CCM_CHART, None, &["securePort=0"]);
+    let c_off = container(
+        find(&off, "Deployment", "harvester-cloud-provider"),
+        "harvester-cloud-provider",
+    );
+    assert!(args(c_off).contains(&"--secure-port=0".to_string()));
+    assert_eq!(
+        c_off["readinessProbe"],
+        Value::Null,
+        "no endpoint, no probe"
+    );
     let caps = strs(&c["securityContext"]["capabilities"]["add"]);
-    for cap in ["NET_RAW", "NET_ADMIN", "NET_BIND_SERVICE"] {
-        assert!(
-            caps.contains(&cap.to_string()),
-            "DHCP mode needs {cap}: {caps:?}"
-        );
-    }
+    assert_eq!(
+        caps,
+        ["NET_RAW", "NET_BIND_SERVICE"],
+        "what DHCP mode needs and nothing else"
+    );
     assert_eq!(strs(&c["securityContext"]["capabilities"]["drop"]), ["ALL"]);
     assert_eq!(
         mount(c, "cloud-config")["mountPath"],
@@ -198,6 +219,22 @@ fn cloud_provider_chart_renders_the_upstream_shape_with_our_needs() {
     assert!(role.contains(&grant("events.k8s.io", "events", "patch")));
     assert!(!role.iter().any(|(g, r, _)| g.is_empty() && r == "events"));
     assert!(!role.iter().any(|(_, _, v)| v == "*" || v == "update"));
+    // TokenReview and SubjectAccessReview of the HTTPS endpoints: the standard role.
+    let delegator = find(
+        &docs,
+        "ClusterRoleBinding",
+        "harvester-cloud-provider-auth-delegator",
+    );
+    assert_eq!(
+        delegator["roleRef"],
+        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+               "name": "system:auth-delegator"})
+    );
+    assert_eq!(
+        delegator["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "harvester-cloud-provider",
+                "namespace": RELEASE_NAMESPACE}])
+    );
     let nad = find(&docs, "Role", "harvester-cloud-provider-nad-mapping");
     assert_eq!(nad["metadata"]["namespace"], "kube-system");
     assert_eq!(
@@ -227,7 +264,8 @@ fn cloud_provider_chart_takes_every_cloud_config_source_and_the_cluster_name() {
             "--cloud-config=/etc/kubernetes/cloud-config",
             "--leader-elect-resource-namespace=kube-system",
             "--leader-elect-resource-name=cloud-controller-manager",
-            "--metrics-address=0.0.0.0:10268",
+            "--bind-address=0.0.0.0",
+            "--secure-port=10258",
             "--cluster-name=rke2-prod",
             "--management-network=default/vlan-100",
             "--node-ip-cidr=10.52.0.0/16",
@@ -418,6 +456,25 @@ fn csi_chart_renders_controller_with_driver_node_plugin_csidriver_and_classes() 
     assert_eq!(driver["securityContext"]["privileged"], true);
     let a = args(driver);
     assert!(a.contains(&"--mode=node".to_string()), "{a:?}");
+    // On the host network the unauthenticated endpoints listen on loopback only, where the
+    // kubelet (on the node) still probes them.
+    assert!(
+        a.contains(&"--metrics-address=127.0.0.1:9810".to_string()),
+        "{a:?}"
+    );
+    assert_eq!(
+        driver["readinessProbe"]["httpGet"],
+        json!({"host": "127.0.0.1", "path": "/readyz", "port": "metrics"})
+    );
+    let ctrl_driver = container(
+        find(&docs, "Deployment", "harvester-csi-driver-controllers"),
+        "harvester-csi-driver",
+    );
+    assert!(args(ctrl_driver).contains(&"--metrics-address=:9810".to_string()));
+    assert_eq!(
+        ctrl_driver["readinessProbe"]["httpGet"]["host"],
+        Value::Null
+    );
     assert!(a.contains(&"--nodeid=$(NODE_ID)".to_string()), "{a:?}");
     assert!(
         a.contains(&"--kubeconfig=/var/lib/harvester/cloud-provider-config".to_string()),

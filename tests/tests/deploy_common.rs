@@ -333,6 +333,10 @@ pub fn revoke(docs: &mut [Value], kind: &str, name: &str, group: &str, resource:
     );
 }
 
+/// The API server's built-in ClusterRole for delegated authn/authz (TokenReview,
+/// SubjectAccessReview), which the cloud provider chart binds.
+const AUTH_DELEGATOR: &str = "system:auth-delegator";
+
 /// Waits until every binding in `docs` of ServiceAccount `namespace/name` is in force for
 /// `client` (that account's client): the first rule of each bound role is allowed.
 pub async fn wait_bindings(client: &kube::Client, docs: &[Value], namespace: &str, name: &str) {
@@ -349,6 +353,19 @@ pub async fn wait_bindings(client: &kube::Client, docs: &[Value], namespace: &st
             continue;
         }
         let role_name = binding["roleRef"]["name"].as_str().expect("roleRef.name");
+        if role_name == AUTH_DELEGATOR {
+            // Built in (bootstrap RBAC policy), not in the chart: its first rule.
+            let access = testbed::rbac::Access {
+                verb: "create",
+                group: "authentication.k8s.io",
+                resource: "tokenreviews",
+                ..Default::default()
+            };
+            testbed::rbac::wait_allowed(client, &access)
+                .await
+                .unwrap_or_else(|e| panic!("binding {role_name}: {e}"));
+            continue;
+        }
         let role = find(
             docs,
             binding["roleRef"]["kind"].as_str().expect("roleRef.kind"),

@@ -292,7 +292,8 @@ async fn cloud_provider_release_of_the_upstream_chart_upgrades_with_reuse_values
             );
             // Keys the upstream values lack take our defaults.
             for arg in [
-                "--metrics-address=0.0.0.0:10268",
+                "--bind-address=0.0.0.0",
+                "--secure-port=10258",
                 "--leader-elect-resource-namespace=kube-system",
                 "--leader-elect-resource-name=cloud-controller-manager",
             ] {

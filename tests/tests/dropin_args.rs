@@ -30,9 +30,9 @@ use serde_json::json;
 use testbed::sim::GuestVm;
 use testbed::{TestBed, scrape, wait};
 
-/// Upstream's default metrics/health port of ours (no flag in upstream's chart): one provider at
-/// a time in this file.
-const DEFAULT_PORT: u16 = 10268;
+/// Upstream's HTTPS port (k8s.io/cloud-provider `--secure-port` default; no flag in upstream's
+/// chart), where `/readyz` is open without a token: one provider at a time in this file.
+const DEFAULT_PORT: u16 = 10258;
 
 /// The documented extraArgs (harvester/charts values.yaml and questions.yml, the provider's README).
 const DOCUMENTED: &[&str] = &[
@@ -170,7 +170,7 @@ async fn the_cloud_provider_runs_with_the_args_upstreams_chart_renders() {
 
     // Default values: no cluster name (the framework's "kubernetes").
     let p = Provider::start(&bed, &chart_args(&bed, None, &[]));
-    scrape::wait_for_200(DEFAULT_PORT, "/readyz", Duration::from_secs(30))
+    scrape::wait_for_https_200(DEFAULT_PORT, "/readyz", Duration::from_secs(30))
         .await
         .unwrap();
     lb_served_as(&bed, "svc-default", "kubernetes").await;
@@ -179,7 +179,7 @@ async fn the_cloud_provider_runs_with_the_args_upstreams_chart_renders() {
 
     // Node-driver values: global.cattle.clusterName -> --cluster-name.
     let p = Provider::start(&bed, &chart_args(&bed, Some(CLUSTER), &[]));
-    scrape::wait_for_200(DEFAULT_PORT, "/readyz", Duration::from_secs(30))
+    scrape::wait_for_https_200(DEFAULT_PORT, "/readyz", Duration::from_secs(30))
         .await
         .unwrap();
     lb_served_as(&bed, "svc-rancher", CLUSTER).await;
@@ -188,7 +188,7 @@ async fn the_cloud_provider_runs_with_the_args_upstreams_chart_renders() {
     // Each documented extraArg alone, with the node driver's --cluster-name before it.
     for (i, extra) in DOCUMENTED.iter().enumerate() {
         let p = Provider::start(&bed, &chart_args(&bed, Some(CLUSTER), &[extra]));
-        scrape::wait_for_200(DEFAULT_PORT, "/readyz", Duration::from_secs(30))
+        scrape::wait_for_https_200(DEFAULT_PORT, "/readyz", Duration::from_secs(30))
             .await
             .unwrap_or_else(|e| panic!("{extra}: {e}"));
         let svc = format!("svc-extra-{i}");
@@ -225,7 +225,7 @@ async fn the_cloud_provider_runs_with_the_args_upstreams_chart_renders() {
 
     // All of them together.
     let p = Provider::start(&bed, &chart_args(&bed, Some(CLUSTER), DOCUMENTED));
-    scrape::wait_for_200(DEFAULT_PORT, "/readyz", Duration::from_secs(30))
+    scrape::wait_for_https_200(DEFAULT_PORT, "/readyz", Duration::from_secs(30))
         .await
         .unwrap();
     lb_served_as(&bed, "svc-all", "from-extra-args").await;

@@ -30,6 +30,8 @@ async fn the_binary_serves_probes_and_metrics_leads_with_a_lease_and_stops_on_si
         .args(["--kubeconfig", &bed.guest.kubeconfig.to_string_lossy()])
         .args(["--cluster-name", "ops", "--log-format", "json"])
         .args(["--metrics-address", &format!("127.0.0.1:{port}")])
+        // Plain HTTP only: two providers of one test would both want the HTTPS default 10258.
+        .arg("--secure-port=0")
         .args(["--leader-elect-resource-namespace", "kube-system"])
         .env("POD_NAME", "ccm-0")
         .stdout(Stdio::null())
@@ -121,6 +123,8 @@ fn provider(bed: &TestBed, name: &str, port: u16) -> std::process::Child {
         .args(["--kubeconfig", &bed.guest.kubeconfig.to_string_lossy()])
         .args(["--cluster-name", "ops", "--v", "4"])
         .args(["--metrics-address", &format!("127.0.0.1:{port}")])
+        // Plain HTTP only: two providers of one test would both want the HTTPS default 10258.
+        .arg("--secure-port=0")
         .args(["--leader-elect-lease-duration", "4s"])
         .args(["--leader-elect-renew-deadline", "3s"])
         .args(["--leader-elect-retry-period", "500ms"])
@@ -282,6 +286,8 @@ subjects: [{{kind: ServiceAccount, name: ccm-expiring, namespace: {ns}}}]
         .args(["--kubeconfig", &bed.guest.kubeconfig.to_string_lossy()])
         .args(["--cluster-name", "ops", "--token-expiry-warning-days", "7"])
         .args(["--metrics-address", &format!("127.0.0.1:{port}")])
+        // Plain HTTP only: two providers of one test would both want the HTTPS default 10258.
+        .arg("--secure-port=0")
         .args(["--leader-elect-resource-namespace", "kube-system"])
         .env("POD_NAME", "ccm-expiring-0")
         .env("POD_NAMESPACE", "kube-system")
@@ -400,6 +406,8 @@ async fn a_lease_held_by_upstream_keeps_ours_standby_until_it_expires() {
         .args(["--kubeconfig", &bed.guest.kubeconfig.to_string_lossy()])
         .args(["--cluster-name=switch", "--leader-elect"])
         .args(["--metrics-address", &format!("127.0.0.1:{port}")])
+        // Plain HTTP only: two providers of one test would both want the HTTPS default 10258.
+        .arg("--secure-port=0")
         .env("POD_NAME", "ours-0")
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -66,6 +66,70 @@ fn the_cloud_provider_says_what_is_wrong_in_one_line() {
         2,
         &["--metrics-address", "nowhere"],
     );
+    assert_one_line(
+        ccm,
+        &["--secure-port=70000"],
+        2,
+        &["--secure-port", "70000"],
+    );
+    assert_one_line(
+        ccm,
+        &["--authorization-always-allow-paths=/a*b"],
+        2,
+        &["--authorization-always-allow-paths", "/a*b"],
+    );
+    // The serving certificate is read before the cloud-config: a bad one stops the start (1).
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, body: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, body).unwrap();
+        p.display().to_string()
+    };
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let (cert, key) = (
+        file("tls.crt", &cert.pem()),
+        file("tls.key", &key.serialize_pem()),
+    );
+    let other_key = file(
+        "other.key",
+        &rcgen::KeyPair::generate().unwrap().serialize_pem(),
+    );
+    let junk = file("junk.pem", "not PEM\n");
+    let missing = dir.path().join("missing.crt").display().to_string();
+    let tls = |c: &str, k: &str| {
+        [
+            format!("--tls-cert-file={c}"),
+            format!("--tls-private-key-file={k}"),
+        ]
+    };
+    for (args, names) in [
+        (tls(&junk, &key), vec!["--tls-cert-file", junk.as_str()]),
+        (
+            tls(&cert, &junk),
+            vec!["--tls-private-key-file", junk.as_str()],
+        ),
+        (
+            tls(&missing, &key),
+            vec!["--tls-cert-file", missing.as_str()],
+        ),
+        (
+            tls(&cert, &other_key),
+            vec!["--tls-private-key-file", other_key.as_str(), cert.as_str()],
+        ),
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        assert_one_line(ccm, &args, 1, &names);
+    }
+    assert_one_line(
+        ccm,
+        &[&format!("--tls-cert-file={cert}")],
+        1,
+        &["--tls-cert-file", "--tls-private-key-file"],
+    );
     // A flag without effect is logged (text, no colour) before the bad cloud-config stops it.
     let missing = "/nonexistent/cloud-config";
     assert_one_line(

@@ -10,6 +10,7 @@
 //! keeps its last value, bools may be bare, `_` in a name is `-`, and every flag of upstream's
 //! binary is accepted; those that mean nothing here are listed in [`upstream`].
 
+pub mod secure;
 pub mod upstream;
 
 use std::collections::BTreeSet;
@@ -68,6 +69,8 @@ pub struct Flags {
     pub service: ServiceFlags,
     #[command(flatten)]
     pub ops: OpsFlags,
+    #[command(flatten)]
+    pub secure: secure::SecureFlags,
 }
 
 /// Operations: logs, health and metrics endpoints, leader election, credential expiry.
@@ -84,8 +87,10 @@ pub struct OpsFlags {
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true",
           value_parser = parse_version_flag)]
     pub version: Option<bool>,
-    /// Address of the /healthz, /readyz and /metrics endpoints; empty disables them.
-    #[arg(long, default_value = "0.0.0.0:10268")]
+    /// Address of plain-HTTP /healthz, /readyz, /livez and /metrics without authentication
+    /// (`host:port`); off when empty, the default. The HTTPS endpoints (--secure-port) are
+    /// upstream's; this one is for a local scraper, e.g. `127.0.0.1:10268`.
+    #[arg(long, default_value = "")]
     pub metrics_address: String,
     /// Run the controllers only while holding a Lease (needed with more than one replica).
     #[arg(long, default_value = "true", num_args = 0..=1, require_equals = true,
@@ -123,7 +128,8 @@ pub struct ServiceFlags {
     /// provider, renewing and releasing them) or `kube-vip` (upstream: `0.0.0.0`, kube-vip does it).
     #[arg(long, default_value = "ccm")]
     pub dhcp_mode: crate::service::dhcp::DhcpMode,
-    /// Interface to lease DHCP addresses on when the Service's network maps to no interface.
+    /// Interface to lease DHCP addresses on when the Service's network maps to no interface;
+    /// without it, the default route's interface (kube-vip's choice when `vip_interface` is empty).
     #[arg(long)]
     pub dhcp_interface: Option<String>,
     /// How many Services are reconciled at once; unbounded when not given (upstream's flag:

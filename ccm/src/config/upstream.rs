@@ -40,12 +40,8 @@ pub const WITHOUT_EFFECT: &[(&str, GoType)] = &[
     // leader migration between kube-controller-manager and a CCM (not a Harvester setup)
     ("enable-leader-migration", GoType::Bool),
     ("leader-migration-config", GoType::String),
-    // upstream's HTTPS serving of /healthz and /metrics: here --metrics-address (plain HTTP)
-    ("bind-address", GoType::Ip),
-    ("secure-port", GoType::Int),
-    ("cert-dir", GoType::String),
-    ("tls-cert-file", GoType::String),
-    ("tls-private-key-file", GoType::String),
+    // upstream's HTTPS serving: TLS tuning (rustls' safe defaults: TLS 1.2 and 1.3, its own cipher
+    // suites; one certificate, no SNI), HTTP/2 tuning and port sharing
     ("tls-cipher-suites", GoType::StringSlice),
     ("tls-min-version", GoType::String),
     ("tls-sni-cert-key", GoType::NamedCertKey),
@@ -53,9 +49,10 @@ pub const WITHOUT_EFFECT: &[(&str, GoType)] = &[
     ("disable-http2-serving", GoType::Bool),
     ("permit-port-sharing", GoType::Bool),
     ("permit-address-sharing", GoType::Bool),
-    ("authentication-kubeconfig", GoType::String),
+    // delegated authn/authz (config::secure): bearer tokens only; client certificates and
+    // front-proxy headers are not authenticated (never looked up: as with
+    // --authentication-skip-lookup)
     ("authentication-skip-lookup", GoType::Bool),
-    ("authentication-token-webhook-cache-ttl", GoType::Duration),
     ("authentication-tolerate-lookup-failure", GoType::Bool),
     ("client-ca-file", GoType::String),
     ("requestheader-allowed-names", GoType::StringSlice),
@@ -64,16 +61,7 @@ pub const WITHOUT_EFFECT: &[(&str, GoType)] = &[
     ("requestheader-group-headers", GoType::StringSlice),
     ("requestheader-uid-headers", GoType::StringSlice),
     ("requestheader-username-headers", GoType::StringSlice),
-    ("authorization-always-allow-paths", GoType::StringSlice),
-    ("authorization-kubeconfig", GoType::String),
-    (
-        "authorization-webhook-cache-authorized-ttl",
-        GoType::Duration,
-    ),
-    (
-        "authorization-webhook-cache-unauthorized-ttl",
-        GoType::Duration,
-    ),
+    // profiling: no /debug/pprof here
     ("contention-profiling", GoType::Bool),
     ("profiling", GoType::Bool),
     // the framework's webhook server (no webhooks here)

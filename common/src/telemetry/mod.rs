@@ -1,11 +1,12 @@
 //! What an operator needs from both programs: structured logs, Prometheus metrics, `/healthz`,
-//! `/readyz` and `/metrics` over HTTP, Kubernetes API request counts, leader election with a
+//! `/readyz` and `/metrics` over HTTP (and over HTTPS with delegated authentication: [`secure`]), Kubernetes API request counts, leader election with a
 //! Lease, and a shutdown signal.
 
 pub mod api_metrics;
 pub mod leader;
 pub mod logging;
 pub mod metrics;
+pub mod secure;
 pub mod server;
 
 pub use api_metrics::{ApiMetricsLayer, kube_client};

@@ -63,7 +63,8 @@ pub fn text(code: StatusCode, body: String, content_type: &'static str) -> Respo
     r
 }
 
-fn route(path: &str, metrics: &Metrics, readiness: &Readiness) -> Response<Full<Bytes>> {
+/// The endpoints' answers, by path.
+pub fn route(path: &str, metrics: &Metrics, readiness: &Readiness) -> Response<Full<Bytes>> {
     match path {
         "/healthz" | "/livez" => text(StatusCode::OK, "ok\n".into(), "text/plain"),
         "/readyz" => match readiness.status() {
@@ -139,22 +140,29 @@ where
             let Ok((tcp, _)) = listener.accept().await else {
                 continue;
             };
-            let handler = handler.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                    let response = handler(req);
-                    async move { Ok::<_, Infallible>(response.await) }
-                });
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(tcp), svc)
-                    .await;
-            });
+            tokio::spawn(serve_connection(tcp, handler.clone()));
         }
     };
     tokio::select! {
         () = accept => {},
         () = shutdown => {},
     }
+}
+
+/// Serves HTTP/1 and HTTP/2 on one connection (plain TCP or TLS), answering with `handler`.
+pub async fn serve_connection<IO, H, F>(io: IO, handler: H)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    H: Fn(Request<hyper::body::Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
+    let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+        let response = handler(req);
+        async move { Ok::<_, Infallible>(response.await) }
+    });
+    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+        .serve_connection(TokioIo::new(io), svc)
+        .await;
 }
 
 #[cfg(test)]

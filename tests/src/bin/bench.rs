@@ -1109,8 +1109,11 @@ async fn memory(services: usize, nodes: usize, report: &mut Report) -> anyhow::R
     create_pool(&bed).await?;
     let log_dir = bed.dir.path();
     let mut cmd = Command::new(&ccm_bin);
-    cmd.args(provider_args(&bed))
-        .args(["--leader-elect=false", "--metrics-address="]);
+    cmd.args(provider_args(&bed)).args([
+        "--leader-elect=false",
+        "--metrics-address=",
+        "--secure-port=0",
+    ]);
     let mut ccm = Proc::spawn("harvester-cloud-provider", cmd, log_dir)?;
     tokio::time::sleep(Duration::from_secs(5)).await;
     ccm.check_alive()?;
@@ -1495,7 +1498,7 @@ NodePublishVolume (bind mount), a file written, and back: NodeUnpublish → Node
 ControllerUnpublish (`removevolume`, wait until gone) → DeleteVolume. Each RPC is timed at the \
 client. The disks are loop devices on sparse files (root).
 4. **Peak memory.** The release binaries as child processes. `harvester-cloud-provider \
---leader-elect=false --metrics-address=` against a fresh bed: VmHWM 5 s after start (idle), then N \
+--leader-elect=false --metrics-address= --secure-port=0` against a fresh bed: VmHWM 5 s after start (idle), then N \
 VMs, their tainted Nodes and the LoadBalancer Services are created, and VmHWM (peak resident set, \
 from `/proc/<pid>/status`) is read once every Service has its address and every Node is \
 initialised, plus 5 s. `harvester-csi-driver --mode node` for one of the VMs: VmHWM 5 s after its \
@@ -1508,7 +1511,7 @@ again so every iteration sees the same pool. Layouts: *in order* = filled from t
 address); *scattered* = the free addresses spread evenly, walk from the start; *wrapped* = filled \
 from the start with `lastAllocated` back at the start (the walk passes every allocated address). \
 The estimates are read from criterion's `estimates.json`.
-6. **Scale.** Per level (`--scale SERVICESxNODES,...`; default 100x20, 1000x200, 5000x1000) a fresh bed, the IPPool of section 1, N running VMs made first, then the **release binary** `harvester-cloud-provider --leader-elect=false --metrics-address=127.0.0.1:<port>` (default flags otherwise) as a child process; its requests are read from its own `/metrics` (`harvester_kube_api_requests_total` by verb and resource). First the N tainted Nodes, 16 creates in flight, until every one is initialised and the request counter has been still for 2 s; then the Services, 16 creates in flight, plus one Service with a malformed annotation (`cloudprovider.harvesterhci.io/ipam: static`), until every other one shows an ingress address and the counter is still again. So each request is counted against the kind of object that caused it. The provider's own steps come from watches of the bench: Service create request sent → its LoadBalancer CR seen, and the stand-in's allocation seen → the Service's ingress seen; the time between (the stand-in, one LoadBalancer at a time, each write carrying the whole IPPool status) is Harvester's and reported apart. Node: create request sent → initialised seen. VmHWM and CPU seconds (utime + stime from `/proc/<pid>/stat`, from ready to the end) of the provider process at the end. The malformed Service must get its Warning `SyncLoadBalancerFailed` naming the annotation and no CR, or the level fails.
+6. **Scale.** Per level (`--scale SERVICESxNODES,...`; default 100x20, 1000x200, 5000x1000) a fresh bed, the IPPool of section 1, N running VMs made first, then the **release binary** `harvester-cloud-provider --leader-elect=false --metrics-address=127.0.0.1:<port> --secure-port=0` (default flags otherwise) as a child process; its requests are read from its own `/metrics` (`harvester_kube_api_requests_total` by verb and resource). First the N tainted Nodes, 16 creates in flight, until every one is initialised and the request counter has been still for 2 s; then the Services, 16 creates in flight, plus one Service with a malformed annotation (`cloudprovider.harvesterhci.io/ipam: static`), until every other one shows an ingress address and the counter is still again. So each request is counted against the kind of object that caused it. The provider's own steps come from watches of the bench: Service create request sent → its LoadBalancer CR seen, and the stand-in's allocation seen → the Service's ingress seen; the time between (the stand-in, one LoadBalancer at a time, each write carrying the whole IPPool status) is Harvester's and reported apart. Node: create request sent → initialised seen. VmHWM and CPU seconds (utime + stime from `/proc/<pid>/stat`, from ready to the end) of the provider process at the end. The malformed Service must get its Warning `SyncLoadBalancerFailed` naming the annotation and no CR, or the level fails.
 ";
 
 // ---------------------------------------------------------------------------------------------
@@ -1751,6 +1754,7 @@ async fn scale(level: Level, report: &mut Report) -> anyhow::Result<Scaled> {
     cmd.args(provider_args(&bed)).args([
         "--leader-elect=false".to_string(),
         format!("--metrics-address=127.0.0.1:{port}"),
+        "--secure-port=0".to_string(),
     ]);
     let mut ccm = Proc::spawn("harvester-cloud-provider", cmd, bed.dir.path())?;
     testbed::scrape::wait_for_200(port, "/readyz", Duration::from_secs(60))

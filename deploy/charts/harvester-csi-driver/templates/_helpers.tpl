@@ -136,15 +136,17 @@ the host network. */}}
 {{- end }}
 {{- end -}}
 
-{{/* The driver's flags common to both modes. */}}
+{{/* The driver's flags common to both modes: dict "ctx" (the root) and "metricsHost" (the
+address of /metrics, /healthz and /readyz; empty: every interface). */}}
 {{- define "harvester-csi-driver.driverArgs" -}}
+{{- $ctx := .ctx -}}
 - --endpoint=unix:///csi/csi.sock
-- --kubeconfig={{ include "harvester-csi-driver.cloudConfigFile" . }}
-{{- with .Values.hostStorageClass }}
+- --kubeconfig={{ include "harvester-csi-driver.cloudConfigFile" $ctx }}
+{{- with $ctx.Values.hostStorageClass }}
 - --host-storage-class={{ . }}
 {{- end }}
-{{- with include "harvester-csi-driver.metricsPortNumber" . | atoi }}
-- --metrics-address=:{{ . }}
+{{- with include "harvester-csi-driver.metricsPortNumber" $ctx | atoi }}
+- --metrics-address={{ $.metricsHost }}:{{ . }}
 {{- end }}
 {{- end -}}
 
@@ -155,10 +157,15 @@ the host network. */}}
   containerPort: {{ . }}
 {{- end }}
 {{- end -}}
+{{/* dict "ctx" and "metricsHost" as driverArgs: a loopback metricsHost is probed there. */}}
 {{- define "harvester-csi-driver.readinessProbe" -}}
-{{- if include "harvester-csi-driver.metricsPortNumber" . | atoi }}
+{{- if include "harvester-csi-driver.metricsPortNumber" .ctx | atoi }}
 readinessProbe:
   httpGet:
+    {{- with .metricsHost }}
+    # On the host network the kubelet probes from the node itself, so loopback reaches it.
+    host: {{ . }}
+    {{- end }}
     path: /readyz
     port: metrics
   periodSeconds: 10

@@ -1,0 +1,369 @@
+//! Who may read the endpoints, decided by the guest cluster's API server as upstream's delegated
+//! authentication and authorization do (k8s.io/apiserver v0.34 pkg/server/options
+//! authentication.go and authorization.go, `NewDelegatingAuthenticationOptions` /
+//! `NewDelegatingAuthorizationOptions`; the chain is k8s.io/controller-manager app/serve.go
+//! `BuildHandlerChain`):
+//! - no `Authorization` header: the anonymous user (`system:anonymous`, group
+//!   `system:unauthenticated`);
+//! - a bearer token: a TokenReview (authentication.k8s.io/v1); a token the API server does not
+//!   accept, or a review that fails, is 401;
+//! - then the path: `--authorization-always-allow-paths` (a trailing `*` matches a prefix) and
+//!   group `system:masters` pass; anything else is a SubjectAccessReview (authorization.k8s.io/v1)
+//!   for the non-resource path with the lower-cased HTTP method as verb: denied is 403, a review
+//!   that fails is 500.
+//!
+//! Both reviews are cached per input for the TTLs of the `--authentication-token-webhook-cache-ttl`,
+//! `--authorization-webhook-cache-authorized-ttl` and `--authorization-webhook-cache-unauthorized-ttl`
+//! flags (upstream: 10 s each); failed reviews are not cached.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use k8s_openapi::api::authorization::v1::{
+    NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use kube::api::{Api, PostParams};
+
+/// Upstream's `--authorization-always-allow-paths` default (authorization.go).
+pub const DEFAULT_ALWAYS_ALLOW_PATHS: &[&str] = &["/healthz", "/readyz", "/livez"];
+/// Upstream's `AlwaysAllowGroups` default: kube-apiserver lets this group do anything anyway.
+const ALWAYS_ALLOW_GROUP: &str = "system:masters";
+/// At most this many answers per cache: when full, expired ones are swept, and a new answer is
+/// not kept while it stays full (so a flood of distinct tokens cannot grow memory).
+const CACHE_CAPACITY: usize = 4096;
+/// Upstream's timeout of a review (`TokenRequestTimeout`, `ClientTimeout`: 10 s).
+const REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The typed flags of delegated authentication and authorization.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthOptions {
+    pub always_allow_paths: Vec<String>,
+    pub token_cache_ttl: Duration,
+    pub allowed_cache_ttl: Duration,
+    pub denied_cache_ttl: Duration,
+}
+
+impl Default for AuthOptions {
+    fn default() -> Self {
+        AuthOptions {
+            always_allow_paths: DEFAULT_ALWAYS_ALLOW_PATHS
+                .iter()
+                .map(|p| p.to_string())
+                .collect(),
+            token_cache_ttl: Duration::from_secs(10),
+            allowed_cache_ttl: Duration::from_secs(10),
+            denied_cache_ttl: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The requester, as the TokenReview returned it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct User {
+    pub name: String,
+    pub uid: String,
+    pub groups: Vec<String>,
+    pub extra: BTreeMap<String, Vec<String>>,
+}
+
+impl User {
+    fn anonymous() -> User {
+        User {
+            name: "system:anonymous".into(),
+            groups: vec!["system:unauthenticated".into()],
+            ..User::default()
+        }
+    }
+}
+
+/// What the request gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Allow,
+    /// 401: a token was given and not accepted.
+    Unauthorized,
+    /// 403, with upstream's message.
+    Forbidden(String),
+    /// 500: a review could not be made.
+    Error(String),
+}
+
+type Cache<K, V> = Mutex<HashMap<K, (Instant, V)>>;
+
+/// Delegated authentication and authorization against one API server.
+pub struct Delegated {
+    /// Asked the TokenReviews.
+    authn: kube::Client,
+    /// Asked the SubjectAccessReviews.
+    authz: kube::Client,
+    opts: AuthOptions,
+    tokens: Cache<String, Option<User>>,
+    decisions: Cache<(User, String, String), bool>,
+}
+
+impl Delegated {
+    /// Reviews tokens with `authn` and requests with `authz` (upstream's
+    /// `--authentication-kubeconfig` and `--authorization-kubeconfig`; often one client).
+    pub fn new(authn: kube::Client, authz: kube::Client, opts: AuthOptions) -> Arc<Delegated> {
+        Arc::new(Delegated {
+            authn,
+            authz,
+            opts,
+            tokens: Mutex::default(),
+            decisions: Mutex::default(),
+        })
+    }
+
+    /// The decision for a request with this `Authorization` header (if any), method and path.
+    pub async fn decide(&self, authorization: Option<&[u8]>, method: &str, path: &str) -> Decision {
+        let user = match authorization {
+            None => User::anonymous(),
+            Some(header) => {
+                let Some(token) = bearer_token(header) else {
+                    // Another scheme (Basic, ...): no authenticator here takes it, as upstream
+                    // has none, so the request stays anonymous.
+                    return self.authorize(User::anonymous(), method, path).await;
+                };
+                if token.is_empty() {
+                    return Decision::Unauthorized;
+                }
+                match self.authenticate(token).await {
+                    Ok(Some(user)) => user,
+                    Ok(None) => return Decision::Unauthorized,
+                    Err(e) => {
+                        tracing::warn!("TokenReview failed: {e}");
+                        return Decision::Unauthorized;
+                    }
+                }
+            }
+        };
+        self.authorize(user, method, path).await
+    }
+
+    async fn authenticate(&self, token: &str) -> Result<Option<User>, ReviewError> {
+        let ttl = self.opts.token_cache_ttl;
+        if let Some(hit) = cached(&self.tokens, token, ttl) {
+            return Ok(hit);
+        }
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: Some(token.to_string()),
+                audiences: None,
+            },
+            ..TokenReview::default()
+        };
+        let api: Api<TokenReview> = Api::all(self.authn.clone());
+        let status = within_timeout(api.create(&PostParams::default(), &review))
+            .await?
+            .status
+            .unwrap_or_default();
+        let user = if status.authenticated == Some(true) {
+            let u = status.user.unwrap_or_default();
+            Some(User {
+                name: u.username.unwrap_or_default(),
+                uid: u.uid.unwrap_or_default(),
+                groups: u.groups.unwrap_or_default(),
+                extra: u.extra.unwrap_or_default().into_iter().collect(),
+            })
+        } else {
+            None
+        };
+        remember(&self.tokens, token.to_string(), user.clone(), ttl);
+        Ok(user)
+    }
+
+    async fn authorize(&self, user: User, method: &str, path: &str) -> Decision {
+        if self.always_allowed(path) || user.groups.iter().any(|g| g == ALWAYS_ALLOW_GROUP) {
+            return Decision::Allow;
+        }
+        // Upstream's RequestInfo: a non-resource request's verb is its lower-cased method.
+        let verb = method.to_ascii_lowercase();
+        let key = (user, verb, path.to_string());
+        let ttl_of = |allowed: bool| {
+            if allowed {
+                self.opts.allowed_cache_ttl
+            } else {
+                self.opts.denied_cache_ttl
+            }
+        };
+        let allowed = match self.decisions.lock() {
+            Ok(map) => map
+                .get(&key)
+                .filter(|(at, allowed)| at.elapsed() < ttl_of(*allowed))
+                .map(|(_, allowed)| *allowed),
+            Err(_) => None,
+        };
+        let allowed = match allowed {
+            Some(a) => a,
+            None => match self.review(&key.0, &key.1, &key.2).await {
+                Ok(a) => {
+                    remember(&self.decisions, key.clone(), a, ttl_of(a));
+                    a
+                }
+                Err(e) => {
+                    tracing::warn!("SubjectAccessReview failed: {e}");
+                    return Decision::Error(format!("authorization review failed: {e}"));
+                }
+            },
+        };
+        if allowed {
+            Decision::Allow
+        } else {
+            Decision::Forbidden(format!(
+                "forbidden: User \"{}\" cannot {} path \"{}\"",
+                key.0.name, key.1, key.2
+            ))
+        }
+    }
+
+    fn always_allowed(&self, path: &str) -> bool {
+        path_allowed(&self.opts.always_allow_paths, path)
+    }
+
+    async fn review(&self, user: &User, verb: &str, path: &str) -> Result<bool, ReviewError> {
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(user.name.clone()),
+                uid: Some(user.uid.clone()).filter(|u| !u.is_empty()),
+                groups: Some(user.groups.clone()),
+                extra: Some(user.extra.clone()).filter(|e| !e.is_empty()),
+                non_resource_attributes: Some(NonResourceAttributes {
+                    path: Some(path.to_string()),
+                    verb: Some(verb.to_string()),
+                }),
+                resource_attributes: None,
+            },
+            ..SubjectAccessReview::default()
+        };
+        let api: Api<SubjectAccessReview> = Api::all(self.authz.clone());
+        let status = within_timeout(api.create(&PostParams::default(), &review))
+            .await?
+            .status;
+        Ok(status.is_some_and(|s| s.allowed && s.denied != Some(true)))
+    }
+}
+
+/// `call`, or a timeout error after [`REVIEW_TIMEOUT`].
+async fn within_timeout<T>(
+    call: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, ReviewError> {
+    match tokio::time::timeout(REVIEW_TIMEOUT, call).await {
+        Ok(r) => r.map_err(ReviewError::Api),
+        Err(_) => Err(ReviewError::Timeout(REVIEW_TIMEOUT)),
+    }
+}
+
+/// Why a review has no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    #[error("{0}")]
+    Api(kube::Error),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+}
+
+/// Whether `path` is among `patterns` (k8s.io/apiserver pkg/authorization/path: a leading `/`
+/// is optional on both sides, a trailing `*` matches a prefix).
+fn path_allowed(patterns: &[String], path: &str) -> bool {
+    let path = path.strip_prefix('/').unwrap_or(path);
+    patterns.iter().any(|p| {
+        let p = p.strip_prefix('/').unwrap_or(p);
+        match p.strip_suffix('*') {
+            Some(prefix) => path.starts_with(prefix),
+            None => p == path,
+        }
+    })
+}
+
+/// Checks one `--authorization-always-allow-paths` entry as upstream does: `*` only at the end.
+pub fn check_allow_path(pattern: &str) -> Result<(), String> {
+    let p = pattern.strip_prefix('/').unwrap_or(pattern);
+    match p.char_indices().find(|&(i, c)| c == '*' && i + 1 < p.len()) {
+        Some(_) => Err(format!("only trailing * allowed in {p:?}")),
+        None => Ok(()),
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header (scheme case-insensitive, as
+/// k8s.io/apiserver's bearertoken authenticator reads it). `Some("")` for an empty token, which
+/// upstream refuses (401).
+fn bearer_token(header: &[u8]) -> Option<&str> {
+    let value = std::str::from_utf8(header).ok()?.trim();
+    let (scheme, token) = value.split_once(' ').unwrap_or((value, ""));
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(token.trim())
+}
+
+fn cached<K, Q, V>(cache: &Cache<K, V>, key: &Q, ttl: Duration) -> Option<V>
+where
+    K: std::borrow::Borrow<Q> + Eq + std::hash::Hash,
+    Q: Eq + std::hash::Hash + ?Sized,
+    V: Clone,
+{
+    let map = cache.lock().ok()?;
+    map.get(key)
+        .filter(|(at, _)| at.elapsed() < ttl)
+        .map(|(_, v)| v.clone())
+}
+
+fn remember<K: Eq + std::hash::Hash, V>(cache: &Cache<K, V>, key: K, value: V, ttl: Duration) {
+    if ttl.is_zero() {
+        return;
+    }
+    let Ok(mut map) = cache.lock() else {
+        return;
+    };
+    if map.len() >= CACHE_CAPACITY {
+        map.retain(|_, (at, _)| at.elapsed() < ttl);
+        if map.len() >= CACHE_CAPACITY {
+            return;
+        }
+    }
+    map.insert(key, (Instant::now(), value));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_tokens_are_read_as_upstream_reads_them() {
+        assert_eq!(bearer_token(b"Bearer abc"), Some("abc"));
+        assert_eq!(bearer_token(b"bearer  abc "), Some("abc"));
+        assert_eq!(bearer_token(b"Bearer"), Some(""));
+        assert_eq!(bearer_token(b"Basic dXNlcjpwdw=="), None);
+        assert_eq!(bearer_token(&[0xff, 0xfe]), None);
+    }
+
+    #[test]
+    fn caches_expire_and_stay_bounded() {
+        let cache: Cache<String, bool> = Mutex::default();
+        let ttl = Duration::from_secs(60);
+        for i in 0..CACHE_CAPACITY {
+            remember(&cache, format!("t{i}"), true, ttl);
+        }
+        remember(&cache, "one more".into(), true, ttl);
+        assert_eq!(cached(&cache, "t0", ttl), Some(true));
+        assert_eq!(cached(&cache, "one more", ttl), None, "full: not kept");
+        assert_eq!(cached(&cache, "t0", Duration::ZERO), None, "expired");
+        remember(&cache, "zero ttl".into(), true, Duration::ZERO);
+        assert_eq!(cache.lock().unwrap().len(), CACHE_CAPACITY);
+    }
+
+    #[test]
+    fn always_allowed_paths_match_as_upstream_matches_them() {
+        let p: Vec<String> = ["/healthz", "readyz", "/debug/*"].map(String::from).into();
+        for yes in ["/healthz", "/readyz", "/debug/pprof", "/debug/"] {
+            assert!(path_allowed(&p, yes), "{yes}");
+        }
+        for no in ["/metrics", "/healthz/x", "/debug", "/livez"] {
+            assert!(!path_allowed(&p, no), "{no}");
+        }
+        assert!(path_allowed(&["/".to_string()], "/"));
+        assert!(check_allow_path("/debug/*").is_ok());
+        assert!(check_allow_path("/de*bug").is_err());
+    }
+}
