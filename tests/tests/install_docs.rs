@@ -426,9 +426,15 @@ async fn hello_still_serves(bed: &TestBed) -> (String, String) {
 /// Nothing of the charts or of the `check` block is left on either cluster; `harvester_check`
 /// is the output of the document's own Harvester check.
 async fn nothing_left(bed: &TestBed, harvester_check: &str) {
+    // Its LoadBalancer and PVC lists are both empty; its VM list shows no hot-plugged volume.
+    assert_eq!(
+        harvester_check.matches("No resources found").count(),
+        2,
+        "harvester-check lists LoadBalancers or PVCs of the cluster:\n{harvester_check}"
+    );
     assert!(
-        harvester_check.contains("No resources found"),
-        "harvester-check lists LoadBalancers:\n{harvester_check}"
+        !harvester_check.contains("pvc-"),
+        "harvester-check shows a hot-plugged volume:\n{harvester_check}"
     );
     let releases = helm(
         bed.real(),
