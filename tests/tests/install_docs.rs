@@ -6,10 +6,12 @@
 //!
 //! 1. a new install: `secret`, `install-ccm`, `install-csi`, `check`, `upgrade`, `check-cleanup`,
 //!    `uninstall`, `harvester-check`;
-//! 2. an upstream user: the fixture charts standing in for upstream's (`tests/fixtures/upstream-*`,
-//!    with the bed's images, as the Rancher route runs them) installed with helm by the test,
-//!    then `secret`, `check`, `switch` (the `hello` Pod keeps running on its volume, the Service
-//!    its address), `check-cleanup`, `uninstall`, `harvester-check`.
+//!    The upgrade's `VERSION` is another tag of the same builds, so every Pod of both charts is
+//!    replaced while the `hello` Pod keeps running on its volume and the Service its address;
+//! 2. an upstream user: `secret`, the fixture charts standing in for upstream's
+//!    (`tests/fixtures/upstream-*`, with the bed's images, as the Rancher route runs them)
+//!    installed with helm by the test, `switch`, `check`, `check-cleanup`, `uninstall`,
+//!    `harvester-check`.
 //!
 //! After each uninstall the test reads both clusters itself: nothing of either chart, no Service
 //! finalizer, VolumeAttachment, PV or PVC on the guest; no LoadBalancer CR, hot-plugged volume or
@@ -93,12 +95,18 @@ impl Doc {
     /// Runs step `step` with bash (`set -e -o pipefail`, stderr into stdout) from the
     /// repository's root; its output, or a panic naming the step with its text and output.
     async fn run(&self, step: &str) -> String {
+        self.run_with(step, &[]).await
+    }
+
+    /// [`Doc::run`] with some of the document's variables set otherwise.
+    async fn run_with(&self, step: &str, vars: &[(&str, &str)]) -> String {
         let block = self
             .blocks
             .get(step)
             .unwrap_or_else(|| panic!("{DOC} has no block marked {MARK}{step}"))
             .clone();
-        let env = self.env.clone();
+        let mut env = self.env.clone();
+        env.extend(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         let script = format!("exec 2>&1\nset -e -o pipefail\n{block}");
         let t0 = std::time::Instant::now();
         let out = tokio::task::spawn_blocking(move || {
@@ -269,12 +277,18 @@ async fn install_docs_run_as_written_on_a_real_guest_cluster_root() {
         ("REGISTRY", registry.clone()),
         ("VERSION", version.clone()),
         ("KUBELET_ROOT_DIR", kubelet_root.clone()),
-        ("HELM_CACHE_HOME", dir.join("helm/cache").display().to_string()),
+        (
+            "HELM_CACHE_HOME",
+            dir.join("helm/cache").display().to_string(),
+        ),
         (
             "HELM_CONFIG_HOME",
             dir.join("helm/config").display().to_string(),
         ),
-        ("HELM_DATA_HOME", dir.join("helm/data").display().to_string()),
+        (
+            "HELM_DATA_HOME",
+            dir.join("helm/data").display().to_string(),
+        ),
         ("HOME", dir.display().to_string()),
     ]
     .into_iter()
@@ -293,9 +307,39 @@ async fn install_docs_run_as_written_on_a_real_guest_cluster_root() {
         doc.run(step).await;
     }
     let out = doc.run("check").await;
-    assert!(out.contains("hello"), "check: the Pod read its file:\n{out}");
-    doc.run("upgrade").await;
-    hello_still_serves(&bed).await;
+    assert!(
+        out.contains("hello"),
+        "check: the Pod read its file:\n{out}"
+    );
+    // A new version: the same builds under another tag, so every Pod of both charts is replaced
+    // while the hello Pod keeps its volume and the Service its address.
+    let next = format!("{version}-next");
+    for program in ["harvester-cloud-provider", "harvester-csi-driver"] {
+        images::tag(
+            &real.node.dirs.containerd_socket,
+            &format!("{registry}/{program}:{version}"),
+            &format!("{registry}/{program}:{next}"),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let before = hello_still_serves(&bed).await;
+    doc.run_with("upgrade", &[("VERSION", &next)]).await;
+    assert_eq!(
+        hello_still_serves(&bed).await,
+        before,
+        "the upgrade replaced the hello Pod or changed the Service's address"
+    );
+    for (kind, name) in [
+        ("deployment", CCM_RELEASE.to_string()),
+        ("deployment", format!("{CSI_RELEASE}-controllers")),
+        ("daemonset", CSI_RELEASE.to_string()),
+    ] {
+        let images = workload_images(&bed, kind, &name).await;
+        assert!(
+            images.iter().any(|i| i.ends_with(&format!(":{next}"))),
+            "{kind} {name} does not run the upgraded tag {next}: {images:?}"
+        );
+    }
     for step in ["check-cleanup", "uninstall"] {
         doc.run(step).await;
     }
@@ -306,16 +350,17 @@ async fn install_docs_run_as_written_on_a_real_guest_cluster_root() {
         t0.elapsed().as_secs_f64()
     );
 
-    // 2. An upstream user's releases (the fixture charts, the bed's images), switched in place.
+    // 2. An upstream user's releases (the fixture charts, the bed's images), switched in place,
+    // then used. The CSI fixture carries upstream's names, selectors, args and cloud-config
+    // volume but not its whole Pod spec (no sidecars, no socket): its Pods do not serve, so the
+    // volume is made after the switch.
     doc.run("secret").await;
     install_upstream_fixtures(real, &bed.guest.client, &registry, &version, &kubelet_root).await;
-    doc.run("check").await;
-    let before = hello_still_serves(&bed).await;
     doc.run("switch").await;
-    let after = hello_still_serves(&bed).await;
-    assert_eq!(
-        before, after,
-        "the switch replaced the hello Pod or changed the Service's address"
+    let out = doc.run("check").await;
+    assert!(
+        out.contains("hello"),
+        "check: the Pod read its file:\n{out}"
     );
     for step in ["check-cleanup", "uninstall"] {
         doc.run(step).await;
@@ -329,7 +374,7 @@ async fn install_docs_run_as_written_on_a_real_guest_cluster_root() {
 }
 
 /// `helm install` of the upstream fixture charts as an upstream user has them, with the bed's
-/// images for the two programs (the Go images are not here), then waits for their workloads.
+/// images for the two programs (the Go images are not here), then waits for the cloud provider.
 async fn install_upstream_fixtures(
     real: &GuestCluster,
     client: &kube::Client,
@@ -386,17 +431,27 @@ async fn install_upstream_fixtures(
     guest_cluster::wait_deployment(client, NAMESPACE, CCM_RELEASE, limit)
         .await
         .unwrap_or_else(|e| panic!("the upstream fixture's cloud provider: {e}"));
-    guest_cluster::wait_deployment(
-        client,
-        NAMESPACE,
-        &format!("{CSI_RELEASE}-controllers"),
-        limit,
-    )
-    .await
-    .unwrap_or_else(|e| panic!("the upstream fixture's CSI controllers: {e}"));
-    guest_cluster::wait_daemonset(client, NAMESPACE, CSI_RELEASE, limit)
-        .await
-        .unwrap_or_else(|e| panic!("the upstream fixture's CSI node plugin: {e}"));
+}
+
+/// The container images of Deployment or DaemonSet `name` in the release namespace.
+async fn workload_images(bed: &TestBed, kind: &str, name: &str) -> Vec<String> {
+    use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+    let c = bed.guest.client.clone();
+    let template = match kind {
+        "deployment" => Api::<Deployment>::namespaced(c, NAMESPACE)
+            .get(name)
+            .await
+            .map(|d| d.spec.map(|s| s.template)),
+        _ => Api::<DaemonSet>::namespaced(c, NAMESPACE)
+            .get(name)
+            .await
+            .map(|d| d.spec.map(|s| s.template)),
+    }
+    .unwrap_or_else(|e| panic!("{kind} {name}: {e}"));
+    template
+        .and_then(|t| t.spec)
+        .map(|s| s.containers.into_iter().filter_map(|c| c.image).collect())
+        .unwrap_or_default()
 }
 
 /// The `check` block's Pod is Ready and its Service has an address: (Pod uid, address).
@@ -441,86 +496,96 @@ async fn nothing_left(bed: &TestBed, harvester_check: &str) {
         vec!["list".into(), "-n".into(), NAMESPACE.into(), "-q".into()],
     )
     .await;
-    assert!(
-        releases.trim().is_empty(),
-        "releases left: {releases}"
-    );
+    assert!(releases.trim().is_empty(), "releases left: {releases}");
     let guest = bed.guest.client.clone();
     let harvester = bed.harvester.client.clone();
     let ns = bed.vm_namespace.clone();
     let names = |items: Vec<String>| items.join(",");
-    wait::until("nothing left on either cluster", Duration::from_secs(60), || {
-        let (guest, harvester, ns) = (guest.clone(), harvester.clone(), ns.clone());
-        async move {
-            let e = |e: kube::Error| e.to_string();
-            let lp = ListParams::default();
-            let mut left: BTreeMap<&str, String> = BTreeMap::new();
-            let finalized: Vec<String> = Api::<Service>::all(guest.clone())
-                .list(&lp)
-                .await
-                .map_err(e)?
-                .items
-                .into_iter()
-                .filter(|s| !s.finalizers().is_empty())
-                .map(|s| s.name_any())
-                .collect();
-            left.insert("guest Services with finalizers", names(finalized));
-            let va = Api::<VolumeAttachment>::all(guest.clone())
-                .list(&lp)
-                .await
-                .map_err(e)?;
-            left.insert("VolumeAttachments", names(va.iter().map(|v| v.name_any()).collect()));
-            let pvs = Api::<PersistentVolume>::all(guest.clone())
-                .list(&lp)
-                .await
-                .map_err(e)?;
-            left.insert("PVs", names(pvs.iter().map(|v| v.name_any()).collect()));
-            let pvcs = Api::<PersistentVolumeClaim>::all(guest.clone())
-                .list(&lp)
-                .await
-                .map_err(e)?;
-            left.insert("guest PVCs", names(pvcs.iter().map(|v| v.name_any()).collect()));
-            let lbs = Api::<LoadBalancer>::namespaced(harvester.clone(), &ns)
-                .list(&lp)
-                .await
-                .map_err(e)?;
-            left.insert("LoadBalancer CRs", names(lbs.iter().map(|v| v.name_any()).collect()));
-            let hpvcs = Api::<PersistentVolumeClaim>::namespaced(harvester.clone(), &ns)
-                .list(&lp)
-                .await
-                .map_err(e)?;
-            left.insert(
-                "Harvester PVCs",
-                names(hpvcs.iter().map(|v| v.name_any()).collect()),
-            );
-            let vms = Api::<VirtualMachine>::namespaced(harvester.clone(), &ns)
-                .list(&lp)
-                .await
-                .map_err(e)?;
-            let hot: Vec<String> = vms
-                .iter()
-                .flat_map(|vm| {
-                    let v = serde_json::to_value(vm).unwrap_or_default();
-                    v.pointer("/spec/template/spec/volumes")
-                        .and_then(|v| v.as_array())
-                        .cloned()
-                        .unwrap_or_default()
-                        .into_iter()
-                        .filter(|v| {
-                            v.pointer("/persistentVolumeClaim/hotpluggable")
-                                == Some(&serde_json::Value::Bool(true))
-                        })
-                        .map(|v| v["name"].as_str().unwrap_or_default().to_string())
-                        .collect::<Vec<_>>()
-                })
-                .collect();
-            left.insert("hot-plugged volumes in VMs", names(hot));
-            let links = guest_cluster::loop_links(Path::new(HOST_BY_ID));
-            left.insert("by-id links", format!("{links:?}").replace("[]", ""));
-            left.retain(|_, v| !v.is_empty());
-            Ok(if left.is_empty() { Ok(()) } else { Err(left) })
-        }
-    })
+    wait::until(
+        "nothing left on either cluster",
+        Duration::from_secs(60),
+        || {
+            let (guest, harvester, ns) = (guest.clone(), harvester.clone(), ns.clone());
+            async move {
+                let e = |e: kube::Error| e.to_string();
+                let lp = ListParams::default();
+                let mut left: BTreeMap<&str, String> = BTreeMap::new();
+                let finalized: Vec<String> = Api::<Service>::all(guest.clone())
+                    .list(&lp)
+                    .await
+                    .map_err(e)?
+                    .items
+                    .into_iter()
+                    .filter(|s| !s.finalizers().is_empty())
+                    .map(|s| s.name_any())
+                    .collect();
+                left.insert("guest Services with finalizers", names(finalized));
+                let va = Api::<VolumeAttachment>::all(guest.clone())
+                    .list(&lp)
+                    .await
+                    .map_err(e)?;
+                left.insert(
+                    "VolumeAttachments",
+                    names(va.iter().map(|v| v.name_any()).collect()),
+                );
+                let pvs = Api::<PersistentVolume>::all(guest.clone())
+                    .list(&lp)
+                    .await
+                    .map_err(e)?;
+                left.insert("PVs", names(pvs.iter().map(|v| v.name_any()).collect()));
+                let pvcs = Api::<PersistentVolumeClaim>::all(guest.clone())
+                    .list(&lp)
+                    .await
+                    .map_err(e)?;
+                left.insert(
+                    "guest PVCs",
+                    names(pvcs.iter().map(|v| v.name_any()).collect()),
+                );
+                let lbs = Api::<LoadBalancer>::namespaced(harvester.clone(), &ns)
+                    .list(&lp)
+                    .await
+                    .map_err(e)?;
+                left.insert(
+                    "LoadBalancer CRs",
+                    names(lbs.iter().map(|v| v.name_any()).collect()),
+                );
+                let hpvcs = Api::<PersistentVolumeClaim>::namespaced(harvester.clone(), &ns)
+                    .list(&lp)
+                    .await
+                    .map_err(e)?;
+                left.insert(
+                    "Harvester PVCs",
+                    names(hpvcs.iter().map(|v| v.name_any()).collect()),
+                );
+                let vms = Api::<VirtualMachine>::namespaced(harvester.clone(), &ns)
+                    .list(&lp)
+                    .await
+                    .map_err(e)?;
+                let hot: Vec<String> = vms
+                    .iter()
+                    .flat_map(|vm| {
+                        let v = serde_json::to_value(vm).unwrap_or_default();
+                        v.pointer("/spec/template/spec/volumes")
+                            .and_then(|v| v.as_array())
+                            .cloned()
+                            .unwrap_or_default()
+                            .into_iter()
+                            .filter(|v| {
+                                v.pointer("/persistentVolumeClaim/hotpluggable")
+                                    == Some(&serde_json::Value::Bool(true))
+                            })
+                            .map(|v| v["name"].as_str().unwrap_or_default().to_string())
+                            .collect::<Vec<_>>()
+                    })
+                    .collect();
+                left.insert("hot-plugged volumes in VMs", names(hot));
+                let links = guest_cluster::loop_links(Path::new(HOST_BY_ID));
+                left.insert("by-id links", format!("{links:?}").replace("[]", ""));
+                left.retain(|_, v| !v.is_empty());
+                Ok(if left.is_empty() { Ok(()) } else { Err(left) })
+            }
+        },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
     assert!(
@@ -569,7 +634,9 @@ fn the_document_has_every_step() {
         assert!(blocks.contains_key(step), "{DOC} has no block {MARK}{step}");
     }
     assert!(
-        image_lines(&blocks["check"]).iter().any(|i| i.starts_with("busybox")),
+        image_lines(&blocks["check"])
+            .iter()
+            .any(|i| i.starts_with("busybox")),
         "the check block's image is tagged from the bed's busybox"
     );
 }
