@@ -11,8 +11,9 @@ export CARGO_TERM_COLOR ?= never
 demo: tools
 	$(CARGO) run --quiet -p testbed --bin testbed -- demo
 
-# The real guest cluster (kubelet, containerd, control plane, both charts installed with helm)
-# until Ctrl-C; root. Prints the KUBECONFIG exports of both clusters.
+# The real guest cluster (kubelet, containerd, control plane, both charts installed with helm, an
+# IP pool on the Harvester side) until Ctrl-C; root. Prints a PATH export with the bed's kubectl
+# and helm, the KUBECONFIG exports of both clusters and commands to try (a LoadBalancer Service).
 cluster: tools node-tools
 	$(CARGO) build --quiet --workspace --bins
 	$(CARGO) run --quiet -p testbed --bin testbed -- cluster
@@ -22,7 +23,7 @@ test: tools node-tools proto-check fmt-check clippy help-check charts-check unit
 tools:
 	@bash tests/scripts/tools.sh
 
-# kubelet, kube-controller-manager, kube-scheduler, the CSI sidecars and the snapshot-controller
+# kubelet, kube-controller-manager, kube-scheduler, kubectl, the CSI sidecars and the snapshot-controller
 # (Go module proxy), containerd/runc/CNI plugins and busybox-static (Debian): the real guest
 # cluster of `make test` and `make cluster`.
 node-tools:

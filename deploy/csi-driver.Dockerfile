@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 # harvester-csi-driver image: the binary plus the filesystem tools the node plugin runs
-# (mkfs.ext4/resize2fs from e2fsprogs, mkfs.xfs/xfs_growfs from xfsprogs, blkid from util-linux,
+# (mkfs.ext4/resize2fs from e2fsprogs, mkfs.xfs/xfs_growfs from xfsprogs, blkid and nsenter (RWX
+# mounts in the host's network namespace under upstream's chart) from util-linux,
 # mount/umount from mount, mount.nfs from nfs-common for RWX volumes). The same image serves
 # --mode controller (which runs none of them).
 # Build from the repository root:

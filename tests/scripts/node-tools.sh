@@ -57,7 +57,7 @@ build() {
   say "built $name in ${secs}s"
 }
 
-# The kubelet, kube-controller-manager, kube-scheduler: k8s.io/kubernetes replaces its staging
+# The kubelet, kube-controller-manager, kube-scheduler, kubectl: k8s.io/kubernetes replaces its staging
 # modules with ./staging paths, so `go install` refuses them. A wrapper module replaces each with
 # its published v0.X.Y instead (the recipe of tools.sh's kube-apiserver; same go build cache).
 build_k8s() {
@@ -111,6 +111,9 @@ total_start=$(date +%s)
 build kubelet build_k8s
 build kube-controller-manager build_k8s
 build kube-scheduler build_k8s
+# kubectl for the user of `make cluster` (its banner prints commands with this path). `build` checks
+# each binary, so a cache made before kubectl was added gets it on the next run without a new key.
+build kubectl build_k8s
 build csi-provisioner build_sidecar github.com/kubernetes-csi/external-provisioner/v6 "$PROVISIONER_VERSION" cmd/csi-provisioner
 build csi-attacher build_sidecar github.com/kubernetes-csi/external-attacher/v4 "$ATTACHER_VERSION" cmd/csi-attacher
 build csi-resizer build_sidecar github.com/kubernetes-csi/external-resizer/v2 "$RESIZER_VERSION" cmd/csi-resizer

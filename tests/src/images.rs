@@ -46,6 +46,8 @@ pub const NODE_PLUGIN_PROGRAMS: &[&str] = &[
     "xfs_growfs",
     // RWX volumes (`csi/src/node/nfs.rs`): Debian nfs-common's NFS mount helper.
     "mount.nfs",
+    // RWX under upstream's chart (hostPID, no host network): `nsenter --net=/proc/1/ns/net`.
+    "nsenter",
 ];
 
 /// Configuration files the node plugin's programs read, brought along when the host has them

@@ -23,6 +23,7 @@ pub mod netns;
 pub mod nfs;
 pub mod node;
 pub mod observe;
+pub mod pod_logs;
 pub mod podnet;
 pub mod process;
 pub mod rbac;
@@ -31,6 +32,7 @@ pub mod scrape;
 pub mod service_controller;
 pub mod sim;
 pub mod tools;
+pub mod users_cluster;
 pub mod vm;
 pub mod wait;
 

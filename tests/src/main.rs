@@ -10,7 +10,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use testbed::sim::GuestVm;
-use testbed::{BedOptions, TestBed};
+use testbed::{BedOptions, TestBed, users_cluster};
 
 #[derive(Parser)]
 #[command(
@@ -100,26 +100,28 @@ async fn demo() -> anyhow::Result<()> {
 
 async fn cluster() -> anyhow::Result<()> {
     let t0 = Instant::now();
-    let bed = TestBed::start(BedOptions {
-        real_node: true,
-        ..BedOptions::default()
-    })
-    .await
-    .context("starting the real guest cluster")?;
+    let bed = users_cluster::start()
+        .await
+        .context("starting the real guest cluster")?;
+    let bin = users_cluster::tools_bin(&bed).context("kubectl and helm for the user")?;
     let real = bed.real();
     println!(
         r#"
 real guest cluster ready in {secs:.1}s: Node {node} initialised by the cloud provider Pod, the CSI
 driver's controller and node Pods Ready (logs and state under {dir})
 
+# kubectl and helm of the bed (`make node-tools` builds kubectl, `make tools` fetches helm):
+export PATH={bin}:$PATH
 # the guest cluster (both charts in kube-system, StorageClass harvester):
 export KUBECONFIG={guest}
-# the Harvester stand-in (VMs, VMIs, PVCs and LoadBalancers in namespace {ns}):
+# the Harvester stand-in (VMs, VMIs and PVCs in namespace {ns}; IPPools, LoadBalancers):
 export HARVESTER_KUBECONFIG={harvester}
 
 kubectl get nodes -o wide
 kubectl -n kube-system get pods
 helm list -n kube-system
+
+# a volume: a PVC of StorageClass harvester and a Pod using it
 kubectl apply -f - <<EOF
 apiVersion: v1
 kind: PersistentVolumeClaim
@@ -135,17 +137,29 @@ spec:
      volumeMounts: [{{name: d, mountPath: /data}}]}}
   volumes: [{{name: d, persistentVolumeClaim: {{claimName: demo}}}}]
 EOF
+kubectl wait --for=condition=Ready pod/demo --timeout=120s
 kubectl logs demo
 kubectl --kubeconfig "$HARVESTER_KUBECONFIG" -n {ns} get vm,vmi,pvc
+
+# a LoadBalancer Service: its address comes from Harvester IPPool {pool} ({subnet})
+{try_lb}
+kubectl wait --for=jsonpath='{{.status.loadBalancer.ingress}}' service/{svc} --timeout=60s
+kubectl get service {svc}
+kubectl --kubeconfig "$HARVESTER_KUBECONFIG" get ippools,loadbalancers -A
 
 Ctrl-C stops everything and undoes what it changed on this machine."#,
         secs = t0.elapsed().as_secs_f64(),
         node = testbed::guest_cluster::NODE,
         dir = bed.dir.path().display(),
+        bin = bin.display(),
         guest = real.kubeconfig.display(),
         harvester = bed.harvester.kubeconfig.display(),
         ns = bed.vm_namespace,
         workload = testbed::guest_cluster::WORKLOAD,
+        pool = users_cluster::LB_POOL,
+        subnet = users_cluster::LB_POOL_SUBNET,
+        try_lb = users_cluster::TRY_LB_SERVICE,
+        svc = users_cluster::TRY_LB_SERVICE_NAME,
     );
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate())?;

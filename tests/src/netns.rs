@@ -2,8 +2,12 @@
 //!
 //! Two namespaces joined by a veth pair: the server side (`10.77.0.1/24`) runs a real dnsmasq
 //! (Debian `dnsmasq-base`) handing out `10.77.0.100`-`10.77.0.150` with 2-minute leases (dnsmasq's
-//! minimum) into a lease file in a temp dir; the client side's interface is up with no address.
-//! Test code runs on the client side through [`DhcpNet::in_client`]. Names carry the pid and a
+//! minimum) into a lease file in a temp dir; the client side's interface is up with no address
+//! (or, after [`DhcpNet::add_client_default_route`], `10.77.0.2/24` with the server as default
+//! gateway: a node whose default route goes to the DHCP server's network).
+//! Test code runs on the client side through [`DhcpNet::in_client`], or keeps running there
+//! through [`DhcpNet::spawn_in_client`] (a cloud provider on that node), reaching the bed's API
+//! servers through [`DhcpNet::forward_into_client`]. Names carry the pid and a
 //! counter, so tests in parallel threads never meet; everything is removed on drop (dnsmasq
 //! killed, both namespaces and with them the veth pair deleted), also when the test fails.
 
@@ -21,6 +25,8 @@ use crate::process::{Proc, tail};
 
 /// Address of the server's interface.
 pub const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
+/// Address of the client's interface when it has one ([`DhcpNet::add_client_default_route`]).
+pub const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);
 /// The dynamic range dnsmasq leases from.
 pub const RANGE: (Ipv4Addr, Ipv4Addr) =
     (Ipv4Addr::new(10, 77, 0, 100), Ipv4Addr::new(10, 77, 0, 150));
@@ -265,6 +271,98 @@ impl DhcpNet {
         std::fs::read_to_string(&self.dhcp_log).unwrap_or_default()
     }
 
+    /// Gives the client interface `CLIENT_IP/24` and makes the server's address the client
+    /// namespace's default gateway: the client namespace then looks like a node whose default
+    /// route goes out through the interface the DHCP server serves.
+    pub fn add_client_default_route(&self) -> Result<(), BedError> {
+        let ns = &self.client_ns;
+        run(
+            "ip",
+            &[
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{CLIENT_IP}/24"),
+                "dev",
+                &self.client_if,
+            ],
+        )?;
+        run(
+            "ip",
+            &[
+                "-n",
+                ns,
+                "route",
+                "add",
+                "default",
+                "via",
+                &SERVER_IP.to_string(),
+                "dev",
+                &self.client_if,
+            ],
+        )
+    }
+
+    /// Makes `127.0.0.1:<port>` of this process's namespace (where the bed's API servers
+    /// listen) reachable at the same address inside the client namespace: a listener opened
+    /// there, each connection spliced to the host side. Runs on the caller's tokio runtime (a
+    /// thread of this namespace, so the outgoing sockets are opened here) until dropped.
+    pub fn forward_into_client(&self, port: u16) -> Result<Forward, BedError> {
+        let addr = std::net::SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let listener = self.in_client_blocking(|| std::net::TcpListener::bind(addr))?;
+        let listener = listener
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .and_then(tokio::net::TcpListener::from_std)
+            .map_err(|e| {
+                BedError::Setup(format!("listening on {addr} in {}: {e}", self.client_ns))
+            })?;
+        Ok(Forward(tokio::spawn(crate::podnet::splice(listener, addr))))
+    }
+
+    /// Runs `work` in a thread that has entered the client namespace and waits for it.
+    fn in_client_blocking<T: Send>(&self, work: impl FnOnce() -> T + Send) -> Result<T, BedError> {
+        let path = self.client_ns_path();
+        std::thread::scope(|s| {
+            let worker = s.spawn(move || -> Result<T, BedError> {
+                enter_netns(&path)?;
+                Ok(work())
+            });
+            match worker.join() {
+                Ok(result) => result,
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        })
+    }
+
+    /// As [`DhcpNet::in_client`], without waiting: the future runs in its own thread (on a fresh
+    /// current-thread runtime inside the client namespace, with every task it spawns) until it
+    /// completes; join the handle for its output. A program of the client namespace that keeps
+    /// running while the test goes on (a cloud provider on that node).
+    pub fn spawn_in_client<T, F, Fut>(
+        &self,
+        make: F,
+    ) -> std::thread::JoinHandle<Result<T, BedError>>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = T>,
+        T: Send + 'static,
+    {
+        let path = self.client_ns_path();
+        std::thread::spawn(move || -> Result<T, BedError> {
+            enter_netns(&path)?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| BedError::Setup(format!("tokio runtime: {e}")))?;
+            Ok(rt.block_on(make()))
+        })
+    }
+
+    fn client_ns_path(&self) -> String {
+        format!("/run/netns/{}", self.client_ns)
+    }
+
     /// Runs `make()`'s future to completion on a fresh current-thread tokio runtime, in a thread
     /// that has entered the client namespace: every socket it (and any task it spawns) opens is in
     /// that namespace. Each call is like a fresh process of the client ("a restarted CCM"). A
@@ -275,16 +373,10 @@ impl DhcpNet {
         Fut: Future<Output = T>,
         T: Send,
     {
-        let path = format!("/run/netns/{}", self.client_ns);
+        let path = self.client_ns_path();
         std::thread::scope(|s| {
             let worker = s.spawn(move || -> Result<T, BedError> {
-                let ns = File::open(&path)
-                    .map_err(|e| BedError::Setup(format!("opening {path}: {e}")))?;
-                rustix::thread::move_into_link_name_space(
-                    ns.as_fd(),
-                    Some(rustix::thread::LinkNameSpaceType::Network),
-                )
-                .map_err(|e| BedError::Setup(format!("setns({path}): {e}")))?;
+                enter_netns(&path)?;
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
@@ -309,6 +401,26 @@ impl Drop for DhcpNet {
             }
         }
     }
+}
+
+/// A splice made by [`DhcpNet::forward_into_client`]; dropping it stops it and its connections.
+pub struct Forward(tokio::task::JoinHandle<()>);
+
+impl Drop for Forward {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Moves the calling thread into the network namespace at `path` (sockets it opens from then on
+/// are in that namespace, and so are threads it starts).
+fn enter_netns(path: &str) -> Result<(), BedError> {
+    let ns = File::open(path).map_err(|e| BedError::Setup(format!("opening {path}: {e}")))?;
+    rustix::thread::move_into_link_name_space(
+        ns.as_fd(),
+        Some(rustix::thread::LinkNameSpaceType::Network),
+    )
+    .map_err(|e| BedError::Setup(format!("setns({path}): {e}")))
 }
 
 fn output(program: &str, args: &[&str]) -> Result<String, BedError> {

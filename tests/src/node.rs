@@ -75,6 +75,10 @@ pub struct NodeDirs {
     pub containerd_socket: PathBuf,
     pub cni_conf: PathBuf,
     pub kubelet_root: PathBuf,
+    /// The kubelet's `podLogsDir` (`<ns>_<pod>_<uid>/<container>/<n>.log`): in the bed's
+    /// directory rather than the host's /var/log/pods, so a run leaves none behind and reads
+    /// only its own ([`crate::pod_logs`]).
+    pub pod_logs: PathBuf,
 }
 
 impl NodeDirs {
@@ -86,6 +90,7 @@ impl NodeDirs {
             containerd_socket: root.join("containerd/containerd.sock"),
             cni_conf: root.join("cni/net.d"),
             kubelet_root: root.join("kubelet"),
+            pod_logs: root.join("pod-logs"),
         }
     }
 }
@@ -151,6 +156,7 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 healthzBindAddress: 127.0.0.1
 healthzPort: {healthz_port}
+podLogsDir: {pod_logs}
 authentication:
   anonymous:
     enabled: false
@@ -161,7 +167,8 @@ authentication:
 authorization:
   mode: Webhook
 "#,
-        ca = ca.display()
+        ca = ca.display(),
+        pod_logs = d.pod_logs.display(),
     )
 }
 
@@ -257,6 +264,7 @@ impl RealNode {
             &dirs.containerd_state,
             &dirs.cni_conf,
             &dirs.kubelet_root,
+            &dirs.pod_logs,
         ] {
             std::fs::create_dir_all(d)
                 .map_err(|e| BedError::Setup(format!("creating {}: {e}", d.display())))?;
@@ -434,6 +442,7 @@ mod tests {
             "port: 10250",
             "address: 10.1.2.3",
             "nodefs.available: 1%",
+            "podLogsDir: /t/n/pod-logs",
         ] {
             assert!(
                 k.lines().any(|l| l.trim() == line),

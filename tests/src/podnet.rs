@@ -121,7 +121,7 @@ impl PodNetwork {
 }
 
 /// Accepts on `listener` and copies each connection both ways to `target` until either closes.
-async fn splice(listener: TcpListener, target: SocketAddr) {
+pub(crate) async fn splice(listener: TcpListener, target: SocketAddr) {
     let mut conns = JoinSet::new();
     loop {
         let Ok((mut inbound, _)) = listener.accept().await else {

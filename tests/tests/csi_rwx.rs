@@ -27,6 +27,7 @@ use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use kube::Api;
 use serde_json::json;
 use testbed::sim::GuestVm;
+use testbed::sim::networkfs::NetworkFs;
 use testbed::vm::{GUEST_SHARE, HOST_FROM_GUEST, Vm, VmOptions};
 use testbed::{TestBed, wait};
 use tonic::transport::Channel;
@@ -86,6 +87,18 @@ fn rwx_request(name: &str, params: &[(&str, &str)]) -> CreateVolumeRequest {
     }
 }
 
+/// CreateVolume of an RWX volume `name` on the Longhorn RWX class; its ID.
+async fn create_rwx(ctrl: &Driver, name: &str) -> String {
+    ControllerClient::new(ctrl.channel.clone())
+        .create_volume(rwx_request(name, &[("hostStorageClass", RWX_CLASS)]))
+        .await
+        .expect("CreateVolume RWX")
+        .into_inner()
+        .volume
+        .expect("volume")
+        .volume_id
+}
+
 async fn create_class(bed: &TestBed, name: &str, provisioner: &str, params: serde_json::Value) {
     let sc: StorageClass = serde_json::from_value(json!({
         "metadata": {"name": name}, "provisioner": provisioner,
@@ -110,10 +123,9 @@ impl AsRef<Channel> for GuestPlugin {
     }
 }
 
-/// Starts `harvester-csi-driver --mode node --nodeid=<vm>` in the guest (binary and cloud-config
-/// through its 9p share; the cloud-config names the Harvester API server as the guest reaches it)
-/// and waits until it answers Probe.
-async fn start_plugin(bed: &TestBed, vm: &Vm) -> GuestPlugin {
+/// Puts the driver binary and the cloud-config (naming the Harvester API server as the guest
+/// reaches it) into the guest's 9p share.
+fn share_plugin(bed: &TestBed, vm: &Vm) {
     std::fs::copy(
         testbed::process::built_binary("harvester-csi-driver"),
         vm.share.join("harvester-csi-driver"),
@@ -123,16 +135,35 @@ async fn start_plugin(bed: &TestBed, vm: &Vm) -> GuestPlugin {
         .expect("cloud-config")
         .replace("https://127.0.0.1:", &format!("https://{HOST_FROM_GUEST}:"));
     std::fs::write(vm.share.join("cloud-config"), cloud_config).expect("guest cloud-config");
-    vm.run(&format!(
-        "setsid {GUEST_SHARE}/harvester-csi-driver --mode=node --nodeid={} \
-         --endpoint=tcp://0.0.0.0:{CSI_PORT} --kubeconfig={GUEST_SHARE}/cloud-config \
-         >{GUEST_SHARE}/node-plugin.log 2>&1 </dev/null &",
+}
+
+/// The node plugin's command line in the guest (binary and cloud-config in the share).
+fn plugin_command(vm: &Vm) -> String {
+    format!(
+        "{GUEST_SHARE}/harvester-csi-driver --mode=node --nodeid={} \
+         --endpoint=tcp://0.0.0.0:{CSI_PORT} --kubeconfig={GUEST_SHARE}/cloud-config",
         vm.name
+    )
+}
+
+/// Starts `harvester-csi-driver --mode node --nodeid=<vm>` in the guest and waits until it
+/// answers Probe.
+async fn start_plugin(bed: &TestBed, vm: &Vm) -> GuestPlugin {
+    share_plugin(bed, vm);
+    vm.run(&format!(
+        "setsid {} >{GUEST_SHARE}/node-plugin.log 2>&1 </dev/null &",
+        plugin_command(vm)
     ))
     .await
     .expect("starting the node plugin in the guest");
+    connect_plugin(vm, "node-plugin.log").await
+}
+
+/// Waits until the node plugin behind the guest's forwarded [`CSI_PORT`] answers Probe (`log`:
+/// its log in the share, shown while it does not).
+async fn connect_plugin(vm: &Vm, log: &str) -> GuestPlugin {
     let port = vm.host_port(CSI_PORT).expect("forwarded CSI port");
-    let log = vm.share.join("node-plugin.log");
+    let log = vm.share.join(log);
     let channel = wait::until(
         &format!("the node plugin in {} to answer Probe", vm.name),
         Duration::from_secs(120),
@@ -340,6 +371,25 @@ async fn boot(bed: &TestBed, name: &str) -> Arc<Vm> {
         .await
         .expect("VM and VMI backed by the guest");
     vm
+}
+
+/// A bed with the Longhorn RWX class, one host, the NFS server, the guest `name` booted (a VM
+/// on the host) and the controller; the node plugin is the test's to start.
+async fn one_guest(name: &str) -> (TestBed, Arc<NetworkFs>, Arc<Vm>, Driver) {
+    let bed = common::bed().await;
+    common::install_default_storage_class(&bed).await;
+    create_class(&bed, RWX_CLASS, upstream::LONGHORN_PROVISIONER, json!({})).await;
+    bed.sim
+        .create_host("harvester-1", None, None)
+        .await
+        .expect("host");
+    let fs = bed
+        .sim
+        .start_networkfs(HOST_FROM_GUEST)
+        .unwrap_or_else(|e| panic!("the NFS server must start for this test: {e}"));
+    let vm = boot(&bed, name).await;
+    let ctrl = Driver::start(&bed, |c| c.mode = Mode::Controller).await;
+    (bed, fs, vm, ctrl)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -950,14 +1000,7 @@ async fn contract_rwx_republish_waits_for_disabled_root() {
         c.timeouts.nfs_disabled = bound;
     })
     .await;
-    let id = ControllerClient::new(ctrl.channel.clone())
-        .create_volume(rwx_request("moving", &[("hostStorageClass", RWX_CLASS)]))
-        .await
-        .expect("CreateVolume RWX")
-        .into_inner()
-        .volume
-        .expect("volume")
-        .volume_id;
+    let id = create_rwx(&ctrl, "moving").await;
     let pv = pv_of(&bed, &id).await;
     let (history, watch) = record_history(&bed, &pv);
 
@@ -1082,28 +1125,9 @@ async fn contract_rwx_republish_waits_for_disabled_root() {
 async fn contract_nfs_server_down_never_blocks_the_node_plugin_root() {
     assert_root();
     let t0 = Instant::now();
-    let bed = common::bed().await;
-    common::install_default_storage_class(&bed).await;
-    create_class(&bed, RWX_CLASS, upstream::LONGHORN_PROVISIONER, json!({})).await;
-    bed.sim
-        .create_host("harvester-1", None, None)
-        .await
-        .expect("host");
-    let fs = bed
-        .sim
-        .start_networkfs(HOST_FROM_GUEST)
-        .unwrap_or_else(|e| panic!("the NFS server must start for this test: {e}"));
-    let vm = boot(&bed, "rwx-d").await;
-    let ctrl = Driver::start(&bed, |c| c.mode = Mode::Controller).await;
+    let (bed, fs, vm, ctrl) = one_guest("rwx-d").await;
     let node = start_plugin(&bed, &vm).await;
-    let id = ControllerClient::new(ctrl.channel.clone())
-        .create_volume(rwx_request("served", &[("hostStorageClass", RWX_CLASS)]))
-        .await
-        .expect("CreateVolume RWX")
-        .into_inner()
-        .volume
-        .expect("volume")
-        .volume_id;
+    let id = create_rwx(&ctrl, "served").await;
     controller_publish(&ctrl, &id, "rwx-d")
         .await
         .expect("ControllerPublishVolume");
@@ -1280,6 +1304,363 @@ async fn contract_nfs_server_down_never_blocks_the_node_plugin_root() {
     vm.stop().await;
     say(&format!(
         "contract_nfs_server_down_never_blocks_the_node_plugin_root took {:.0}s",
+        t0.elapsed().as_secs_f64()
+    ));
+}
+
+/// The size of the filesystem mounted at `at` (df), in bytes.
+fn filesystem_size(at: &Path) -> u64 {
+    let out = std::process::Command::new("df")
+        .args(["-B1", "--output=size"])
+        .arg(at)
+        .output()
+        .expect("df");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .nth(1)
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("df {}: {out:?}", at.display()))
+}
+
+/// Contract (networkfs-manager b9addbdce76c2317c828ec7ac84c472b6f7a96b4 `OnPVCChange`,
+/// `checkAndProcessExpand`): an RWX volume's host PVC grown on Harvester (its UI; the driver
+/// refuses RWX expansion) makes the Enabled NetworkFilesystem `Expanding` until the claim's
+/// capacity follows, then `Ready` again, with the share manager's filesystem grown online. All
+/// along the volume is served: a ControllerPublish to another node answers at once instead of
+/// waiting for `Ready`. No guest kernel needed: the controller runs on the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_rwx_online_expansion_keeps_the_volume_served_root() {
+    assert_root();
+    const XFS_CLASS: &str = "longhorn-rwx-xfs";
+    let bed = common::bed().await;
+    common::install_default_storage_class(&bed).await;
+    // xfs: online ext4 growth needs CAP_SYS_RESOURCE, which this host lacks (docs/testbed.md).
+    create_class(
+        &bed,
+        XFS_CLASS,
+        upstream::LONGHORN_PROVISIONER,
+        json!({"fsType": "xfs"}),
+    )
+    .await;
+    bed.sim
+        .create_host("harvester-1", None, None)
+        .await
+        .expect("host");
+    for node in ["rwx-a", "rwx-b"] {
+        bed.sim
+            .create_vm(&GuestVm::new(node).on_host("harvester-1"))
+            .await
+            .expect("VM");
+    }
+    let fs = bed
+        .sim
+        .start_networkfs(HOST_FROM_GUEST)
+        .unwrap_or_else(|e| panic!("the NFS server must start for this test: {e}"));
+    let ctrl = Driver::start(&bed, |c| c.mode = Mode::Controller).await;
+    // xfs needs 300 MiB at least.
+    let mut request = rwx_request("growing", &[("hostStorageClass", XFS_CLASS)]);
+    request.capacity_range = Some(CapacityRange {
+        required_bytes: (320 * MIB) as i64,
+        limit_bytes: 0,
+    });
+    let id = ControllerClient::new(ctrl.channel.clone())
+        .create_volume(request)
+        .await
+        .expect("CreateVolume RWX")
+        .into_inner()
+        .volume
+        .expect("volume")
+        .volume_id;
+    let pv = pv_of(&bed, &id).await;
+    let (history, watch) = record_history(&bed, &pv);
+    controller_publish(&ctrl, &id, "rwx-a")
+        .await
+        .expect("ControllerPublishVolume to rwx-a");
+    let before = filesystem_size(&fs.host_mount(&pv));
+
+    // An administrator grows the host PVC; the expander takes 3 s.
+    let expander = Duration::from_secs(3);
+    fs.set_expand_delay(expander);
+    Api::<PersistentVolumeClaim>::namespaced(bed.sim.harvester.clone(), &bed.vm_namespace)
+        .patch(
+            &id,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"spec": {"resources": {"requests": {"storage": "640Mi"}}}}),
+            ),
+        )
+        .await
+        .expect("growing the host PVC");
+    wait::until(
+        &format!("NetworkFilesystem {pv} Expanding"),
+        Duration::from_secs(10),
+        || async {
+            let s = network_fs(&bed, &pv).await.and_then(|n| n.status);
+            let now = s.map(|s| (s.state, s.status));
+            Ok(match &now {
+                Some((state, status)) if state == "Enabled" && status == "Expanding" => Ok(()),
+                _ => Err(now),
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let took = controller_publish(&ctrl, &id, "rwx-b")
+        .await
+        .expect("ControllerPublishVolume to rwx-b while Expanding");
+    let during = network_fs(&bed, &pv).await.and_then(|n| n.status);
+    say(&format!(
+        "ControllerPublishVolume to rwx-b while Expanding: {took:?}; the CR then: {:?}",
+        during.as_ref().map(|s| (&s.state, &s.status))
+    ));
+    assert_eq!(
+        during.as_ref().map(|s| s.status.as_str()),
+        Some("Expanding"),
+        "the publish answered while the volume was still expanding"
+    );
+    assert!(took < Duration::from_secs(2), "answered at once: {took:?}");
+
+    wait::until(
+        &format!("NetworkFilesystem {pv} Ready at 640Mi"),
+        Duration::from_secs(30),
+        || async {
+            let status = network_fs(&bed, &pv)
+                .await
+                .and_then(|n| n.status)
+                .map(|s| s.status);
+            let capacity = host_pvc(&bed, &id)
+                .await
+                .and_then(|p| p.status)
+                .and_then(|s| s.capacity)
+                .and_then(|c| c.get("storage").map(|q| q.0.clone()));
+            let now = (status, capacity, fs.errors(&pv));
+            Ok(match &now {
+                (Some(s), Some(c), _) if s == "Ready" && c == "640Mi" => Ok(()),
+                _ => Err(now),
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let after = filesystem_size(&fs.host_mount(&pv));
+    say(&format!("share manager's xfs: {before} -> {after} bytes"));
+    assert!(
+        after >= before + 300 * MIB,
+        "the filesystem grew online: {before} -> {after}"
+    );
+    let statuses: Vec<String> = history
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|h| h.1 == "Enabled")
+        .map(|h| h.2.clone())
+        .collect();
+    let mut order = statuses.iter().map(String::as_str).collect::<Vec<_>>();
+    order.dedup();
+    assert_eq!(order, ["Ready", "Expanding", "Ready"], "{statuses:?}");
+    assert!(fs.errors(&pv).is_empty(), "{:?}", fs.errors(&pv));
+    watch.abort();
+    ctrl.stop().await;
+}
+
+/// The network namespace of the node plugin "Pod" in the guest, bound here as `ip netns add`
+/// would (so that it can be entered and deleted by name).
+const POD_NETNS: &str = "/run/pod-net";
+/// The PID (= process group) of the "Pod"'s first process.
+const POD_PID: &str = "/run/pod.pid";
+
+/// The guest side of [`start_plugin_as_pod`]: a Pod under upstream's chart, as the guest allows.
+/// hostPID: the guest's PID 1 is visible (no PID namespace); no host network: a new network
+/// namespace whose only network is the Pod's, here `lo` with the guest's address of the host
+/// (10.0.2.2) on it and a relay per port (the Harvester API server's, the NFS server's) to the
+/// same port on the real 10.0.2.2 (busybox `nc` in the Pod, `nsenter` to the guest's network per
+/// connection), standing in for the CNI's veth: what goes through the Pod's network dies with the
+/// Pod. Started with `setsid`: the Pod is one process group.
+const POD_SCRIPT: &str = r#"set -e
+echo $$ > /run/pod.pid
+ip link set lo up
+ip addr add 10.0.2.2/32 dev lo
+mount --bind /proc/$$/ns/net /run/pod-net
+for port in $RELAY_PORTS; do
+  nc -ll -p "$port" -e nsenter --net=/proc/1/ns/net nc 10.0.2.2 "$port" &
+done
+exec "$@"
+"#;
+
+/// Starts the node plugin in the guest the way a Pod under upstream's chart runs it (see
+/// [`POD_SCRIPT`]), `relay` the host ports its network reaches, and waits until it answers Probe
+/// through the guest's relay of [`CSI_PORT`] into the Pod's network namespace.
+async fn start_plugin_as_pod(vm: &Vm, relay: &[u16], log: &str) -> GuestPlugin {
+    std::fs::write(vm.share.join("pod.sh"), POD_SCRIPT).expect("pod.sh");
+    let ports: Vec<String> = relay.iter().map(u16::to_string).collect();
+    vm.run(&format!(
+        "touch {POD_NETNS} && RELAY_PORTS='{}' setsid unshare -n sh {GUEST_SHARE}/pod.sh {} \
+         >{GUEST_SHARE}/{log} 2>&1 </dev/null &",
+        ports.join(" "),
+        plugin_command(vm)
+    ))
+    .await
+    .expect("starting the node plugin Pod in the guest");
+    connect_plugin(vm, log).await
+}
+
+/// The Pod replaced: every process of it killed (its process group), its network torn down as
+/// the CNI's DEL does, and its network namespace deleted (`ip netns del`: the name unbound).
+async fn kill_pod(vm: &Vm) {
+    vm.run(&format!(
+        "kill -9 -$(cat {POD_PID}) && sleep 1 && nsenter --net={POD_NETNS} ip link set lo down \
+         && umount {POD_NETNS} && rm {POD_PID}"
+    ))
+    .await
+    .expect("killing the node plugin Pod and deleting its network namespace");
+}
+
+/// The NFS client's volumes in the guest's own network namespace (`/proc/net/nfsfs/volumes` is
+/// per network namespace), without the header line.
+async fn nfs_volumes_in_guest_netns(vm: &Vm) -> Vec<String> {
+    vm.run("cat /proc/1/net/nfsfs/volumes")
+        .await
+        .expect("reading the guest's NFS volumes")
+        .lines()
+        .skip(1)
+        .map(str::to_string)
+        .collect()
+}
+
+/// The Harvester API server's port from the bed's cloud-config (`https://127.0.0.1:<port>`).
+fn api_port(bed: &TestBed) -> u16 {
+    let config = std::fs::read_to_string(&bed.cloud_config).expect("cloud-config");
+    let rest = config
+        .split_once("https://127.0.0.1:")
+        .map(|(_, r)| r)
+        .expect("the API server in the cloud-config");
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().expect("the API server's port")
+}
+
+/// Issue 24: under upstream's chart (hostPID, the node plugin Pod's own network namespace) an
+/// RWX mount must not depend on the Pod's network: it is made in the host's network namespace,
+/// and reads and writes go on after the Pod is killed and its network namespace deleted; a new
+/// Pod unpublishes and unstages it. Without hostPID and host network, the plugin warns at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rwx_mount_outlives_the_node_plugin_pod_root() {
+    assert_root();
+    let t0 = Instant::now();
+    let (bed, fs, vm, ctrl) = one_guest("rwx-p").await;
+    share_plugin(&bed, &vm);
+    // The kubelet's side: the CSI port relayed into whichever Pod network namespace is current.
+    vm.run(&format!(
+        "setsid nc -ll -p {CSI_PORT} -e nsenter --net={POD_NETNS} nc 127.0.0.1 {CSI_PORT} \
+         </dev/null >/dev/null 2>&1 &"
+    ))
+    .await
+    .expect("the CSI port's relay");
+    let relay = [api_port(&bed), fs.nfs.port];
+    let pod = start_plugin_as_pod(&vm, &relay, "pod-1.log").await;
+    let id = create_rwx(&ctrl, "outlives").await;
+    let pv = pv_of(&bed, &id).await;
+    controller_publish(&ctrl, &id, "rwx-p")
+        .await
+        .expect("ControllerPublishVolume");
+    let v = guest_vol(&id, "rwx-p");
+    stage(&pod, &v)
+        .await
+        .unwrap_or_else(|e| panic!("NodeStageVolume from the Pod's network namespace: {e:?}"));
+    common::publish(&pod, &v, &rwx_cap())
+        .await
+        .expect("NodePublishVolume");
+    let volumes = nfs_volumes_in_guest_netns(&vm).await;
+    say(&format!(
+        "NFS volumes in the guest's network namespace: {volumes:?}"
+    ));
+    // A writer in the guest's own namespaces.
+    vm.run(&format!(
+        "echo before > {}/before && sync",
+        v.target.display()
+    ))
+    .await
+    .expect("writing before the Pod is replaced");
+
+    // The Pod replaced: killed, its network namespace deleted.
+    kill_pod(&vm).await;
+    let t = Instant::now();
+    let after = vm
+        .shell_within(
+            &format!(
+                "timeout -s KILL 30 sh -c 'echo after > {0}/after && sync && cat {0}/before {0}/after'",
+                v.target.display()
+            ),
+            Duration::from_secs(60),
+        )
+        .await
+        .expect("the guest shell");
+    say(&format!(
+        "read and write after the Pod was replaced: exit {} in {:.1}s: {}",
+        after.code,
+        t.elapsed().as_secs_f64(),
+        after.output.trim()
+    ));
+    assert_eq!(
+        (after.code, after.output.trim()),
+        (0, "before\nafter"),
+        "the mount reads and writes after the node plugin Pod and its network namespace are gone"
+    );
+    assert_eq!(
+        std::fs::read_to_string(fs.host_mount(&pv).join("after")).expect("on the server"),
+        "after\n"
+    );
+    assert!(
+        !volumes.is_empty(),
+        "the NFS mount was made in the host's network namespace, not the Pod's"
+    );
+    let log1 = std::fs::read_to_string(vm.share.join("pod-1.log")).unwrap_or_default();
+    assert!(
+        log1.contains("/proc/1/ns/net") && !log1.contains("hostPID: true"),
+        "the plugin chose the host's network namespace, with no warning: {log1}"
+    );
+
+    // A new Pod (again its own network namespace) unpublishes and unstages.
+    let pod = start_plugin_as_pod(&vm, &relay, "pod-2.log").await;
+    common::unpublish_and_unstage(&pod, &v).await;
+    assert_eq!(guest_nfs_mount(&vm, &v.target).await, None, "unpublished");
+    assert_eq!(guest_nfs_mount(&vm, &v.staging).await, None, "unstaged");
+    assert!(
+        nfs_volumes_in_guest_netns(&vm).await.is_empty(),
+        "no NFS client left"
+    );
+    kill_pod(&vm).await;
+
+    // Neither hostPID nor host network (own PID, UTS and network namespaces; /proc/1 is the
+    // plugin itself): today's mounts from its own namespace, and one warning at start.
+    let nowhere = vm
+        .run(&format!(
+            "setsid sh -c 'echo $$ > /run/nowhere.pid; exec unshare -n -u -p -f --mount-proc {}' \
+             >{GUEST_SHARE}/nowhere.log 2>&1 </dev/null & \
+             i=0; while ! grep -q hostPID {GUEST_SHARE}/nowhere.log && [ $i -lt 60 ]; do \
+             sleep 0.5; i=$((i+1)); done; \
+             kill -9 -$(cat /run/nowhere.pid); cat {GUEST_SHARE}/nowhere.log",
+            plugin_command(&vm)
+        ))
+        .await
+        .expect("the node plugin without hostPID and host network");
+    let warnings: Vec<&str> = nowhere
+        .lines()
+        .filter(|l| l.contains("hostPID: true"))
+        .collect();
+    assert_eq!(
+        warnings.len(),
+        1,
+        "one warning saying what to set: {nowhere}"
+    );
+    assert!(
+        warnings[0].contains("hostNetwork: true") && warnings[0].contains("WARN"),
+        "{}",
+        warnings[0]
+    );
+    ctrl.stop().await;
+    vm.stop().await;
+    say(&format!(
+        "rwx_mount_outlives_the_node_plugin_pod_root took {:.0}s",
         t0.elapsed().as_secs_f64()
     ));
 }

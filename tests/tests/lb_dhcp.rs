@@ -12,8 +12,8 @@ use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
-use testbed::netns::DhcpNet;
-use testbed::{BedOptions, TestBed, wait};
+use testbed::netns::{DhcpNet, Forward};
+use testbed::{BedError, BedOptions, TestBed, wait};
 use tokio::sync::oneshot;
 
 const LIMIT: Duration = Duration::from_secs(40);
@@ -79,6 +79,105 @@ async fn wait_ingress(api: &Api<Service>, name: &str) -> (String, Service) {
     })
     .await
     .unwrap()
+}
+
+/// Waits for an Event of `kind` on Service `name` whose note satisfies `pred`; returns the note.
+async fn wait_note(
+    bed: &TestBed,
+    name: &str,
+    kind: &str,
+    limit: Duration,
+    pred: impl Fn(&str) -> bool,
+) -> String {
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(bed.guest.client.clone(), "default");
+    let pred = &pred;
+    wait::until(&format!("a {kind} event on {name}"), limit, || {
+        let events = events.clone();
+        async move {
+            let list = events
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let notes: Vec<String> = list
+                .items
+                .iter()
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+                .filter(|e| e.type_.as_deref() == Some(kind))
+                .filter_map(|e| e.note.clone())
+                .collect();
+            Ok(match notes.iter().find(|n| pred(n)) {
+                Some(n) => Ok(n.clone()),
+                None => Err(notes),
+            })
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// The provider as a program of `net`'s client namespace (as on a node, with host networking,
+/// whose interfaces are the namespace's): its own runtime in a thread inside the namespace, the
+/// bed's API servers reached through splices at their usual addresses.
+struct NsCcm {
+    stop: oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<Result<Result<(), harvester_cloud_provider::Error>, BedError>>,
+    _forwards: Vec<Forward>,
+}
+
+fn start_ccm_in_client(bed: &TestBed, net: &DhcpNet, telemetry: &Telemetry) -> NsCcm {
+    let forwards = [&bed.guest.url, &bed.harvester.url]
+        .into_iter()
+        .map(|url| {
+            let port = url
+                .rsplit(':')
+                .next()
+                .and_then(|p| p.parse().ok())
+                .unwrap_or_else(|| panic!("no port in {url}"));
+            net.forward_into_client(port)
+                .expect("splice into the namespace")
+        })
+        .collect();
+    // Upstream's values: no --dhcp-interface, no --dhcp-mode.
+    let config = Config::from_args([
+        "harvester-cloud-provider".to_string(),
+        "--cloud-config".into(),
+        bed.cloud_config.to_string_lossy().into(),
+        "--kubeconfig".into(),
+        bed.guest.kubeconfig.to_string_lossy().into(),
+        "--cluster-name".into(),
+        "dhcp-test".into(),
+    ])
+    .expect("flags");
+    let (stop, stopped) = oneshot::channel::<()>();
+    let telemetry = telemetry.clone();
+    let thread = net.spawn_in_client(move || {
+        harvester_cloud_provider::run_with(config, telemetry, async {
+            let _ = stopped.await;
+        })
+    });
+    NsCcm {
+        stop,
+        thread,
+        _forwards: forwards,
+    }
+}
+
+impl NsCcm {
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let thread = self.thread;
+        tokio::time::timeout(
+            Duration::from_secs(20),
+            tokio::task::spawn_blocking(move || thread.join()),
+        )
+        .await
+        .expect("stops")
+        .expect("joined")
+        .expect("no panic")
+        .expect("in the namespace")
+        .expect("clean run");
+    }
 }
 
 fn metric(t: &Telemetry, event: &str) -> u64 {
@@ -246,39 +345,10 @@ async fn dhcp_service_waits_with_an_event_while_the_server_is_down_then_recovers
         .await
         .unwrap();
     // No server: the acquisition gives up (about 24 s with the default retransmissions).
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(bed.guest.client.clone(), "default");
-    wait::until(
-        "a DHCP failure event on the Service",
-        Duration::from_secs(60),
-        || {
-            let events = events.clone();
-            async move {
-                let list = events
-                    .list(&ListParams::default())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let notes: Vec<String> = list
-                    .items
-                    .iter()
-                    .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("dns"))
-                    .filter_map(|e| e.note.clone())
-                    .collect();
-                Ok(
-                    if notes
-                        .iter()
-                        .any(|n| n.contains("DHCP") && n.contains("no OFFER"))
-                    {
-                        Ok(())
-                    } else {
-                        Err(notes)
-                    },
-                )
-            }
-        },
-    )
-    .await
-    .unwrap();
+    wait_note(&bed, "dns", "Warning", Duration::from_secs(60), |n| {
+        n.contains("DHCP") && n.contains("no OFFER")
+    })
+    .await;
     assert!(metric(&telemetry, "failed") >= 1);
     let svc = api.get("dns").await.unwrap();
     assert!(
@@ -296,5 +366,142 @@ async fn dhcp_service_waits_with_an_event_while_the_server_is_down_then_recovers
         "{:?}",
         net.leases()
     );
+    ccm.stop().await;
+}
+
+/// An upstream user switching with upstream's values (no `--dhcp-interface`, no
+/// `harvester-nad-mapping`): the address is leased on the interface of the default route, where
+/// kube-vip, with upstream's empty `vip_interface`, leased it; a Service kube-vip had leased for
+/// keeps its address.
+#[tokio::test]
+async fn upstream_defaults_lease_on_the_default_route_interface_root() {
+    assert!(
+        testbed::sim::storage::is_root(),
+        "this test needs root for network namespaces (make test runs as root)"
+    );
+    let bed = TestBed::start(BedOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("bed: {e}"));
+    let net = DhcpNet::start().expect("dnsmasq in a network namespace");
+    net.add_client_default_route()
+        .expect("default route via the DHCP server's link");
+    // Before the switch: kube-vip leased an address for its MAC and wrote both annotations.
+    let kube_vip_mac = dhcp::mac_for("leased by kube-vip");
+    let iface = net.client_if.clone();
+    let held = net
+        .in_client(|| async move {
+            dhcp::acquire(&iface, kube_vip_mac, None, &dhcp::DhcpOptions::default()).await
+        })
+        .expect("in the namespace")
+        .unwrap_or_else(|e| panic!("kube-vip's lease: {e}\n{}", net.dhcp_log_text()));
+    let telemetry = Telemetry::new();
+    let ccm = start_ccm_in_client(&bed, &net, &telemetry);
+    let api: Api<Service> = Api::namespaced(bed.guest.client.clone(), "default");
+    let created = api
+        .create(&PostParams::default(), &dhcp_service("dns"))
+        .await
+        .unwrap();
+    let (ip, _) = wait_ingress(&api, "dns").await;
+    let mac = dhcp::format_mac(&dhcp::mac_for(&created.uid().unwrap()));
+    let leases = net.leases();
+    assert!(
+        leases
+            .iter()
+            .any(|l| l.mac == mac && l.ip.to_string() == ip),
+        "dnsmasq leased {ip} to {mac}: {leases:?}"
+    );
+    let note = wait_note(&bed, "dns", "Normal", LIMIT, |n| n.contains(&ip)).await;
+    assert!(
+        note.contains(&format!(
+            "on {} (the default route's interface)",
+            net.client_if
+        )),
+        "the lease is on the default route's interface: {note}"
+    );
+
+    let mut upstream = dhcp_service("switched");
+    upstream
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .extend([
+            ("kube-vip.io/loadbalancerIPs".into(), "0.0.0.0".into()),
+            ("kube-vip.io/hwaddr".into(), dhcp::format_mac(&kube_vip_mac)),
+            ("kube-vip.io/requestedIP".into(), held.ip.to_string()),
+        ]);
+    api.create(&PostParams::default(), &upstream).await.unwrap();
+    let (kept, _) = wait_ingress(&api, "switched").await;
+    assert_eq!(kept, held.ip.to_string(), "the address kube-vip had leased");
+    assert_eq!(metric(&telemetry, "acquired"), 2);
+
+    // Async waits only from here: the splices to the API servers run on this runtime.
+    api.delete("dns", &DeleteParams::default()).await.unwrap();
+    wait::until("the lease released", LIMIT, || async {
+        let held: Vec<_> = net.leases().into_iter().filter(|l| l.mac == mac).collect();
+        Ok(if held.is_empty() { Ok(()) } else { Err(held) })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\ndnsmasq log:\n{}", net.dhcp_log_text()));
+    ccm.stop().await;
+}
+
+/// Upstream's values on a node without a default route: nothing to lease on, and the Warning
+/// says each place that was looked at.
+#[tokio::test]
+async fn without_a_default_route_the_warning_names_what_was_tried_root() {
+    assert!(
+        testbed::sim::storage::is_root(),
+        "this test needs root for network namespaces (make test runs as root)"
+    );
+    let bed = TestBed::start(BedOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("bed: {e}"));
+    let net = DhcpNet::start().expect("dnsmasq in a network namespace");
+    let telemetry = Telemetry::new();
+    let ccm = start_ccm_in_client(&bed, &net, &telemetry);
+    let api: Api<Service> = Api::namespaced(bed.guest.client.clone(), "default");
+    api.create(&PostParams::default(), &dhcp_service("dns"))
+        .await
+        .unwrap();
+    let note = wait_note(&bed, "dns", "Warning", LIMIT, |n| {
+        n.contains("no interface to lease")
+    })
+    .await;
+    eprintln!("Warning: {note}");
+    for tried in [
+        "cloudprovider.harvesterhci.io/network",
+        "kube-system/harvester-nad-mapping",
+        "--dhcp-interface",
+        "no default route",
+    ] {
+        assert!(note.contains(tried), "the Warning names {tried:?}: {note}");
+    }
+    assert!(net.leases().is_empty(), "{:?}", net.leases());
+    assert_eq!(ingress_ip(&api.get("dns").await.unwrap()), None);
+    ccm.stop().await;
+}
+
+/// `--dhcp-interface` naming an interface that does not exist: one Warning naming it, no address
+/// (and no fallback to another interface).
+#[tokio::test]
+async fn a_dhcp_interface_that_does_not_exist_is_a_clear_warning_root() {
+    assert!(
+        testbed::sim::storage::is_root(),
+        "this test needs root for network namespaces (make test runs as root)"
+    );
+    let bed = TestBed::start(BedOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("bed: {e}"));
+    let telemetry = Telemetry::new();
+    let ccm = start_ccm(&bed, &["--dhcp-interface", "nosuchif0"], &telemetry);
+    let api: Api<Service> = Api::namespaced(bed.guest.client.clone(), "default");
+    api.create(&PostParams::default(), &dhcp_service("dns"))
+        .await
+        .unwrap();
+    let note = wait_note(&bed, "dns", "Warning", LIMIT, |n| n.contains("nosuchif0")).await;
+    eprintln!("Warning: {note}");
+    assert!(note.contains("No such device"), "{note}");
+    assert_eq!(ingress_ip(&api.get("dns").await.unwrap()), None);
+    assert!(metric(&telemetry, "failed") >= 1);
     ccm.stop().await;
 }

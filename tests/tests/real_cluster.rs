@@ -19,7 +19,9 @@ use testbed::guest_cluster::{
     ZONE, events_of, wait_daemonset, wait_pod_ready, workload_command,
 };
 use testbed::node::{KUBELET_SYSCTLS, SysctlSnapshot, kubepods_cgroups};
-use testbed::{BedOptions, TestBed, wait};
+use testbed::pod_logs::LogWatch;
+use testbed::users_cluster::{self, LB_POOL_SUBNET, TRY_LB_SERVICE, TRY_LB_SERVICE_NAME};
+use testbed::{TestBed, wait};
 
 const DRIVER: &str = "driver.harvesterhci.io";
 const POD_READY: Duration = Duration::from_secs(150);
@@ -42,19 +44,24 @@ async fn a_users_day_on_a_real_guest_cluster_root() {
     let sysctls_before =
         SysctlSnapshot::save(std::path::Path::new("/proc/sys"), KUBELET_SYSCTLS).expect("sysctls");
     let t0 = std::time::Instant::now();
-    let bed = TestBed::start(BedOptions {
-        real_node: true,
-        ..BedOptions::default()
-    })
-    .await
-    .unwrap_or_else(|e| panic!("the real guest cluster must start for this test: {e}"));
+    // The bed `make cluster` gives a user, started by the same code.
+    let bed = users_cluster::start()
+        .await
+        .unwrap_or_else(|e| panic!("the real guest cluster must start for this test: {e}"));
     eprintln!(
         "real guest cluster ready (charts installed, Pods Ready) in {:.1}s",
         t0.elapsed().as_secs_f64()
     );
     let real = bed.real();
+    let logs = LogWatch::start(
+        &real.node.dirs.pod_logs,
+        NAMESPACE,
+        "forbidden",
+        Duration::from_secs(1),
+    );
 
     node_is_initialised_by_the_cloud_provider_pod(&bed).await;
+    the_printed_kubectl_and_helm_reach_the_cluster(&bed);
     load_balancer_service_gets_its_address(&bed).await;
     volume_moves_between_pods_snapshots_and_restores(&bed).await;
     volume_grows_online_in_a_running_pod(&bed).await;
@@ -63,6 +70,7 @@ async fn a_users_day_on_a_real_guest_cluster_root() {
     unknown_storageclass_parameter_is_named_in_an_event(&bed).await;
     stuck_pod_fails_its_wait_with_its_events(&bed).await;
     everything_deleted_leaves_nothing(&bed, real).await;
+    no_chart_container_logged_forbidden(&bed, logs).await;
 
     let dir = bed.dir.path().to_path_buf();
     drop(bed);
@@ -167,29 +175,56 @@ async fn node_is_initialised_by_the_cloud_provider_pod(bed: &TestBed) {
     drop(node);
 }
 
-/// A LoadBalancer Service gets an address of the Harvester pool through its LoadBalancer CR;
-/// deleted, the CR goes too.
+/// `kubectl` and `helm` from the directory `make cluster` puts on PATH answer with the guest
+/// cluster's kubeconfig.
+fn the_printed_kubectl_and_helm_reach_the_cluster(bed: &TestBed) {
+    let nodes = printed_tool(bed, "kubectl", &["get", "nodes", "-o", "name"]);
+    assert_eq!(nodes.trim(), format!("node/{NODE}"), "kubectl get nodes");
+    let releases = printed_tool(bed, "helm", &["list", "-n", NAMESPACE, "-q"]);
+    for release in [guest_cluster::CCM_RELEASE, CSI_RELEASE] {
+        assert!(
+            releases.lines().any(|l| l == release),
+            "helm list lacks {release}: {releases}"
+        );
+    }
+}
+
+/// Runs `<bed>/bin/<tool> args` as the banner of `make cluster` has the user run it; its stdout.
+fn printed_tool(bed: &TestBed, tool: &str, args: &[&str]) -> String {
+    let bin = users_cluster::tools_bin(bed).unwrap_or_else(|e| panic!("{e}"));
+    let out = std::process::Command::new(bin.join(tool))
+        .args(args)
+        .env("KUBECONFIG", &bed.real().kubeconfig)
+        // helm's own homes stay out of the user's (here: root's) home directory
+        .env("HELM_CACHE_HOME", bed.dir.path().join("helm-user/cache"))
+        .env("HELM_CONFIG_HOME", bed.dir.path().join("helm-user/config"))
+        .env("HELM_DATA_HOME", bed.dir.path().join("helm-user/data"))
+        .output()
+        .unwrap_or_else(|e| panic!("running {tool} {args:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{tool} {args:?}: {}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The LoadBalancer Service the banner of `make cluster` creates, with its command as printed,
+/// gets an address of the pool the bed made on Harvester through its LoadBalancer CR; deleted,
+/// the CR goes too.
 async fn load_balancer_service_gets_its_address(bed: &TestBed) {
-    bed.sim
-        .create_pool("real-pool", "192.168.177.0/29")
-        .await
-        .expect("create the IPPool");
-    let svc: Service = serde_json::from_value(json!({
-        "metadata": {"name": "web"},
-        "spec": {"type": "LoadBalancer", "selector": {"app": "web"},
-                 "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
-    }))
-    .expect("service");
+    let args: Vec<&str> = TRY_LB_SERVICE.split(' ').collect();
+    assert_eq!(args[0], "kubectl", "{TRY_LB_SERVICE}");
+    printed_tool(bed, "kubectl", &args[1..]);
+    let name = TRY_LB_SERVICE_NAME;
     let services: Api<Service> = api(bed);
-    services
-        .create(&PostParams::default(), &svc)
-        .await
-        .expect("create Service web");
     let ip = wait::until(
-        "Service web to get a load balancer address",
+        &format!("Service {name} to get a load balancer address"),
         Duration::from_secs(60),
         || async {
-            let s = services.get("web").await.map_err(|e| e.to_string())?;
+            let s = services.get(name).await.map_err(|e| e.to_string())?;
             let ingress = s
                 .status
                 .and_then(|s| s.load_balancer)
@@ -197,15 +232,17 @@ async fn load_balancer_service_gets_its_address(bed: &TestBed) {
                 .unwrap_or_default();
             Ok(match ingress.first().and_then(|i| i.ip.clone()) {
                 Some(ip) => Ok(ip),
-                None => Err(events_of(&bed.guest.client, NS, "Service", "web").await),
+                None => Err(events_of(&bed.guest.client, NS, "Service", name).await),
             })
         },
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
+    let pool: ipnetwork::IpNetwork = LB_POOL_SUBNET.parse().expect("pool subnet");
+    let addr: std::net::IpAddr = ip.parse().unwrap_or_else(|e| panic!("address {ip}: {e}"));
     assert!(
-        ip.starts_with("192.168.177."),
-        "address {ip} is not of the pool"
+        pool.contains(addr),
+        "address {ip} is not of the pool {LB_POOL_SUBNET}"
     );
     let crs: Api<LoadBalancer> = Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);
     let mine = |list: Vec<LoadBalancer>| -> Vec<String> {
@@ -226,9 +263,9 @@ async fn load_balancer_service_gets_its_address(bed: &TestBed) {
         "one LoadBalancer CR of cluster {CLUSTER_NAME}: {cr:?}"
     );
     services
-        .delete("web", &DeleteParams::default())
+        .delete(name, &DeleteParams::default())
         .await
-        .expect("delete Service web");
+        .unwrap_or_else(|e| panic!("delete Service {name}: {e}"));
     wait::until(
         "the LoadBalancer CR to go",
         Duration::from_secs(60),
@@ -820,5 +857,53 @@ async fn everything_deleted_leaves_nothing(bed: &TestBed, real: &GuestCluster) {
         bed.sim.storage.devices().is_empty(),
         "volumes left on the stand-in: {:?}",
         bed.sim.storage.devices()
+    );
+}
+
+/// No container of either chart (the provider; the CSI controller with its sidecars; the CSI node
+/// plugin with its sidecars, the replaced Pod's too) logged a `forbidden` error during the day:
+/// each one's RBAC in the chart covers what it does.
+async fn no_chart_container_logged_forbidden(bed: &TestBed, logs: LogWatch) {
+    let pods = Api::<Pod>::namespaced(bed.guest.client.clone(), NAMESPACE)
+        .list(&ListParams::default())
+        .await
+        .expect("list the charts' Pods");
+    let seen = logs.finish();
+    let expected: Vec<String> = pods
+        .items
+        .iter()
+        .flat_map(|p| {
+            let pod = p.name_any();
+            p.spec
+                .iter()
+                .flat_map(|s| s.containers.iter())
+                .map(move |c| format!("{pod}/{}", c.name))
+        })
+        .collect();
+    assert!(
+        expected.len() >= 10,
+        "the provider, the CSI controller and node Pods with their sidecars: {expected:?}"
+    );
+    let unread: Vec<&String> = expected
+        .iter()
+        .filter(|c| !seen.containers.contains(*c))
+        .collect();
+    assert!(
+        unread.is_empty(),
+        "the logs of {unread:?} were not read (read: {:?})",
+        seen.containers
+    );
+    assert!(
+        seen.matching.is_empty(),
+        "containers of the charts logged forbidden errors:\n{}",
+        seen.matching
+            .iter()
+            .map(|l| l.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    eprintln!(
+        "no forbidden error in the logs of {} containers",
+        seen.containers.len()
     );
 }

@@ -123,7 +123,8 @@ pub struct ServiceFlags {
     /// provider, renewing and releasing them) or `kube-vip` (upstream: `0.0.0.0`, kube-vip does it).
     #[arg(long, default_value = "ccm")]
     pub dhcp_mode: crate::service::dhcp::DhcpMode,
-    /// Interface to lease DHCP addresses on when the Service's network maps to no interface.
+    /// Interface to lease DHCP addresses on when the Service's network maps to no interface;
+    /// without it, the default route's interface (kube-vip's choice when `vip_interface` is empty).
     #[arg(long)]
     pub dhcp_interface: Option<String>,
     /// How many Services are reconciled at once; unbounded when not given (upstream's flag:

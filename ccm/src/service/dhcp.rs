@@ -4,11 +4,15 @@
 //! restarted provider asks for the same one, and releases it when the Service goes. kube-vip then
 //! only announces the address, as for pool addresses (upstream leaves the whole lease to kube-vip,
 //! whose renewals are known to fail: Harvester issues #6563, #6637).
+//!
+//! The interface a lease is on comes from [`lease_interface`]: the Service's mapped network,
+//! `--dhcp-interface`, else the default route's, where kube-vip leases under upstream's values.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::sync::Mutex;
 
+use harvester_common::dhcp::route::{DefaultRoute, Family, IPV4_ROUTES, IPV6_ROUTES, RouteError};
 use harvester_common::dhcp::{self, DhcpOptions, Lease, LeaseEvent, Maintainer};
 use harvester_common::telemetry::Metrics;
 use harvester_common::telemetry::metrics::LeaseLabels;
@@ -17,7 +21,8 @@ use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::mpsc;
 
-use super::annotations::ServiceKey;
+use super::annotations::{ANN_NETWORK, ServiceKey};
+use super::{NAD_MAPPING_NAME, NAD_MAPPING_NAMESPACE};
 
 pub const KUBE_VIP_HWADDR: &str = "kube-vip.io/hwaddr";
 pub const KUBE_VIP_REQUESTED_IP: &str = "kube-vip.io/requestedIP";
@@ -41,6 +46,69 @@ impl std::str::FromStr for DhcpMode {
             other => Err(format!("--dhcp-mode {other:?}: must be ccm or kube-vip")),
         }
     }
+}
+
+/// What named the interface a Service's address is leased on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChosenBy {
+    /// The Service's network, through `kube-system/harvester-nad-mapping`.
+    NetworkMapping,
+    /// `--dhcp-interface`.
+    Flag,
+    /// Nothing named one: the interface of the default route, where kube-vip leases under
+    /// upstream's values (empty `vip_interface`; see `harvester_common::dhcp::route`).
+    DefaultRoute(Family),
+}
+
+impl std::fmt::Display for ChosenBy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ChosenBy::NetworkMapping => "the network's interface in harvester-nad-mapping",
+            ChosenBy::Flag => "--dhcp-interface",
+            ChosenBy::DefaultRoute(_) => "the default route's interface",
+        })
+    }
+}
+
+/// The interface to lease on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseInterface {
+    pub name: String,
+    pub chosen_by: ChosenBy,
+}
+
+/// Where a Service's address is leased: the interface its network maps to (`mapped`), else
+/// `--dhcp-interface` (`flag`, taken as given: a name that does not exist fails at the socket,
+/// never falls through to another interface), else the default route's (`default_route`, only
+/// asked when both are missing). Without any, the error says what was tried, for the Warning.
+pub fn lease_interface(
+    network: Option<&str>,
+    mapped: Option<String>,
+    flag: Option<&str>,
+    default_route: impl FnOnce() -> Result<Option<DefaultRoute>, RouteError>,
+) -> Result<LeaseInterface, String> {
+    let chosen = |name: String, chosen_by| LeaseInterface { name, chosen_by };
+    if let Some(name) = mapped {
+        return Ok(chosen(name, ChosenBy::NetworkMapping));
+    }
+    if let Some(name) = flag {
+        return Ok(chosen(name.to_string(), ChosenBy::Flag));
+    }
+    let route = match default_route() {
+        Ok(Some(r)) => return Ok(chosen(r.iface, ChosenBy::DefaultRoute(r.family))),
+        Ok(None) => format!("no default route (IPv4 or IPv6) in {IPV4_ROUTES} or {IPV6_ROUTES}"),
+        Err(e) => format!("no default route known ({e})"),
+    };
+    let network = match network {
+        None => format!("the Service has no {ANN_NETWORK}"),
+        Some(n) => format!(
+            "{ANN_NETWORK} {n} is not mapped (no ConfigMap {NAD_MAPPING_NAMESPACE}/{NAD_MAPPING_NAME})"
+        ),
+    };
+    Err(format!(
+        "no interface to lease a DHCP address on: {network}, no --dhcp-interface, {route}; set \
+         --dhcp-interface, or {ANN_NETWORK} with a network that {NAD_MAPPING_NAMESPACE}/{NAD_MAPPING_NAME} maps"
+    ))
 }
 
 /// The MAC a Service's lease is for: its `kube-vip.io/hwaddr`, else one derived from its UID.
@@ -196,6 +264,90 @@ mod tests {
         assert_eq!(
             requested_of(&svc(json!({KUBE_VIP_REQUESTED_IP: "x"}))),
             None
+        );
+    }
+
+    /// A routing table whose default route goes out through `iface`.
+    fn route(iface: &str) -> impl FnOnce() -> Result<Option<DefaultRoute>, RouteError> {
+        let iface = iface.to_string();
+        move || {
+            Ok(Some(DefaultRoute {
+                iface,
+                family: Family::Ipv4,
+            }))
+        }
+    }
+
+    #[test]
+    fn the_lease_interface_is_the_mapped_one_then_the_flag_then_the_default_route() {
+        let pick = |network, mapped: Option<&str>, flag, default_route| {
+            lease_interface(network, mapped.map(String::from), flag, default_route)
+                .map(|i| (i.name, i.chosen_by))
+        };
+        let by = |name: &str, chosen_by| Ok((name.to_string(), chosen_by));
+        // One row per rule.
+        assert_eq!(
+            pick(Some("vlan1"), Some("eth1"), Some("eth2"), route("eth0")),
+            by("eth1", ChosenBy::NetworkMapping),
+            "the network's mapping first"
+        );
+        assert_eq!(
+            pick(None, None, Some("eth2"), route("eth0")),
+            by("eth2", ChosenBy::Flag),
+            "then --dhcp-interface"
+        );
+        assert_eq!(
+            pick(None, None, Some("nosuch0"), route("eth0")),
+            by("nosuch0", ChosenBy::Flag),
+            "a named interface is taken as given, never replaced by the default route"
+        );
+        assert_eq!(
+            pick(None, None, None, route("eth0")),
+            by("eth0", ChosenBy::DefaultRoute(Family::Ipv4)),
+            "upstream's values (neither): the default route's, as kube-vip's empty vip_interface"
+        );
+        assert_eq!(
+            pick(Some("vlan1"), None, None, route("eth0")),
+            by("eth0", ChosenBy::DefaultRoute(Family::Ipv4)),
+            "a network without a mapping ConfigMap: the default route's"
+        );
+    }
+
+    #[test]
+    fn the_default_route_is_only_read_when_nothing_names_an_interface() {
+        let unread =
+            || -> Result<Option<DefaultRoute>, RouteError> { panic!("the routing table was read") };
+        assert!(lease_interface(None, Some("eth1".into()), None, unread).is_ok());
+        assert!(lease_interface(None, None, Some("eth2"), unread).is_ok());
+    }
+
+    #[test]
+    fn without_any_interface_the_error_names_what_was_tried() {
+        let none = || Ok(None);
+        let err = lease_interface(None, None, None, none).unwrap_err();
+        for tried in [
+            "the Service has no cloudprovider.harvesterhci.io/network",
+            "no --dhcp-interface",
+            "no default route (IPv4 or IPv6) in /proc/thread-self/net/route",
+            "kube-system/harvester-nad-mapping",
+        ] {
+            assert!(err.contains(tried), "{tried:?} in {err}");
+        }
+        let err = lease_interface(Some("vlan1"), None, None, none).unwrap_err();
+        assert!(
+            err.contains("cloudprovider.harvesterhci.io/network vlan1 is not mapped"),
+            "{err}"
+        );
+        let unreadable = || {
+            Err(RouteError {
+                path: IPV4_ROUTES,
+                source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+            })
+        };
+        let err = lease_interface(None, None, None, unreadable).unwrap_err();
+        assert!(
+            err.contains("reading /proc/thread-self/net/route: permission denied"),
+            "{err}"
         );
     }
 

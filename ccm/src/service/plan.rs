@@ -41,7 +41,8 @@ pub struct LbSettings {
     pub load_balancer_class: Option<String>,
     /// `--dhcp-mode`: who leases `ipam: dhcp` addresses.
     pub dhcp_mode: super::dhcp::DhcpMode,
-    /// `--dhcp-interface`: where to lease when the Service's network maps to no interface.
+    /// `--dhcp-interface`: where to lease when the Service's network maps to no interface
+    /// (without it, the default route's interface).
     pub dhcp_interface: Option<String>,
     /// `--concurrent-service-syncs`: at most this many reconciles at once; `None`: unbounded.
     pub concurrency: Option<u16>,

@@ -785,22 +785,24 @@ async fn reconcile_dhcp(
             return Ok(Action::await_change());
         }
     };
-    let iface = match interface_for(ctx, spec.network.as_deref()).await? {
-        Some(i) => i,
-        None => match &ctx.settings.dhcp_interface {
-            Some(i) => i.clone(),
-            None => {
-                ctx.warn(svc, "SyncLoadBalancerFailed", format!(
-                    "no interface to lease a DHCP address on: set --dhcp-interface, or {} with a network that {NAD_MAPPING_NAMESPACE}/{NAD_MAPPING_NAME} maps",
-                    super::annotations::ANN_NETWORK)).await;
-                return Ok(Action::await_change());
-            }
-        },
+    let mapped = interface_for(ctx, spec.network.as_deref()).await?;
+    let iface = match super::dhcp::lease_interface(
+        spec.network.as_deref(),
+        mapped,
+        ctx.settings.dhcp_interface.as_deref(),
+        harvester_common::dhcp::route::read_default_route,
+    ) {
+        Ok(i) => i,
+        Err(tried) => {
+            ctx.warn(svc, "SyncLoadBalancerFailed", tried).await;
+            // A default route can still come (a node whose network is not up yet).
+            return Ok(Action::requeue(ctx.resync));
+        }
     };
     let lease = match leases.current(&key, mac) {
         Some(l) => l,
         None => leases
-            .acquire(&key, &iface, mac, super::dhcp::requested_of(svc))
+            .acquire(&key, &iface.name, mac, super::dhcp::requested_of(svc))
             .await
             .map_err(|e| Error::Dhcp(e.to_string()))?,
     };
@@ -818,10 +820,16 @@ async fn reconcile_dhcp(
     if !change.is_empty() {
         apply_change(svc, ctx, &change).await?;
         observe_first_address(svc, ctx, &change);
+        // A lease kept from before may be on another interface than the one chosen now.
+        let on = if lease.iface == iface.name {
+            format!("{} ({})", lease.iface, iface.chosen_by)
+        } else {
+            lease.iface.clone()
+        };
         ctx.normal(
             svc,
             "EnsuredLoadBalancer",
-            format!("Ensured load balancer with DHCP address {ip} (MAC {mac_text} on {iface})"),
+            format!("Ensured load balancer with DHCP address {ip} (MAC {mac_text} on {on})"),
         )
         .await;
     }

@@ -16,6 +16,8 @@
 //! - A thin tokio driver ([`acquire`], [`renew`], [`release`]) and a lease keeper ([`maintain`],
 //!   [`Maintainer`]) that renews at T1, rebinds at T2 and re-acquires after a loss, reporting
 //!   [`LeaseEvent`]s so the caller can count acquired / renewed / failed.
+//! - [`route`]: the interface of the default route, where kube-vip leases when its
+//!   `vip_interface` is empty (the interface to lease on when nothing else names one).
 //!
 //! # Talking for a MAC that no interface has
 //! Tested against dnsmasq (see `tests/tests/dhcp_netns.rs`):
@@ -74,6 +76,7 @@ mod client;
 pub mod mac;
 pub mod machine;
 mod maintain;
+pub mod route;
 pub mod timers;
 pub mod wire;
 

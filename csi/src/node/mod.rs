@@ -9,6 +9,7 @@
 pub mod device;
 pub mod filesystem;
 pub mod mount;
+pub mod netns;
 pub mod nfs;
 
 use std::collections::HashMap;
@@ -44,6 +45,8 @@ pub struct NodeService {
     harvester: kube::Client,
     namespace: String,
     nfs_mount_timeout: Duration,
+    /// Where NFS mounts are made (`netns`): the host's network namespace when we can reach it.
+    nfs_netns: netns::NfsNetns,
     /// How long statvfs and unmounts of an NFS mount may wait for the server (`nfs`).
     nfs_server_timeout: Duration,
     /// NFS mounts whose statvfs is waiting on a blocking thread: one thread per path at most.
@@ -156,6 +159,11 @@ impl NodeService {
     /// Resolves the node ID as upstream does: the VMI named `given` (the hostname), else the VMI
     /// with one of this machine's MAC addresses, else `given` as it is.
     pub async fn start(harvester: &Harvester, given: &str, config: &Config) -> NodeService {
+        let nfs = netns::choose(&netns::read(Path::new("/proc")), Path::new("/proc"));
+        match nfs.warning {
+            Some(w) => tracing::warn!(reason = nfs.reason, "{w}"),
+            None => tracing::info!(netns = ?nfs.netns, reason = nfs.reason, "RWX (NFS) mounts"),
+        }
         let vmis: Api<VirtualMachineInstance> =
             Api::namespaced(harvester.client.clone(), &harvester.namespace);
         let mut discovery = Ok(());
@@ -206,6 +214,7 @@ impl NodeService {
             harvester: harvester.client.clone(),
             namespace: harvester.namespace.clone(),
             nfs_mount_timeout: config.timeouts.nfs_mount,
+            nfs_netns: nfs.netns,
             nfs_server_timeout: config.timeouts.nfs_server,
             statvfs_waiting: Default::default(),
             by_id: config.disk_by_id_dir.clone(),

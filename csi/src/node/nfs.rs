@@ -3,9 +3,13 @@
 //! `mount.nfs <status.endpoint>:/<pv> <staging> -o <status.mountOpts | vers=4>`. NodePublish binds
 //! the staging mount like any other (`super::NodeService::publish`), NodeUnstage unmounts it.
 //!
-//! Unlike upstream (`nsenter` into the host namespaces, hence its `hostPID: true`), the plugin
-//! mounts from its own privileged container: the chart's Bidirectional mount propagation carries
-//! the mount to the kubelet's staging path. And unlike upstream, the mount has a deadline: an
+//! The kernel's NFS client lives in the network namespace of the process that mounts: the mount
+//! helper runs in the host's (`super::netns`: directly on host network as under our chart,
+//! through `nsenter --net=/proc/1/ns/net` under upstream's chart, whose Pod has hostPID and its
+//! own network), so a mount outlives the node plugin Pod. Unlike upstream (which enters the host's
+//! mount namespace too), the helper stays in the plugin's mount namespace: the chart's
+//! Bidirectional mount propagation carries the mount to the kubelet's staging path. And unlike
+//! upstream, the mount has a deadline: an
 //! unreachable endpoint makes `mount.nfs` retry for minutes (a hard mount, `retry=2` minutes by
 //! default) or block in the kernel. The helper is run directly (not through `mount -t nfs`, whose
 //! child would survive a kill), dies with the plugin, and is SIGKILLed at the deadline
@@ -36,6 +40,7 @@ use kube::api::Api;
 
 use super::NodeService;
 use super::mount::{Cmd, MountInfo, canonical, mount_at, mounts, run_any};
+use super::netns::NfsNetns;
 use crate::error::NodeError;
 
 /// What to mount (pure): `<endpoint>:/<pv>` and the options, the CR's (or `vers=4`) then the
@@ -74,10 +79,18 @@ pub fn plan(
     })
 }
 
-/// `mount.nfs <export> <staging> -o <options>`, killed with the plugin.
-pub fn mount_cmd(m: &NfsMount, staging: &Path) -> Cmd {
-    Cmd::new("mount.nfs")
-        .arg(&m.export)
+/// `mount.nfs <export> <staging> -o <options>` in the network namespace `netns` (util-linux
+/// `nsenter --net=<path>`, which execs the helper: the kill reaches it), killed with the plugin.
+pub fn mount_cmd(m: &NfsMount, staging: &Path, netns: &NfsNetns) -> Cmd {
+    let cmd = match netns {
+        NfsNetns::Own => Cmd::new("mount.nfs"),
+        NfsNetns::Enter(ns) => {
+            let mut net = std::ffi::OsString::from("--net=");
+            net.push(ns);
+            Cmd::new("nsenter").arg(net).arg("mount.nfs")
+        }
+    };
+    cmd.arg(&m.export)
         .arg(staging)
         .arg("-o")
         .arg(&m.options)
@@ -180,7 +193,8 @@ impl NodeService {
             reason,
         };
         let limit = self.nfs_mount_timeout;
-        match tokio::time::timeout(limit, run_any(&mount_cmd(&m, &staging))).await {
+        let helper = mount_cmd(&m, &staging, &self.nfs_netns);
+        match tokio::time::timeout(limit, run_any(&helper)).await {
             Ok(Ok(out)) if out.code == Some(0) => Ok(()),
             Ok(Ok(out)) => {
                 undo_mount(&staging).await;
@@ -428,7 +442,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(m.options, "vers=4,port=2050,noatime");
-        let cmd = mount_cmd(&m, Path::new("/s"));
+        let cmd = mount_cmd(&m, Path::new("/s"), &NfsNetns::Own);
         assert_eq!(cmd.program, "mount.nfs");
         assert!(cmd.dies_with_plugin);
         assert_eq!(
@@ -436,6 +450,24 @@ mod tests {
             ["10.0.2.2:/pvc-9", "/s", "-o", "vers=4,port=2050,noatime"]
                 .map(std::ffi::OsString::from)
                 .to_vec()
+        );
+        // Under upstream's chart (hostPID, the Pod's own network): in the host's namespace.
+        let host = NfsNetns::Enter(PathBuf::from("/proc/1/ns/net"));
+        let cmd = mount_cmd(&m, Path::new("/s"), &host);
+        assert_eq!(cmd.program, "nsenter");
+        assert!(cmd.dies_with_plugin);
+        assert_eq!(
+            cmd.args,
+            [
+                "--net=/proc/1/ns/net",
+                "mount.nfs",
+                "10.0.2.2:/pvc-9",
+                "/s",
+                "-o",
+                "vers=4,port=2050,noatime"
+            ]
+            .map(std::ffi::OsString::from)
+            .to_vec()
         );
         let m = plan("vol", "pvc-9", &nfs("Ready", "fd00::5", None), &[]).unwrap();
         assert_eq!(m.export, "[fd00::5]:/pvc-9");

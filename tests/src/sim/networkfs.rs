@@ -20,12 +20,22 @@
 //! error (logged and requeued; nothing is written to the CR), which the stand-in keeps in
 //! [`NetworkFs::errors`]. Nothing moves such a CR on any more: it stays `Disabling`.
 //!
-//! Not played: `Expanding` (networkfs-manager b9addbdce76c2317c828ec7ac84c472b6f7a96b4
-//! `checkAndProcessExpand`, an Enabled CR whose PVC grows): the driver does not expand RWX
-//! volumes (ControllerExpand is FAILED_PRECONDITION); the driver's reading of an `Expanding`
-//! status is unit-tested (`harvester_common::harvester::networkfs`).
+//! Expanding, as upstream plays it (networkfs-manager b9addbdce76c2317c828ec7ac84c472b6f7a96b4,
+//! `pkg/controller/pvc/controller.go` `OnPVCChange` and `pkg/controller/networkfilesystem/
+//! controller.go` `checkAndProcessExpand`): a watch on PVCs enqueues the CR named by a claim's
+//! `spec.volumeName` when the claim's request differs from its capacity (`utils.PVCNeedExpand`)
+//! or the CR is `Expanding`. An `Enabled` CR (desired state reached) whose claim needs expanding
+//! gets `status: Expanding` and an expander Pod (a privileged Pod mounting the claim, so that
+//! Longhorn grows the volume and the kubelet its filesystem); once the claim's capacity equals its
+//! request, the Pod goes and the status is `Ready` again. The stand-in's expander, after
+//! [`NetworkFs::set_expand_delay`], grows the backing volume and, online, the share manager's
+//! filesystem, then writes the claim's capacity (the kubelet's part). Its failures are kept in
+//! [`NetworkFs::errors`] and the CR stays `Expanding`. The share manager formats the volume with
+//! the host StorageClass's `fsType` parameter (Longhorn's; ext4 when unset). Online ext4 growth
+//! needs CAP_SYS_RESOURCE, which the test bed's host lacks (docs/testbed.md), so expansion
+//! stories use `fsType: xfs`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -34,9 +44,12 @@ use std::time::Duration;
 use futures::StreamExt;
 use harvester_common::harvester::NetworkFilesystem;
 use harvester_common::harvester::networkfs::{
-    ENDPOINT_READY, NAMESPACE, STATE_DISABLED, STATE_DISABLING, STATE_ENABLED, STATE_ENABLING,
+    ENDPOINT_EXPANDING, ENDPOINT_READY, NAMESPACE, STATE_DISABLED, STATE_DISABLING, STATE_ENABLED,
+    STATE_ENABLING,
 };
+use harvester_common::quantity;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher::{self, Event};
@@ -66,10 +79,16 @@ pub struct NetworkFs {
     mount_opts: Mutex<String>,
     share_managers: Mutex<HashMap<String, ShareManager>>,
     errors: Mutex<Vec<(String, String)>>,
+    expand_delay: Mutex<Duration>,
+    /// CRs whose expander Pod exists.
+    expanders: Mutex<HashSet<String>>,
 }
 
 /// How long a share manager takes to stop unless a test sets it: Longhorn deletes its Pod.
 pub const DEFAULT_DISABLE_DELAY: Duration = Duration::from_secs(1);
+
+/// How long an expander takes to start unless a test sets it: a Pod is scheduled and started.
+pub const DEFAULT_EXPAND_DELAY: Duration = Duration::from_secs(1);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -85,7 +104,14 @@ impl NetworkFs {
             mount_opts: Mutex::new(String::new()),
             share_managers: Mutex::default(),
             errors: Mutex::default(),
+            expand_delay: Mutex::new(DEFAULT_EXPAND_DELAY),
+            expanders: Mutex::default(),
         }
+    }
+
+    /// How long expander Pods take before they grow anything, from now on.
+    pub fn set_expand_delay(&self, delay: Duration) {
+        *lock(&self.expand_delay) = delay;
     }
 
     /// How long CRs stay `Disabling` (the share manager stopping) from now on.
@@ -153,7 +179,7 @@ fn mounted(path: &Path) -> bool {
 }
 
 /// Formats `device` with ext4 unless it holds something, then mounts it at `at`.
-fn mount_volume(device: &Path, at: &Path) -> Result<(), BedError> {
+fn mount_volume(device: &Path, at: &Path, fs_type: &str) -> Result<(), BedError> {
     if mounted(at) {
         return Ok(());
     }
@@ -162,10 +188,12 @@ fn mount_volume(device: &Path, at: &Path) -> Result<(), BedError> {
     // blkid -p exits 2 when the device holds no signature at all.
     let probe = exec(Command::new("blkid").arg("-p").arg(device))?;
     if probe.status.code() == Some(2) {
-        let out = exec(Command::new("mkfs.ext4").arg("-q").arg("-F").arg(device))?;
+        let mkfs = format!("mkfs.{fs_type}");
+        let force = if fs_type == "xfs" { "-f" } else { "-F" };
+        let out = exec(Command::new(&mkfs).arg("-q").arg(force).arg(device))?;
         if !out.status.success() {
             return Err(BedError::Storage(format!(
-                "mkfs.ext4 {}: {}",
+                "{mkfs} {}: {}",
                 device.display(),
                 String::from_utf8_lossy(&out.stderr).trim()
             )));
@@ -250,7 +278,7 @@ fn condition(type_: &str, reason: &str, message: &str) -> serde_json::Value {
 
 async fn reconcile(
     client: &kube::Client,
-    storage: &Storage,
+    storage: &Arc<Storage>,
     fs: &Arc<NetworkFs>,
     nfs_cr: &NetworkFilesystem,
 ) -> Result<(), BedError> {
@@ -271,7 +299,7 @@ async fn reconcile(
     }
     let desired = nfs_cr.spec.desired_state.as_str();
     if desired == state {
-        return Ok(());
+        return check_and_process_expand(client, storage, fs, nfs_cr).await;
     }
     match desired {
         // enableNetworkFS
@@ -356,10 +384,11 @@ async fn start_share_manager(
     )
     .await
     .map_err(BedError::Storage)?;
+    let fs_type = fs_type_of(client, &pvc).await?;
     let at = fs.host_mount(name);
     let device = b.device.clone();
     let at2 = at.clone();
-    tokio::task::spawn_blocking(move || mount_volume(&device, &at2))
+    tokio::task::spawn_blocking(move || mount_volume(&device, &at2, &fs_type))
         .await
         .map_err(|e| BedError::Storage(e.to_string()))??;
     let nfs = fs.nfs.clone();
@@ -367,7 +396,197 @@ async fn start_share_manager(
     tokio::task::spawn_blocking(move || nfs.export(&pseudo, &at))
         .await
         .map_err(|e| BedError::Storage(e.to_string()))??;
+    storage.mark_shared(&pvc.namespace().unwrap_or_default(), &pvc.name_any());
     fs.set_share_manager(name, ShareManager::Running);
+    Ok(())
+}
+
+/// The filesystem Longhorn formats the volume with: its StorageClass's `fsType` parameter, ext4
+/// when unset.
+async fn fs_type_of(
+    client: &kube::Client,
+    pvc: &PersistentVolumeClaim,
+) -> Result<String, BedError> {
+    let class = pvc.spec.as_ref().and_then(|s| s.storage_class_name.clone());
+    let Some(class) = class else {
+        return Ok("ext4".into());
+    };
+    let sc = Api::<StorageClass>::all(client.clone())
+        .get_opt(&class)
+        .await?;
+    let fs_type = sc
+        .and_then(|sc| sc.parameters)
+        .and_then(|p| p.get("fsType").cloned())
+        .unwrap_or_else(|| "ext4".into());
+    match fs_type.as_str() {
+        "ext4" | "xfs" => Ok(fs_type),
+        other => Err(BedError::Storage(format!(
+            "StorageClass {class}: fsType {other:?} is not one Longhorn formats (ext4, xfs)"
+        ))),
+    }
+}
+
+/// `utils.PVCNeedExpand`: the request differs from the capacity (a claim without a capacity
+/// needs expanding too, as upstream compares the quantities' values with 0 for a missing one).
+fn need_expand(pvc: &PersistentVolumeClaim) -> bool {
+    requested(pvc) != capacity(pvc)
+}
+
+fn requested(pvc: &PersistentVolumeClaim) -> u64 {
+    pvc.spec
+        .as_ref()
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .and_then(|q| quantity::to_bytes(&q.0))
+        .unwrap_or(0)
+}
+
+fn capacity(pvc: &PersistentVolumeClaim) -> u64 {
+    pvc.status
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|c| c.get("storage"))
+        .and_then(|q| quantity::to_bytes(&q.0))
+        .unwrap_or(0)
+}
+
+/// `checkAndProcessExpand`: only an `Enabled` CR; `Expanding` with an expander while its claim
+/// needs expanding, else the expander gone and `Ready`. Writes only a change.
+async fn check_and_process_expand(
+    client: &kube::Client,
+    storage: &Arc<Storage>,
+    fs: &Arc<NetworkFs>,
+    nfs_cr: &NetworkFilesystem,
+) -> Result<(), BedError> {
+    let name = nfs_cr.name_any();
+    if nfs_cr.state() != STATE_ENABLED {
+        return Ok(());
+    }
+    // Upstream requeues while the claim is missing (it writes nothing either way); the stand-in's
+    // one queue must not stall on a CR whose claim is gone.
+    let Ok(pvc) = claim_of(client, &name).await else {
+        return Ok(());
+    };
+    let api: Api<NetworkFilesystem> = Api::namespaced(
+        client.clone(),
+        &nfs_cr.namespace().unwrap_or_else(|| NAMESPACE.into()),
+    );
+    let status = nfs_cr
+        .status
+        .as_ref()
+        .map(|s| s.status.as_str())
+        .unwrap_or("");
+    if need_expand(&pvc) {
+        if status == ENDPOINT_EXPANDING {
+            return Ok(());
+        }
+        start_expander(client, storage, fs, &name, &pvc);
+        return set_status(&api, &name, json!({"status": ENDPOINT_EXPANDING})).await;
+    }
+    lock(&fs.expanders).remove(&name);
+    if status == ENDPOINT_READY {
+        return Ok(());
+    }
+    set_status(&api, &name, json!({"status": ENDPOINT_READY})).await
+}
+
+/// `createExpanderPodIfNeed`: one expander per CR. After the delay it grows the volume (Longhorn),
+/// the share manager's filesystem online and then the claim's capacity (the kubelet, once
+/// NodeExpandVolume is done).
+fn start_expander(
+    client: &kube::Client,
+    storage: &Arc<Storage>,
+    fs: &Arc<NetworkFs>,
+    name: &str,
+    pvc: &PersistentVolumeClaim,
+) {
+    if !lock(&fs.expanders).insert(name.to_string()) {
+        return;
+    }
+    let (ns, claim, size) = (
+        pvc.namespace().unwrap_or_default(),
+        pvc.name_any(),
+        requested(pvc),
+    );
+    let Some(backing) = storage.get(&ns, &claim) else {
+        fs.fail(name, format!("expander: PVC {ns}/{claim} has no volume"));
+        return;
+    };
+    let (client, storage, fs, name) = (
+        client.clone(),
+        storage.clone(),
+        fs.clone(),
+        name.to_string(),
+    );
+    tokio::spawn(async move {
+        let delay = *lock(&fs.expand_delay);
+        tokio::time::sleep(delay).await;
+        let at = fs.host_mount(&name);
+        let device = backing.device.clone();
+        let (ns2, claim2) = (ns.clone(), claim.clone());
+        let result = tokio::task::spawn_blocking(move || {
+            storage.ensure(&ns2, &claim2, size)?;
+            grow_filesystem(&device, &at, size)
+        })
+        .await
+        .map_err(|e| BedError::Storage(e.to_string()))
+        .and_then(|r| r);
+        let result = match result {
+            Ok(()) => Api::<PersistentVolumeClaim>::namespaced(client, &ns)
+                .patch_status(
+                    &claim,
+                    &PatchParams::default(),
+                    &Patch::Merge(
+                        json!({"status": {"capacity": {"storage": quantity::from_bytes(size)}}}),
+                    ),
+                )
+                .await
+                .map(|_| ())
+                .map_err(BedError::from),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = result {
+            fs.fail(&name, format!("expander: {e}"));
+            lock(&fs.expanders).remove(&name);
+        }
+    });
+}
+
+/// Grows the filesystem mounted at `at` (on `device`) online to the device's size and checks it
+/// got there: `xfs_growfs` for xfs, `resize2fs` for ext4 (which fails on a host without
+/// CAP_SYS_RESOURCE, as the test bed's).
+fn grow_filesystem(device: &Path, at: &Path, size: u64) -> Result<(), BedError> {
+    let probe = exec(
+        Command::new("blkid")
+            .args(["-o", "value", "-s", "TYPE"])
+            .arg(device),
+    )?;
+    let fs_type = String::from_utf8_lossy(&probe.stdout).trim().to_string();
+    let out = match fs_type.as_str() {
+        "xfs" => exec(Command::new("xfs_growfs").arg(at))?,
+        _ => exec(Command::new("resize2fs").arg(device))?,
+    };
+    if !out.status.success() {
+        return Err(BedError::Storage(format!(
+            "growing {fs_type} on {}: {}",
+            device.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    let df = exec(Command::new("df").args(["-B1", "--output=size"]).arg(at))?;
+    let total: u64 = String::from_utf8_lossy(&df.stdout)
+        .lines()
+        .nth(1)
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(0);
+    // A filesystem's own metadata keeps its size under the device's (xfs: 576 of 640 MiB).
+    if total < size / 10 * 8 {
+        return Err(BedError::Storage(format!(
+            "{fs_type} on {} is {total} bytes after growing it online, not about {size}",
+            device.display()
+        )));
+    }
     Ok(())
 }
 
@@ -412,38 +631,86 @@ async fn disable(fs: &NetworkFs, name: &str) -> Result<(), BedError> {
     .map_err(|e| BedError::Storage(e.to_string()))?
 }
 
-/// The watch loop (runs until aborted): one CR at a time, as a controller's work queue would; a
-/// failure is logged and retried with the CR as it is then, up to 30 times a second apart.
+/// The watch loops (run until aborted): NetworkFilesystems, one CR at a time, as a controller's
+/// work queue would (a failure is logged and retried with the CR as it is then, up to 30 times a
+/// second apart); and PVCs, `OnPVCChange`, which enqueue their CR.
 pub async fn run(client: kube::Client, storage: Arc<Storage>, fs: Arc<NetworkFs>) {
     let api: Api<NetworkFilesystem> = Api::all(client.clone());
     let mut events = watcher::watcher(api, watcher::Config::default()).boxed();
-    while let Some(ev) = events.next().await {
-        match ev {
-            Ok(Event::Apply(n) | Event::InitApply(n)) => {
-                let name = n.name_any();
-                let ns = n.namespace().unwrap_or_else(|| NAMESPACE.into());
-                let api: Api<NetworkFilesystem> = Api::namespaced(client.clone(), &ns);
-                let mut current = Some(n);
-                for attempt in 0..30 {
-                    let Some(n) = current.take() else { break };
-                    match reconcile(&client, &storage, &fs, &n).await {
-                        Ok(()) => break,
-                        Err(e) => {
-                            tracing::warn!("sim networkfs: {ns}/{name} (attempt {attempt}): {e}");
-                            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                            current = api.get_opt(&name).await.ok().flatten();
-                        }
+    let claims: Api<PersistentVolumeClaim> = Api::all(client.clone());
+    let mut claim_events = watcher::watcher(claims, watcher::Config::default()).boxed();
+    loop {
+        tokio::select! {
+            Some(ev) = events.next() => match ev {
+                Ok(Event::Apply(n) | Event::InitApply(n)) => {
+                    handle(&client, &storage, &fs, n).await;
+                }
+                Ok(Event::Delete(n)) => {
+                    lock(&fs.share_managers).remove(&n.name_any());
+                    lock(&fs.expanders).remove(&n.name_any());
+                    if let Err(e) = disable(&fs, &n.name_any()).await {
+                        tracing::warn!("sim networkfs: {}: {e}", n.name_any());
                     }
                 }
-            }
-            Ok(Event::Delete(n)) => {
-                lock(&fs.share_managers).remove(&n.name_any());
-                if let Err(e) = disable(&fs, &n.name_any()).await {
-                    tracing::warn!("sim networkfs: {}: {e}", n.name_any());
+                Ok(_) => {}
+                Err(e) => tracing::debug!("sim networkfs watch: {e}"),
+            },
+            Some(ev) = claim_events.next() => {
+                if let Ok(Event::Apply(pvc) | Event::InitApply(pvc)) = ev
+                    && let Some(n) = on_pvc_change(&client, &pvc).await
+                {
+                    handle(&client, &storage, &fs, n).await;
                 }
+            },
+            else => return,
+        }
+    }
+}
+
+/// `OnPVCChange`: the CR named by the claim's volume when the claim needs expanding or the CR
+/// is `Expanding`.
+async fn on_pvc_change(
+    client: &kube::Client,
+    pvc: &PersistentVolumeClaim,
+) -> Option<NetworkFilesystem> {
+    if pvc.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let pv = pvc
+        .spec
+        .as_ref()?
+        .volume_name
+        .as_deref()
+        .filter(|v| !v.is_empty())?;
+    let api: Api<NetworkFilesystem> = Api::namespaced(client.clone(), NAMESPACE);
+    let n = api.get_opt(pv).await.ok().flatten()?;
+    let expanding = n
+        .status
+        .as_ref()
+        .is_some_and(|s| s.status == ENDPOINT_EXPANDING);
+    (need_expand(pvc) || expanding).then_some(n)
+}
+
+/// One CR through [`reconcile`], retried as the work queue would.
+async fn handle(
+    client: &kube::Client,
+    storage: &Arc<Storage>,
+    fs: &Arc<NetworkFs>,
+    n: NetworkFilesystem,
+) {
+    let name = n.name_any();
+    let ns = n.namespace().unwrap_or_else(|| NAMESPACE.into());
+    let api: Api<NetworkFilesystem> = Api::namespaced(client.clone(), &ns);
+    let mut current = Some(n);
+    for attempt in 0..30 {
+        let Some(n) = current.take() else { break };
+        match reconcile(client, storage, fs, &n).await {
+            Ok(()) => break,
+            Err(e) => {
+                tracing::warn!("sim networkfs: {ns}/{name} (attempt {attempt}): {e}");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                current = api.get_opt(&name).await.ok().flatten();
             }
-            Ok(_) => {}
-            Err(e) => tracing::debug!("sim networkfs watch: {e}"),
         }
     }
 }

@@ -2,7 +2,7 @@
 //! volume is a sparse file on a loop device (a real block device); otherwise only the sparse file,
 //! so tests that need a device must run as root and check for `/dev/loop*`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -35,6 +35,9 @@ pub struct Storage {
     /// Claims hot-plugged into a real VM: claim key -> (the VM, QMP node name), so a size
     /// increase also grows the disk the guest sees (QMP `block_resize`).
     plugged: Mutex<HashMap<String, (Arc<Vm>, String)>>,
+    /// Claims a share manager has served (RWX): Longhorn grows them only through
+    /// networkfs-manager's expander ([`super::networkfs`]), never here.
+    shared: Mutex<HashSet<String>>,
 }
 
 fn key(namespace: &str, name: &str) -> String {
@@ -71,6 +74,7 @@ impl Storage {
             use_loop: is_root(),
             volumes: Mutex::new(HashMap::new()),
             plugged: Mutex::new(HashMap::new()),
+            shared: Mutex::new(HashSet::new()),
         })
     }
 
@@ -87,6 +91,22 @@ impl Storage {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&key(namespace, name));
+    }
+
+    /// Claim `name` is served by a share manager (an RWX volume): from now on a larger request
+    /// is networkfs-manager's expander's to carry out, as upstream's `checkAndProcessExpand`.
+    pub fn mark_shared(&self, namespace: &str, name: &str) {
+        self.shared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key(namespace, name));
+    }
+
+    fn is_shared(&self, namespace: &str, name: &str) -> bool {
+        self.shared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&key(namespace, name))
     }
 
     /// The VM and QMP node a claim is plugged into.
@@ -309,6 +329,10 @@ async fn bind(
         .and_then(|q| quantity::to_bytes(&q.0));
     let bound = status.phase.as_deref() == Some("Bound");
     if bound && current.is_some_and(|c| c >= size) && storage.get(&ns, &name).is_some() {
+        return Ok(());
+    }
+    if bound && storage.is_shared(&ns, &name) {
+        // An RWX volume grows while its share manager serves it: the expander does it.
         return Ok(());
     }
     let before = storage.get(&ns, &name).map(|b| b.size);
