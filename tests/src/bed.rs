@@ -42,6 +42,10 @@ pub struct BedOptions {
     /// A real guest cluster on top (root; `make node-tools`): control plane, one real node,
     /// both charts installed ([`GuestCluster`]). One per machine at a time.
     pub real_node: bool,
+    /// With `real_node`: install both charts (the default). Off, the real guest cluster comes up
+    /// with its images imported and nothing installed, for a test that installs the charts itself
+    /// (`install_docs`: the commands of docs/install.md).
+    pub real_node_charts: bool,
     /// Which Harvester release (its `server-version` setting): `TESTBED_HOTPLUG=subresource`
     /// (v1.7, the default), `declarative` or `both` (v1.8).
     pub hotplug: HotplugMode,
@@ -81,6 +85,7 @@ impl Default for BedOptions {
             hotplug_delay: Duration::from_millis(200),
             keep_dir: std::env::var_os("TESTBED_KEEP_DIR").is_some(),
             real_node: false,
+            real_node_charts: true,
             hotplug: hotplug_from_env().0,
             gates: hotplug_from_env().1,
             lb_webhook: Rules::from_env(),
@@ -196,8 +201,16 @@ impl TestBed {
             .await?;
         let cluster = if opts.real_node {
             Some(
-                GuestCluster::start(&root, &pki, &guest, &harvester, &sim, &opts.vm_namespace)
-                    .await?,
+                GuestCluster::start(
+                    &root,
+                    &pki,
+                    &guest,
+                    &harvester,
+                    &sim,
+                    &opts.vm_namespace,
+                    opts.real_node_charts,
+                )
+                .await?,
             )
         } else {
             None

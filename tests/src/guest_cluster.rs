@@ -122,6 +122,7 @@ impl GuestCluster {
         harvester: &ApiServer,
         sim: &Sim,
         vm_namespace: &str,
+        charts: bool,
     ) -> Result<GuestCluster, BedError> {
         let net = PodNetwork::start(socket_addr(guest)?, socket_addr(harvester)?).await?;
         crate::bed::install_crd_yaml(
@@ -172,9 +173,11 @@ impl GuestCluster {
                     "node-role.kubernetes.io/control-plane": "true"}}})),
             )
             .await?;
-        cluster
-            .install_charts(pki, harvester, &guest.client, vm_namespace)
-            .await?;
+        if charts {
+            cluster
+                .install_charts(pki, harvester, &guest.client, vm_namespace)
+                .await?;
+        }
         Ok(cluster)
     }
 
@@ -196,14 +199,7 @@ impl GuestCluster {
         guest: &kube::Client,
         vm_namespace: &str,
     ) -> Result<(), BedError> {
-        let port = socket_addr(harvester)?.port();
-        let cloud_config = kubeconfig_text(
-            &format!("https://{GATEWAY}:{port}"),
-            pki,
-            &pki.admin,
-            "admin",
-            vm_namespace,
-        );
+        let cloud_config = cloud_config(pki, harvester, vm_namespace)?;
         let secret: Secret = serde_json::from_value(serde_json::json!({
             "metadata": {"name": CLOUD_CONFIG_SECRET, "namespace": NAMESPACE},
             "stringData": {"cloud-config": cloud_config, "cloud-provider-config": cloud_config},
@@ -276,6 +272,23 @@ impl GuestCluster {
             .chain(self.node.pids())
             .collect()
     }
+}
+
+/// The cloud-config the guest cluster's Pods use: the Harvester admin at the address they reach
+/// it on (the Pod network's gateway), context namespace `vm_namespace`.
+pub fn cloud_config(
+    pki: &Pki,
+    harvester: &ApiServer,
+    vm_namespace: &str,
+) -> Result<String, BedError> {
+    let port = socket_addr(harvester)?.port();
+    Ok(kubeconfig_text(
+        &format!("https://{GATEWAY}:{port}"),
+        pki,
+        &pki.admin,
+        "admin",
+        vm_namespace,
+    ))
 }
 
 /// `repo:tag` split at the last colon after the last slash.

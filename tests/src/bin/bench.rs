@@ -1448,9 +1448,7 @@ fn render(info: &RunInfo, report: &Report) -> String {
         );
     }
     if !report.targets.is_empty() {
-        s.push_str(
-            "\n## Targets (issue 18)\n\n| target | wanted | measured | met |\n|---|---|---|---|\n",
-        );
+        s.push_str("\n## Targets\n\n| target | wanted | measured | met |\n|---|---|---|---|\n");
         for t in &report.targets {
             let _ = writeln!(
                 s,

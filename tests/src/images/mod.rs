@@ -695,6 +695,32 @@ pub fn import(containerd_socket: &Path, images: &[&Image]) -> Result<(), BedErro
     Ok(())
 }
 
+/// Tags image `from` (already imported) as `to` in the node's containerd (namespace `k8s.io`,
+/// the kubelet's): the name a chart's default renders resolves to the bed's build of that
+/// program, as an image already on a node without registry access would.
+pub fn tag(containerd_socket: &Path, from: &str, to: &str) -> Result<(), BedError> {
+    run(
+        &format!("tagging image {from} as {to}"),
+        Command::new("ctr")
+            .arg("--address")
+            .arg(containerd_socket)
+            .args(["-n", "k8s.io", "images", "tag", "--force", from, to]),
+    )
+    .map(|_| ())
+}
+
+/// The fully qualified name the kubelet resolves an image reference to (`busybox:1.36` is
+/// `docker.io/library/busybox:1.36`, `rancher/x:t` is `docker.io/rancher/x:t`).
+pub fn qualified(reference: &str) -> String {
+    match reference.split_once('/') {
+        None => format!("docker.io/library/{reference}"),
+        Some((first, _)) if first.contains(['.', ':']) || first == "localhost" => {
+            reference.to_string()
+        }
+        Some(_) => format!("docker.io/{reference}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -704,6 +730,14 @@ mod tests {
         \tlibext2fs.so.2 => /lib/x86_64-linux-gnu/libext2fs.so.2 (0x00007f79)\n\
         \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f79)\n\
         \t/lib64/ld-linux-x86-64.so.2 (0x00007f79)\n";
+
+    #[test]
+    fn references_qualify_as_the_kubelet_resolves_them() {
+        assert_eq!(qualified("busybox:1.36"), "docker.io/library/busybox:1.36");
+        assert_eq!(qualified("rancher/x:v1"), "docker.io/rancher/x:v1");
+        assert_eq!(qualified("localhost/a/b:t"), "localhost/a/b:t");
+        assert_eq!(qualified("reg.example:5000/a:t"), "reg.example:5000/a:t");
+    }
 
     #[test]
     fn ldd_output_gives_libraries_and_interpreter() {
