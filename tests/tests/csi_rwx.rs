@@ -967,19 +967,12 @@ async fn wait_state(bed: &TestBed, pv: &str, state: &str, limit: Duration) {
     .unwrap_or_else(|e| panic!("{e}"));
 }
 
-/// Contract (networkfs-manager v0.1.1 `enableNetworkFS` / `OnShareManagerChange`): the last
-/// node's unpublish leaves the CR `Disabling` until the share manager stops, and an Enabled
-/// written meanwhile is refused for good. A publish on another node right after waits for
-/// `Disabled` and only then writes Enabled; past its bound it is UNAVAILABLE naming the state
-/// and writes nothing; the attacher's retry then succeeds. No guest kernel needed: the
-/// controller runs on the host, the nodes are VMs of the stand-in.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn contract_rwx_republish_waits_for_disabled_root() {
-    assert_root();
-    let t0 = Instant::now();
+/// A bed with the host RWX class `class` (Longhorn parameters `params`), two VMs of the
+/// stand-in (`rwx-a`, `rwx-b`, no guest kernel) and networkfs-manager's part running.
+async fn two_stand_in_vms(class: &str, params: serde_json::Value) -> (TestBed, Arc<NetworkFs>) {
     let bed = common::bed().await;
     common::install_default_storage_class(&bed).await;
-    create_class(&bed, RWX_CLASS, upstream::LONGHORN_PROVISIONER, json!({})).await;
+    create_class(&bed, class, upstream::LONGHORN_PROVISIONER, params).await;
     bed.sim
         .create_host("harvester-1", None, None)
         .await
@@ -994,6 +987,20 @@ async fn contract_rwx_republish_waits_for_disabled_root() {
         .sim
         .start_networkfs(HOST_FROM_GUEST)
         .unwrap_or_else(|e| panic!("the NFS server must start for this test: {e}"));
+    (bed, fs)
+}
+
+/// Contract (networkfs-manager v0.1.1 `enableNetworkFS` / `OnShareManagerChange`): the last
+/// node's unpublish leaves the CR `Disabling` until the share manager stops, and an Enabled
+/// written meanwhile is refused for good. A publish on another node right after waits for
+/// `Disabled` and only then writes Enabled; past its bound it is UNAVAILABLE naming the state
+/// and writes nothing; the attacher's retry then succeeds. No guest kernel needed: the
+/// controller runs on the host, the nodes are VMs of the stand-in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_rwx_republish_waits_for_disabled_root() {
+    assert_root();
+    let t0 = Instant::now();
+    let (bed, fs) = two_stand_in_vms(RWX_CLASS, json!({})).await;
     let bound = Duration::from_secs(5);
     let ctrl = Driver::start(&bed, |c| {
         c.mode = Mode::Controller;
@@ -1332,30 +1339,8 @@ fn filesystem_size(at: &Path) -> u64 {
 async fn contract_rwx_online_expansion_keeps_the_volume_served_root() {
     assert_root();
     const XFS_CLASS: &str = "longhorn-rwx-xfs";
-    let bed = common::bed().await;
-    common::install_default_storage_class(&bed).await;
     // xfs: online ext4 growth needs CAP_SYS_RESOURCE, which this host lacks (docs/testbed.md).
-    create_class(
-        &bed,
-        XFS_CLASS,
-        upstream::LONGHORN_PROVISIONER,
-        json!({"fsType": "xfs"}),
-    )
-    .await;
-    bed.sim
-        .create_host("harvester-1", None, None)
-        .await
-        .expect("host");
-    for node in ["rwx-a", "rwx-b"] {
-        bed.sim
-            .create_vm(&GuestVm::new(node).on_host("harvester-1"))
-            .await
-            .expect("VM");
-    }
-    let fs = bed
-        .sim
-        .start_networkfs(HOST_FROM_GUEST)
-        .unwrap_or_else(|e| panic!("the NFS server must start for this test: {e}"));
+    let (bed, fs) = two_stand_in_vms(XFS_CLASS, json!({"fsType": "xfs"})).await;
     let ctrl = Driver::start(&bed, |c| c.mode = Mode::Controller).await;
     // xfs needs 300 MiB at least.
     let mut request = rwx_request("growing", &[("hostStorageClass", XFS_CLASS)]);
