@@ -105,11 +105,7 @@ fn https_endpoint(s: SecureServing) -> Result<Option<Https>, secure::TlsError> {
     };
     let cert = secure::tls::serving_cert(&s.cert)?;
     tracing::info!("serving certificate: {}", cert.origin);
-    let paths = (
-        s.cert.cert_file.clone().unwrap_or_default(),
-        s.cert.key_file.clone().unwrap_or_default(),
-    );
-    let tls = secure::tls::server_config(cert, (&paths.0, &paths.1))?;
+    let tls = secure::tls::server_config(cert)?;
     Ok(Some(Https {
         addr,
         tls: std::sync::Arc::new(tls),

@@ -90,6 +90,7 @@ pub enum Decision {
     Error(String),
 }
 
+/// Answers with the instant each stops being valid.
 type Cache<K, V> = Mutex<HashMap<K, (Instant, V)>>;
 
 /// Delegated authentication and authorization against one API server.
@@ -143,8 +144,7 @@ impl Delegated {
     }
 
     async fn authenticate(&self, token: &str) -> Result<Option<User>, ReviewError> {
-        let ttl = self.opts.token_cache_ttl;
-        if let Some(hit) = cached(&self.tokens, token, ttl) {
+        if let Some(hit) = cached(&self.tokens, token) {
             return Ok(hit);
         }
         let review = TokenReview {
@@ -170,7 +170,12 @@ impl Delegated {
         } else {
             None
         };
-        remember(&self.tokens, token.to_string(), user.clone(), ttl);
+        remember(
+            &self.tokens,
+            token.to_string(),
+            user.clone(),
+            self.opts.token_cache_ttl,
+        );
         Ok(user)
     }
 
@@ -181,25 +186,16 @@ impl Delegated {
         // Upstream's RequestInfo: a non-resource request's verb is its lower-cased method.
         let verb = method.to_ascii_lowercase();
         let key = (user, verb, path.to_string());
-        let ttl_of = |allowed: bool| {
-            if allowed {
-                self.opts.allowed_cache_ttl
-            } else {
-                self.opts.denied_cache_ttl
-            }
-        };
-        let allowed = match self.decisions.lock() {
-            Ok(map) => map
-                .get(&key)
-                .filter(|(at, allowed)| at.elapsed() < ttl_of(*allowed))
-                .map(|(_, allowed)| *allowed),
-            Err(_) => None,
-        };
-        let allowed = match allowed {
+        let allowed = match cached(&self.decisions, &key) {
             Some(a) => a,
             None => match self.review(&key.0, &key.1, &key.2).await {
                 Ok(a) => {
-                    remember(&self.decisions, key.clone(), a, ttl_of(a));
+                    let ttl = if a {
+                        self.opts.allowed_cache_ttl
+                    } else {
+                        self.opts.denied_cache_ttl
+                    };
+                    remember(&self.decisions, key.clone(), a, ttl);
                     a
                 }
                 Err(e) => {
@@ -297,7 +293,8 @@ fn bearer_token(header: &[u8]) -> Option<&str> {
         .then_some(token.trim())
 }
 
-fn cached<K, Q, V>(cache: &Cache<K, V>, key: &Q, ttl: Duration) -> Option<V>
+/// The answer for `key`, unless it has expired.
+fn cached<K, Q, V>(cache: &Cache<K, V>, key: &Q) -> Option<V>
 where
     K: std::borrow::Borrow<Q> + Eq + std::hash::Hash,
     Q: Eq + std::hash::Hash + ?Sized,
@@ -305,7 +302,7 @@ where
 {
     let map = cache.lock().ok()?;
     map.get(key)
-        .filter(|(at, _)| at.elapsed() < ttl)
+        .filter(|(expires, _)| Instant::now() < *expires)
         .map(|(_, v)| v.clone())
 }
 
@@ -316,13 +313,14 @@ fn remember<K: Eq + std::hash::Hash, V>(cache: &Cache<K, V>, key: K, value: V, t
     let Ok(mut map) = cache.lock() else {
         return;
     };
+    let now = Instant::now();
     if map.len() >= CACHE_CAPACITY {
-        map.retain(|_, (at, _)| at.elapsed() < ttl);
+        map.retain(|_, (expires, _)| now < *expires);
         if map.len() >= CACHE_CAPACITY {
             return;
         }
     }
-    map.insert(key, (Instant::now(), value));
+    map.insert(key, (now + ttl, value));
 }
 
 #[cfg(test)]
@@ -346,9 +344,12 @@ mod tests {
             remember(&cache, format!("t{i}"), true, ttl);
         }
         remember(&cache, "one more".into(), true, ttl);
-        assert_eq!(cached(&cache, "t0", ttl), Some(true));
-        assert_eq!(cached(&cache, "one more", ttl), None, "full: not kept");
-        assert_eq!(cached(&cache, "t0", Duration::ZERO), None, "expired");
+        assert_eq!(cached(&cache, "t0"), Some(true));
+        assert_eq!(cached(&cache, "one more"), None, "full: not kept");
+        let brief: Cache<String, bool> = Mutex::default();
+        remember(&brief, "t0".into(), true, Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(cached(&brief, "t0"), None, "expired");
         remember(&cache, "zero ttl".into(), true, Duration::ZERO);
         assert_eq!(cache.lock().unwrap().len(), CACHE_CAPACITY);
     }

@@ -48,12 +48,9 @@ pub enum TlsError {
         given: &'static str,
         missing: &'static str,
     },
-    #[error("--tls-cert-file {cert} and --tls-private-key-file {key}: {reason}")]
-    Mismatch {
-        cert: PathBuf,
-        key: PathBuf,
-        reason: String,
-    },
+    /// `origin`: [`ServingCert::origin`], naming the flags and files.
+    #[error("{origin}: {reason}")]
+    Mismatch { origin: String, reason: String },
     #[error("--cert-dir {path}: {source}")]
     Write {
         path: PathBuf,
@@ -63,7 +60,8 @@ pub enum TlsError {
     Generate(String),
 }
 
-/// A certificate chain, its key, and where they came from (for the start-up log line).
+/// A certificate chain, its key, and where they came from (the flags and files, or how it was
+/// made: the start-up log line and [`TlsError::Mismatch`]).
 pub struct ServingCert {
     pub chain: Vec<CertificateDer<'static>>,
     pub key: PrivateKeyDer<'static>,
@@ -125,16 +123,10 @@ pub fn serving_cert(opts: &CertOptions) -> Result<ServingCert, TlsError> {
 
 /// A rustls server configuration serving `cert` with HTTP/2 and HTTP/1.1 (ALPN). Refuses a key
 /// that does not belong to the certificate.
-pub fn server_config(
-    cert: ServingCert,
-    paths: (&Path, &Path),
-) -> Result<rustls::ServerConfig, TlsError> {
+pub fn server_config(cert: ServingCert) -> Result<rustls::ServerConfig, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mismatch = |reason: String| TlsError::Mismatch {
-        cert: paths.0.to_path_buf(),
-        key: paths.1.to_path_buf(),
-        reason,
-    };
+    let origin = cert.origin;
+    let mismatch = |reason: String| TlsError::Mismatch { origin, reason };
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Generate(e.to_string()))?
@@ -163,7 +155,11 @@ fn read_pair(
     Ok(ServingCert {
         chain,
         key: key_der,
-        origin: format!("{} and {}", cert.display(), key.display()),
+        origin: format!(
+            "{cert_flag} {} and {key_flag} {}",
+            cert.display(),
+            key.display()
+        ),
     })
 }
 
@@ -284,7 +280,7 @@ mod tests {
         let c = serving_cert(&CertOptions::default()).unwrap();
         assert_eq!(c.chain.len(), 1);
         assert!(c.origin.contains("in memory"));
-        server_config(c, (Path::new("a"), Path::new("b"))).unwrap();
+        server_config(c).unwrap();
     }
 
     #[test]
@@ -323,7 +319,7 @@ mod tests {
         };
         let err = |o: CertOptions| match serving_cert(&o) {
             Err(e) => e.to_string(),
-            Ok(c) => server_config(c, (&cert, &other)).unwrap_err().to_string(),
+            Ok(c) => server_config(c).unwrap_err().to_string(),
         };
         let e = err(files(&junk, &key));
         assert!(
