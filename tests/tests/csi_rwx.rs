@@ -27,7 +27,7 @@ use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use kube::Api;
 use serde_json::json;
 use testbed::sim::GuestVm;
-use testbed::sim::networkfs::NetworkFs;
+use testbed::sim::networkfs::{self, NetworkFs};
 use testbed::vm::{GUEST_SHARE, HOST_FROM_GUEST, Vm, VmOptions};
 use testbed::{TestBed, wait};
 use tonic::transport::Channel;
@@ -1315,18 +1315,9 @@ async fn contract_nfs_server_down_never_blocks_the_node_plugin_root() {
     ));
 }
 
-/// The size of the filesystem mounted at `at` (df), in bytes.
-fn filesystem_size(at: &Path) -> u64 {
-    let out = std::process::Command::new("df")
-        .args(["-B1", "--output=size"])
-        .arg(at)
-        .output()
-        .expect("df");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .nth(1)
-        .and_then(|l| l.trim().parse().ok())
-        .unwrap_or_else(|| panic!("df {}: {out:?}", at.display()))
+/// The size of the share manager's filesystem of `pv`, in bytes.
+fn filesystem_size(fs: &NetworkFs, pv: &str) -> u64 {
+    networkfs::filesystem_size(&fs.host_mount(pv)).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Contract (networkfs-manager b9addbdce76c2317c828ec7ac84c472b6f7a96b4 `OnPVCChange`,
@@ -1361,7 +1352,7 @@ async fn contract_rwx_online_expansion_keeps_the_volume_served_root() {
     controller_publish(&ctrl, &id, "rwx-a")
         .await
         .expect("ControllerPublishVolume to rwx-a");
-    let before = filesystem_size(&fs.host_mount(&pv));
+    let before = filesystem_size(&fs, &pv);
 
     // An administrator grows the host PVC; the expander takes 3 s.
     let expander = Duration::from_secs(3);
@@ -1427,7 +1418,7 @@ async fn contract_rwx_online_expansion_keeps_the_volume_served_root() {
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
-    let after = filesystem_size(&fs.host_mount(&pv));
+    let after = filesystem_size(&fs, &pv);
     say(&format!("share manager's xfs: {before} -> {after} bytes"));
     assert!(
         after >= before + 300 * MIB,

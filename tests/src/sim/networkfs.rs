@@ -55,7 +55,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher::{self, Event};
 use serde_json::json;
 
-use super::storage::{Storage, backing};
+use super::storage::{Storage, backing, capacity_bytes, requested_quantity};
 use crate::BedError;
 use crate::nfs::NfsServer;
 
@@ -429,26 +429,11 @@ async fn fs_type_of(
 /// `utils.PVCNeedExpand`: the request differs from the capacity (a claim without a capacity
 /// needs expanding too, as upstream compares the quantities' values with 0 for a missing one).
 fn need_expand(pvc: &PersistentVolumeClaim) -> bool {
-    requested(pvc) != capacity(pvc)
+    requested(pvc) != capacity_bytes(pvc).unwrap_or(0)
 }
 
 fn requested(pvc: &PersistentVolumeClaim) -> u64 {
-    pvc.spec
-        .as_ref()
-        .and_then(|s| s.resources.as_ref())
-        .and_then(|r| r.requests.as_ref())
-        .and_then(|r| r.get("storage"))
-        .and_then(|q| quantity::to_bytes(&q.0))
-        .unwrap_or(0)
-}
-
-fn capacity(pvc: &PersistentVolumeClaim) -> u64 {
-    pvc.status
-        .as_ref()
-        .and_then(|s| s.capacity.as_ref())
-        .and_then(|c| c.get("storage"))
-        .and_then(|q| quantity::to_bytes(&q.0))
-        .unwrap_or(0)
+    quantity::to_bytes(&requested_quantity(pvc)).unwrap_or(0)
 }
 
 /// `checkAndProcessExpand`: only an `Enabled` CR; `Expanding` with an expander while its claim
@@ -553,6 +538,16 @@ fn start_expander(
     });
 }
 
+/// The size of the filesystem mounted at `at`, in bytes (`df`).
+pub fn filesystem_size(at: &Path) -> Result<u64, BedError> {
+    let df = exec(Command::new("df").args(["-B1", "--output=size"]).arg(at))?;
+    String::from_utf8_lossy(&df.stdout)
+        .lines()
+        .nth(1)
+        .and_then(|l| l.trim().parse().ok())
+        .ok_or_else(|| BedError::Storage(format!("df {}: {df:?}", at.display())))
+}
+
 /// Grows the filesystem mounted at `at` (on `device`) online to the device's size and checks it
 /// got there: `xfs_growfs` for xfs, `resize2fs` for ext4 (which fails on a host without
 /// CAP_SYS_RESOURCE, as the test bed's).
@@ -574,12 +569,7 @@ fn grow_filesystem(device: &Path, at: &Path, size: u64) -> Result<(), BedError> 
             String::from_utf8_lossy(&out.stderr).trim()
         )));
     }
-    let df = exec(Command::new("df").args(["-B1", "--output=size"]).arg(at))?;
-    let total: u64 = String::from_utf8_lossy(&df.stdout)
-        .lines()
-        .nth(1)
-        .and_then(|l| l.trim().parse().ok())
-        .unwrap_or(0);
+    let total = filesystem_size(at)?;
     // A filesystem's own metadata keeps its size under the device's (xfs: 576 of 640 MiB).
     if total < size / 10 * 8 {
         return Err(BedError::Storage(format!(

@@ -308,25 +308,14 @@ async fn bind(
 ) -> Result<(), BedError> {
     let ns = pvc.metadata.namespace.clone().unwrap_or_default();
     let name = pvc.metadata.name.clone().unwrap_or_default();
-    let requested = pvc
-        .spec
-        .as_ref()
-        .and_then(|s| s.resources.as_ref())
-        .and_then(|r| r.requests.as_ref())
-        .and_then(|r| r.get("storage"))
-        .map(|q| q.0.clone())
-        .unwrap_or_default();
+    let requested = requested_quantity(pvc);
     let Some(size) = quantity::to_bytes(&requested) else {
         return Err(BedError::Storage(format!(
             "PVC {ns}/{name}: spec.resources.requests.storage {requested:?} is not a quantity"
         )));
     };
     let status = pvc.status.clone().unwrap_or_default();
-    let current = status
-        .capacity
-        .as_ref()
-        .and_then(|c| c.get("storage"))
-        .and_then(|q| quantity::to_bytes(&q.0));
+    let current = capacity_bytes(pvc);
     let bound = status.phase.as_deref() == Some("Bound");
     if bound && current.is_some_and(|c| c >= size) && storage.get(&ns, &name).is_some() {
         return Ok(());
@@ -371,6 +360,26 @@ async fn bind(
     )
     .await?;
     Ok(())
+}
+
+/// A claim's `spec.resources.requests.storage` as written (empty when unset).
+pub(crate) fn requested_quantity(pvc: &PersistentVolumeClaim) -> String {
+    pvc.spec
+        .as_ref()
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .map(|q| q.0.clone())
+        .unwrap_or_default()
+}
+
+/// A claim's `status.capacity.storage` in bytes.
+pub(crate) fn capacity_bytes(pvc: &PersistentVolumeClaim) -> Option<u64> {
+    pvc.status
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|c| c.get("storage"))
+        .and_then(|q| quantity::to_bytes(&q.0))
 }
 
 /// The backing of PVC `ns/name` once the storage stand-in has created it.
