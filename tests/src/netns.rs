@@ -351,11 +351,7 @@ impl DhcpNet {
         let path = self.client_ns_path();
         std::thread::spawn(move || -> Result<T, BedError> {
             enter_netns(&path)?;
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| BedError::Setup(format!("tokio runtime: {e}")))?;
-            Ok(rt.block_on(make()))
+            block_on_fresh(make)
         })
     }
 
@@ -373,22 +369,18 @@ impl DhcpNet {
         Fut: Future<Output = T>,
         T: Send,
     {
-        let path = self.client_ns_path();
-        std::thread::scope(|s| {
-            let worker = s.spawn(move || -> Result<T, BedError> {
-                enter_netns(&path)?;
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .map_err(|e| BedError::Setup(format!("tokio runtime: {e}")))?;
-                Ok(rt.block_on(make()))
-            });
-            match worker.join() {
-                Ok(result) => result,
-                Err(panic) => std::panic::resume_unwind(panic),
-            }
-        })
+        self.in_client_blocking(|| block_on_fresh(make))?
     }
+}
+
+/// `make()`'s future run to completion on a fresh current-thread tokio runtime, in the calling
+/// thread (and so in its network namespace).
+fn block_on_fresh<T, Fut: Future<Output = T>>(make: impl FnOnce() -> Fut) -> Result<T, BedError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| BedError::Setup(format!("tokio runtime: {e}")))?;
+    Ok(rt.block_on(make()))
 }
 
 impl Drop for DhcpNet {
