@@ -4,6 +4,8 @@
 
 use std::fmt;
 
+use harvester_common::names::is_dns1123_label;
+
 /// `namespace/name` of a Harvester VM network (a NetworkAttachmentDefinition).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetworkName {
@@ -45,15 +47,6 @@ impl fmt::Display for NetworkName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.namespace, self.name)
     }
-}
-
-pub(crate) fn is_dns1123_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
 }
 
 fn is_dns1123_subdomain(s: &str) -> bool {

@@ -28,6 +28,26 @@ impl fmt::Display for Describe<'_> {
     }
 }
 
+/// Whether `e` is the API server's answer with HTTP status `code`.
+pub fn has_code(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
+/// Whether `e` says the object does not exist (404).
+pub fn is_not_found(e: &kube::Error) -> bool {
+    has_code(e, 404)
+}
+
+/// Whether `e` is a conflict (409): the object exists already, or changed under a write.
+pub fn is_conflict(e: &kube::Error) -> bool {
+    has_code(e, 409)
+}
+
+/// Whether `e` is a refusal by RBAC (403).
+pub fn is_forbidden(e: &kube::Error) -> bool {
+    has_code(e, 403)
+}
+
 /// The error and its causes on one line, each cause once; a `kube::Error` in the chain is
 /// described by [`Describe`] and ends it (its own causes repeat what it says).
 pub fn one_line(err: &(dyn std::error::Error + 'static)) -> String {
@@ -83,6 +103,16 @@ mod tests {
             "Harvester API: reading VM vm1: virtualmachines.kubevirt.io \"vm1\" is forbidden: User \"x\" cannot get resource (HTTP 403 Forbidden)"
         );
         assert!(!line.contains("Status {"), "{line}");
+    }
+
+    #[test]
+    fn status_predicates_read_the_code() {
+        assert!(is_forbidden(&forbidden()));
+        assert!(!is_not_found(&forbidden()) && !is_conflict(&forbidden()));
+        assert!(!has_code(
+            &kube::Error::LinesCodecMaxLineLengthExceeded,
+            403
+        ));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! - [`dhcp`]: a DHCPv4 client leasing addresses for synthetic MACs (LoadBalancer `ipam: dhcp`).
 //! - [`guest`]: the guest cluster's client (kubeconfig file or in-cluster).
 //! - [`flags`]: command lines parsed the way upstream's Go programs parse them.
+//! - [`names`]: Kubernetes name rules (DNS-1123 labels).
 //! - [`quantity`]: Kubernetes quantities as bytes.
 //! - [`telemetry`]: logs, metrics, health endpoints, API request counts, shutdown signal.
 
@@ -19,5 +20,6 @@ pub mod fuzz;
 pub mod guest;
 pub mod harvester;
 pub mod ipam;
+pub mod names;
 pub mod quantity;
 pub mod telemetry;

@@ -381,7 +381,7 @@ pub async fn serve_with(
     let mut hotplug_follower = None;
     let controller = if config.mode.controller() {
         let guest = controller::guest_client(config.guest_kubeconfig.as_deref(), &metrics).await;
-        let (mut modes, task) = controller::hotplug_mode::HotplugModes::follow(
+        let (mut modes, task) = controller::hotplug::mode::HotplugModes::follow(
             harvester.client.clone(),
             readiness.clone(),
         );

@@ -28,15 +28,7 @@ fn sha256_hex(s: &str) -> String {
         .collect()
 }
 
-/// Whether `s` is a DNS-1123 label: `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters.
-pub fn is_dns1123_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= MAX_NAME
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
+pub use harvester_common::names::is_dns1123_label;
 
 /// The Harvester PVC name (= volume ID) for CSI volume name `name`.
 pub fn host_volume_name(name: &str) -> String {

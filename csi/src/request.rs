@@ -36,7 +36,7 @@ pub enum Access {
 
 /// Access modes this driver serves: one node at a time (the disk is hot-plugged into one VM),
 /// or, for a filesystem, many nodes at once (an RWX volume: Longhorn's share manager serves it
-/// over NFS through a NetworkFilesystem; `controller::rwx`, `node::nfs`).
+/// over NFS through a NetworkFilesystem; `controller::nfs`, `node::nfs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     SingleNodeWriter,
@@ -282,6 +282,24 @@ pub fn volume_size_at_least(
     range: Option<&CapacityRange>,
     floor: Option<FloorBytes>,
 ) -> Result<u64, ArgError> {
+    capacity(field, range, floor).map(|c| c.size)
+}
+
+/// A `capacity_range`, read once: what was asked (`required_bytes`, 0 for nothing), the limit
+/// (`limit_bytes`, 0 for none) and the volume size that serves them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacity {
+    pub asked: u64,
+    pub limit: u64,
+    pub size: u64,
+}
+
+/// [`Capacity`] of `range`, the size as [`volume_size_at_least`] rounds it.
+pub fn capacity(
+    field: &'static str,
+    range: Option<&CapacityRange>,
+    floor: Option<FloorBytes>,
+) -> Result<Capacity, ArgError> {
     let (required, limit) = range_bytes(field, range)?;
     let invalid = |reason: String| ArgError::Invalid { field, reason };
     if limit > 0 && required > limit {
@@ -309,7 +327,11 @@ pub fn volume_size_at_least(
             ),
         });
     }
-    Ok(size)
+    Ok(Capacity {
+        asked: required,
+        limit,
+        size,
+    })
 }
 
 #[cfg(test)]

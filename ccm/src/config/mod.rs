@@ -22,9 +22,9 @@ use harvester_common::flags::{self, Outcome, Syntax};
 use ipnetwork::IpNetwork;
 
 pub use crate::network::NetworkName;
-use crate::network::is_dns1123_label;
 use crate::node::addresses::AddressRules;
 pub use crate::node::addresses::parse_prefix;
+use harvester_common::names::is_dns1123_label;
 
 /// Names accepted by `--controllers`, as the upstream cloud-provider framework spells them.
 pub const CLOUD_NODE_CONTROLLER: &str = "cloud-node-controller";

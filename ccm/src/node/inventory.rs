@@ -28,22 +28,17 @@ use tokio::sync::mpsc;
 use crate::Context;
 use crate::error::Error;
 
-/// Prefix of the providerID the cloud provider sets: `harvester://<VM UID>`.
-pub const PROVIDER_ID_PREFIX: &str = "harvester://";
+pub use harvester_common::harvester::kubevirt::{PROVIDER_ID_PREFIX, provider_id};
 /// Label the node driver puts on guest VMs/VMIs: the guest cluster's name.
 pub const GUEST_CLUSTER_LABEL: &str = "guestcluster.harvesterhci.io/name";
-
-pub fn provider_id(vm_uid: &str) -> String {
-    format!("{PROVIDER_ID_PREFIX}{vm_uid}")
-}
 
 /// The VM UID in a Node's providerID, if it is ours.
 pub fn provider_uid(node: &Node) -> Option<&str> {
     node.spec
         .as_ref()?
         .provider_id
-        .as_deref()?
-        .strip_prefix(PROVIDER_ID_PREFIX)
+        .as_deref()
+        .and_then(harvester_common::harvester::kubevirt::provider_uid)
 }
 
 /// Whether the Node's providerID is empty or ours (a Node of another provider is left alone).

@@ -193,10 +193,96 @@ pub const VOLUME_READY: &str = "Ready";
 /// hot-plug leaves such VMs alone.
 pub const UPDATE_VOLUMES_MIGRATION: &str = "Migration";
 
+/// KubeVirt's limit of volumes per VMI (root and cloud-init disks included).
+pub const MAX_VOLUMES: i64 = 256;
+
+/// Publish context key carrying the disk serial from ControllerPublishVolume (which names the
+/// hot-plugged disk) to the node plugin (which finds the disk by it).
+pub const CONTEXT_SERIAL: &str = "serial";
+
+/// Prefix of the providerID the cloud provider sets on a guest Node: `harvester://<VM UID>`.
+pub const PROVIDER_ID_PREFIX: &str = "harvester://";
+
+/// The providerID of the guest Node of the VM with UID `vm_uid`.
+pub fn provider_id(vm_uid: &str) -> String {
+    format!("{PROVIDER_ID_PREFIX}{vm_uid}")
+}
+
+/// The VM UID in providerID `id`, if it is one of ours.
+pub fn provider_uid(id: &str) -> Option<&str> {
+    id.strip_prefix(PROVIDER_ID_PREFIX)
+}
+
+/// How many volumes can be hot-plugged into a VM with `fixed` volumes of its own (not
+/// hot-plugged): KubeVirt's [`MAX_VOLUMES`] minus those, at least 1 (CSI reads a node limit of
+/// 0 as "no limit"). Node plugin (NodeGetInfo) and controller (ControllerPublish) both use it.
+pub fn hotplug_capacity(fixed: usize) -> i64 {
+    (MAX_VOLUMES - i64::try_from(fixed).unwrap_or(MAX_VOLUMES)).max(1)
+}
+
+impl Volume {
+    /// Whether the volume's claim is marked hot-pluggable.
+    pub fn hotpluggable(&self) -> bool {
+        self.persistent_volume_claim
+            .as_ref()
+            .and_then(|p| p.hotpluggable)
+            == Some(true)
+    }
+
+    /// Whether the volume mounts PVC `claim`.
+    pub fn uses_claim(&self, claim: &str) -> bool {
+        self.persistent_volume_claim
+            .as_ref()
+            .is_some_and(|p| p.claim_name == claim)
+    }
+}
+
 impl VirtualMachine {
     /// `spec.updateVolumesStrategy` (`Replacement`, the default, or `Migration`), if set.
     pub fn update_volumes_strategy(&self) -> Option<&str> {
         self.spec.rest.get("updateVolumesStrategy")?.as_str()
+    }
+
+    /// Whether the VM has volume `volume` in its spec, and with which disk serial.
+    pub fn volume(&self, volume: &str) -> Option<Option<String>> {
+        let spec = &self.spec.template.spec;
+        spec.volumes.iter().find(|v| v.name == volume)?;
+        Some(
+            spec.domain
+                .devices
+                .disks
+                .iter()
+                .find(|d| d.name == volume)
+                .and_then(|d| d.serial.clone()),
+        )
+    }
+
+    /// Whether the VM mounts PVC `claim` (under any volume name).
+    pub fn uses_claim(&self, claim: &str) -> bool {
+        self.spec
+            .template
+            .spec
+            .volumes
+            .iter()
+            .any(|v| v.uses_claim(claim))
+    }
+
+    /// Whether volume `volume` is in the VM spec as a hot-plugged one.
+    pub fn hotplugged(&self, volume: &str) -> bool {
+        self.spec
+            .template
+            .spec
+            .volumes
+            .iter()
+            .any(|v| v.name == volume && v.hotpluggable())
+    }
+
+    /// `(hot-plugged, fixed)`: how many of the VM spec's volumes are hot-plugged, and how many
+    /// are its own.
+    pub fn volume_counts(&self) -> (usize, usize) {
+        let volumes = &self.spec.template.spec.volumes;
+        let hotplugged = volumes.iter().filter(|v| v.hotpluggable()).count();
+        (hotplugged, volumes.len() - hotplugged)
     }
 }
 
@@ -208,6 +294,48 @@ impl VirtualMachineInstance {
             .volume_status
             .iter()
             .find(|v| v.name == name)
+    }
+
+    /// Whether the VMI still has volume `volume` in its spec or status.
+    pub fn has_volume(&self, volume: &str) -> bool {
+        self.spec.volumes.iter().any(|v| v.name == volume) || self.volume_status(volume).is_some()
+    }
+
+    /// Whether the VMI mounts PVC `claim`.
+    pub fn uses_claim(&self, claim: &str) -> bool {
+        self.spec.volumes.iter().any(|v| v.uses_claim(claim))
+    }
+
+    /// How many of the VMI's volumes are its own: neither marked hot-pluggable nor reported as
+    /// hot-plugged in its volumeStatus.
+    pub fn fixed_volumes(&self) -> usize {
+        self.spec
+            .volumes
+            .iter()
+            .filter(|v| {
+                !(v.hotpluggable()
+                    || self
+                        .volume_status(&v.name)
+                        .is_some_and(|s| s.hotplug_volume.is_some()))
+            })
+            .count()
+    }
+
+    /// Whether the VMI has stopped for good (phase Failed or Succeeded): KubeVirt never
+    /// hot-unplugs from it, so its spec and volumeStatus keep every disk it had.
+    pub fn stopped(&self) -> bool {
+        matches!(
+            self.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Failed" | "Succeeded")
+        )
+    }
+
+    /// Whether the disks of the VMI may be taken although it still lists them: it has stopped
+    /// and the administrator declared its guest Node out of service. A stopped VMI alone is not
+    /// enough: KubeVirt also marks the VMIs of an unreachable host Failed while QEMU may still
+    /// run there.
+    pub fn fenced(&self, node_out_of_service: bool) -> bool {
+        node_out_of_service && self.stopped()
     }
 }
 
@@ -229,5 +357,14 @@ mod tests {
         let vmi: VirtualMachineInstance = serde_json::from_value(raw.clone()).unwrap();
         assert_eq!(vmi.volume_status("v1").unwrap().target, "sda");
         assert_eq!(serde_json::to_value(&vmi).unwrap(), raw);
+    }
+
+    #[test]
+    fn provider_ids_and_capacity() {
+        assert_eq!(provider_id("u1"), "harvester://u1");
+        assert_eq!(provider_uid("harvester://u1"), Some("u1"));
+        assert_eq!(provider_uid("aws://u1"), None);
+        assert_eq!(hotplug_capacity(2), 254);
+        assert_eq!(hotplug_capacity(300), 1);
     }
 }

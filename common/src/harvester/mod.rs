@@ -1,18 +1,22 @@
 //! Typed Harvester and KubeVirt resources: only the fields this project reads or writes are typed;
 //! everything else is kept in `rest` maps, so a read-modify-write never drops a field we do not know.
 
+pub mod backup;
 pub mod hotplug;
 pub mod kubevirt;
 pub mod lenient;
 pub mod loadbalancer;
 pub mod networkfs;
 pub mod settings;
+pub mod snapshot;
 
+pub use backup::{VolumeRemoteBackup, VolumeRemoteRestore};
 pub use hotplug::{AddVolumeOptions, HotplugError, RemoveVolumeOptions};
 pub use kubevirt::{VirtualMachine, VirtualMachineInstance};
 pub use loadbalancer::{IPPool, LoadBalancer};
 pub use networkfs::NetworkFilesystem;
 pub use settings::{HotplugMode, Setting};
+pub use snapshot::VolumeSnapshot;
 
 /// Unknown fields of an object part, preserved on write-back.
 pub type Rest = serde_json::Map<String, serde_json::Value>;

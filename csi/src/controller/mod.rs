@@ -1,49 +1,55 @@
-//! Controller service: Harvester PVCs for volumes (`volumes`), KubeVirt hot-plug for
-//! publish/unpublish (`publish`).
+//! Controller service: the CSI trait and the dispatcher. Each RPC finds the volume's kind once
+//! ([`VolumeKind`]: from the request's capabilities where it has them, else from one read of
+//! the host PVC) and hands the request to that kind's module:
 //!
-//! Capabilities are exactly what is implemented: create/delete (also from a snapshot or, as a
-//! clone, from another volume), publish/unpublish, expand, and create/delete/list snapshots
-//! (`snapshots`). ListVolumes, GetCapacity, GetSnapshot, ControllerGetVolume and ModifyVolume are not offered
-//! (the generated stubs answer UNIMPLEMENTED); see docs/csi.md.
+//! - [`hotplug`]: a host PVC hot-plugged into one VM at a time (KubeVirt `addvolume`); also the
+//!   host PVC's creation, expansion and deletion for every volume.
+//! - [`nfs`]: an RWX (MULTI_NODE_MULTI_WRITER) volume, served over NFS by Longhorn's share
+//!   manager through a NetworkFilesystem; never hot-plugged.
+//! - [`snapshots`]: snapshots (a Harvester VolumeSnapshot) and remote backups (a
+//!   VolumeRemoteBackup), and the restores from them.
+//!
+//! Below them: [`host_pvc`] (pure rules of the host PVC), [`kube`] (get-or-create, bounded
+//! waits, delete-if-exists) and [`context`] (the client, settings and shared reads every
+//! module borrows). The arrows go down only: this module calls the kinds, `hotplug` calls
+//! `snapshots` for a restore's source, and no module calls back up.
+//!
+//! Capabilities are exactly what is implemented: create/delete (also from a snapshot or a
+//! backup, or as a clone of another volume), publish/unpublish, expand (not RWX), and
+//! create/delete/list snapshots and backups. ListVolumes, GetCapacity, GetSnapshot,
+//! ControllerGetVolume and ModifyVolume are not offered (the generated stubs answer
+//! UNIMPLEMENTED); see docs/csi.md.
 
-pub mod hotplug_mode;
-mod publish;
-mod rwx;
+mod context;
+pub mod host_pvc;
+pub mod hotplug;
+mod kube;
+pub mod nfs;
 pub mod snapshots;
-mod volumes;
-
-use std::time::Duration;
 
 use csi_proto::csi::v1::controller_server::Controller;
 use csi_proto::csi::v1::controller_service_capability::{self, rpc};
+use csi_proto::csi::v1::validate_volume_capabilities_response::Confirmed;
 use csi_proto::csi::v1::*;
 use harvester_common::cloud_config::Harvester;
-use harvester_common::harvester::{VirtualMachine, VirtualMachineInstance};
+use harvester_common::names::is_dns1123_label;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::api::Api;
-use kube::runtime::wait::{Condition, await_condition};
 use tonic::{Request, Response, Status};
 
-pub use volumes::{HostVolumeMode, Params};
+pub use host_pvc::{HostVolumeMode, Params};
 
-use crate::error::ControllerError;
+use self::context::Ctx;
+use self::hotplug::Hotplug;
+use self::nfs::Nfs;
+use self::snapshots::Snapshots;
+use crate::Config;
+use crate::error::{ArgError, ControllerError};
 use crate::inflight::InFlight;
+use crate::request::{self, Capability, required};
 use crate::rpc::rpc;
-use crate::{Config, Timeouts};
 
 pub struct ControllerService {
-    harvester: Harvester,
-    host_storage_class: Option<String>,
-    max_volumes_per_node: Option<u32>,
-    timeouts: Timeouts,
-    inflight: InFlight,
-    /// Set once NetworkFilesystems could be listed: RWX volumes are served (`rwx`).
-    rwx: tokio::sync::OnceCell<()>,
-    /// The guest cluster, for the out-of-service taint of Nodes (non-graceful shutdown); `None`
-    /// when none could be configured: no volume is then ever force-detached.
-    guest: Option<kube::Client>,
-    /// How volumes are hot-plugged (Harvester's `server-version`), followed while serving.
-    hotplug: hotplug_mode::HotplugModes,
+    ctx: Ctx,
 }
 
 /// The controller RPCs this driver implements.
@@ -56,10 +62,20 @@ pub const CAPABILITIES: [rpc::Type; 6] = [
     rpc::Type::CloneVolume,
 ];
 
-/// Labels upstream puts on a Harvester snapshot so a restore can recreate the PVC the same way:
-/// written by `snapshots`, read by `volumes` (here, so neither module imports the other both ways).
-pub const LABEL_SNAP_HOST_SC: &str = "harvesterhci.io/snapHostSC";
-pub const LABEL_SNAP_HOST_VOLUME_MODE: &str = "harvesterhci.io/snapHostVolumeMode";
+/// How a volume is served, which decides the module that handles it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VolumeKind {
+    /// Hot-plugged into one VM at a time ([`hotplug`]).
+    Hotplug,
+    /// RWX, served over NFS through the NetworkFilesystem of PV `pv` ([`nfs`]).
+    Nfs { pv: String },
+}
+
+/// Whether `caps` ask for an RWX (MULTI_NODE_MULTI_WRITER) volume: the kind of a volume that
+/// CreateVolume and ControllerPublish are about, known before any read.
+fn wants_rwx(caps: &[Capability]) -> bool {
+    caps.iter().any(Capability::is_rwx)
+}
 
 /// The guest cluster's client: `path`, else the in-cluster config (then `KUBECONFIG`). `None`,
 /// with a warning, when there is none: the controller then never force-detaches a volume from
@@ -67,7 +83,7 @@ pub const LABEL_SNAP_HOST_VOLUME_MODE: &str = "harvesterhci.io/snapHostVolumeMod
 pub async fn guest_client(
     path: Option<&std::path::Path>,
     metrics: &harvester_common::telemetry::Metrics,
-) -> Option<kube::Client> {
+) -> Option<::kube::Client> {
     let client = harvester_common::guest::config(path)
         .await
         .and_then(|c| harvester_common::guest::client(c, Some(metrics)));
@@ -86,92 +102,160 @@ pub async fn guest_client(
 impl ControllerService {
     pub fn new(
         harvester: Harvester,
-        guest: Option<kube::Client>,
-        hotplug: hotplug_mode::HotplugModes,
+        guest: Option<::kube::Client>,
+        hotplug: hotplug::mode::HotplugModes,
         config: &Config,
     ) -> Self {
         ControllerService {
-            guest,
-            hotplug,
-            harvester,
-            host_storage_class: config.host_storage_class.clone(),
-            max_volumes_per_node: config.max_volumes_per_node,
-            timeouts: config.timeouts.clone(),
-            inflight: InFlight::default(),
-            rwx: tokio::sync::OnceCell::new(),
-        }
-    }
-
-    fn ns(&self) -> &str {
-        &self.harvester.namespace
-    }
-    fn pvcs(&self) -> Api<PersistentVolumeClaim> {
-        Api::namespaced(self.harvester.client.clone(), self.ns())
-    }
-    fn vms(&self) -> Api<VirtualMachine> {
-        Api::namespaced(self.harvester.client.clone(), self.ns())
-    }
-    fn vmis(&self) -> Api<VirtualMachineInstance> {
-        Api::namespaced(self.harvester.client.clone(), self.ns())
-    }
-
-    /// VM `node` (the CSI node ID), NOT_FOUND when Harvester has none.
-    async fn vm_or_not_found(&self, node: &str) -> Result<VirtualMachine, ControllerError> {
-        self.vms()
-            .get_opt(node)
-            .await
-            .map_err(ControllerError::api(format!("getting VM {node}")))?
-            .ok_or_else(|| self.node_not_found(node))
-    }
-
-    fn node_not_found(&self, node: &str) -> ControllerError {
-        ControllerError::NodeNotFound {
-            namespace: self.ns().to_string(),
-            node: node.to_string(),
-        }
-    }
-
-    fn begin(&self, volume: &str) -> Result<crate::inflight::Guard<'_>, ControllerError> {
-        self.inflight
-            .begin(volume)
-            .ok_or_else(|| ControllerError::Busy(volume.to_string()))
-    }
-
-    /// Waits (watch) until the host PVC `id` is Bound: hot-plug and resize both need that.
-    async fn wait_bound(&self, id: &str) -> Result<(), ControllerError> {
-        self.wait_for(
-            self.pvcs(),
-            id,
-            format!("PVC {}/{id} to be Bound", self.ns()),
-            self.timeouts.bind,
-            |p: Option<&PersistentVolumeClaim>| {
-                p.and_then(|p| p.status.as_ref())
-                    .and_then(|s| s.phase.as_deref())
-                    == Some("Bound")
+            ctx: Ctx {
+                guest,
+                hotplug,
+                harvester,
+                host_storage_class: config.host_storage_class.clone(),
+                max_volumes_per_node: config.max_volumes_per_node,
+                timeouts: config.timeouts.clone(),
+                inflight: InFlight::default(),
+                rwx: tokio::sync::OnceCell::new(),
             },
-        )
-        .await
-        .map(|_| ())
+        }
     }
 
-    /// Watches `name` until `cond` holds, for at most `limit`.
-    async fn wait_for<K>(
+    /// The kind of the volume whose host PVC is `pvc` (none: hot-plug, whose path answers a
+    /// missing volume). Asks for its NetworkFilesystem only when the PVC is shaped like RWX.
+    async fn kind_of(
         &self,
-        api: Api<K>,
-        name: &str,
-        what: String,
-        limit: Duration,
-        cond: impl Condition<K>,
-    ) -> Result<Option<K>, ControllerError>
-    where
-        K: kube::Resource + Clone + std::fmt::Debug + Send + serde::de::DeserializeOwned + 'static,
-    {
-        match tokio::time::timeout(limit, await_condition(api, name, cond)).await {
-            Ok(Ok(obj)) => Ok(obj),
-            Ok(Err(e)) => Err(ControllerError::Precondition(format!(
-                "watching {what}: {e}"
-            ))),
-            Err(_) => Err(ControllerError::Timeout { what, after: limit }),
+        pvc: Option<&PersistentVolumeClaim>,
+    ) -> Result<VolumeKind, ControllerError> {
+        let pv = match pvc {
+            Some(pvc) => Nfs(&self.ctx).serving(pvc).await?,
+            None => None,
+        };
+        Ok(pv.map_or(VolumeKind::Hotplug, |pv| VolumeKind::Nfs { pv }))
+    }
+
+    async fn create(
+        &self,
+        req: CreateVolumeRequest,
+    ) -> Result<CreateVolumeResponse, ControllerError> {
+        required("name", &req.name)?;
+        let caps = request::capabilities("volume_capabilities", &req.volume_capabilities)?;
+        if wants_rwx(&caps) {
+            Nfs(&self.ctx).create(&req, &caps).await
+        } else {
+            Hotplug(&self.ctx).create(&req, &caps).await
+        }
+    }
+
+    async fn delete(
+        &self,
+        req: DeleteVolumeRequest,
+    ) -> Result<DeleteVolumeResponse, ControllerError> {
+        let id = required("volume_id", &req.volume_id)?;
+        if !is_dns1123_label(id) {
+            // No PVC can have this name: it was never created, so it is deleted.
+            return Ok(DeleteVolumeResponse {});
+        }
+        let _guard = self.ctx.begin(id)?;
+        let pvc = self.ctx.pvc(id).await?;
+        if let VolumeKind::Nfs { pv } = self.kind_of(pvc.as_ref()).await? {
+            // An RWX volume: its NetworkFilesystem goes first, then the PVC (below).
+            Nfs(&self.ctx).delete(&pv).await?;
+        }
+        Hotplug(&self.ctx).delete_host_pvc(id).await
+    }
+
+    async fn publish(
+        &self,
+        req: ControllerPublishVolumeRequest,
+    ) -> Result<ControllerPublishVolumeResponse, ControllerError> {
+        let id = required("volume_id", &req.volume_id)?;
+        let node = required("node_id", &req.node_id)?;
+        let cap = request::capability("volume_capability", req.volume_capability.as_ref())?;
+        if wants_rwx(&[cap]) {
+            Nfs(&self.ctx).publish(id, node).await
+        } else {
+            Hotplug(&self.ctx).publish(id, node).await
+        }
+    }
+
+    async fn unpublish(
+        &self,
+        req: ControllerUnpublishVolumeRequest,
+    ) -> Result<ControllerUnpublishVolumeResponse, ControllerError> {
+        let id = required("volume_id", &req.volume_id)?;
+        let pvc = self.ctx.pvc(id).await?;
+        let kind = self.kind_of(pvc.as_ref()).await?;
+        let _guard = self.ctx.begin(id)?;
+        match kind {
+            VolumeKind::Nfs { pv } => Nfs(&self.ctx).unpublish(id, &pv, &req.node_id).await?,
+            VolumeKind::Hotplug => Hotplug(&self.ctx).unpublish(id, &req.node_id).await?,
+        }
+        Ok(ControllerUnpublishVolumeResponse {})
+    }
+
+    async fn validate(
+        &self,
+        req: ValidateVolumeCapabilitiesRequest,
+    ) -> Result<ValidateVolumeCapabilitiesResponse, ControllerError> {
+        let id = required("volume_id", &req.volume_id)?;
+        if req.volume_capabilities.is_empty() {
+            return Err(ArgError::Missing {
+                field: "volume_capabilities",
+            }
+            .into());
+        }
+        let pvc = self.ctx.existing(id).await?;
+        let not_confirmed = |message: String| ValidateVolumeCapabilitiesResponse {
+            confirmed: None,
+            message,
+        };
+        // Unsupported capabilities are not an error here: the answer is "not confirmed".
+        let caps = match request::capabilities("volume_capabilities", &req.volume_capabilities) {
+            Ok(caps) => caps,
+            Err(e) => return Ok(not_confirmed(e.to_string())),
+        };
+        let is_rwx = self.kind_of(Some(&pvc)).await? != VolumeKind::Hotplug;
+        if let Some(why) = nfs::kind_mismatch(id, wants_rwx(&caps), is_rwx) {
+            return Ok(not_confirmed(why));
+        }
+        if let Err(e) = Params::parse(&req.parameters, self.ctx.host_storage_class.as_deref()) {
+            return Ok(not_confirmed(e.to_string()));
+        }
+        Ok(ValidateVolumeCapabilitiesResponse {
+            confirmed: Some(Confirmed {
+                volume_context: req.volume_context,
+                volume_capabilities: req.volume_capabilities,
+                parameters: req.parameters,
+                mutable_parameters: Default::default(),
+            }),
+            message: String::new(),
+        })
+    }
+
+    async fn expand(
+        &self,
+        req: ControllerExpandVolumeRequest,
+    ) -> Result<ControllerExpandVolumeResponse, ControllerError> {
+        let id = required("volume_id", &req.volume_id)?;
+        let range = req.capacity_range.as_ref().ok_or(ArgError::Missing {
+            field: "capacity_range",
+        })?;
+        let size = request::volume_size("capacity_range", Some(range))?;
+        let cap = req
+            .volume_capability
+            .as_ref()
+            .map(|c| Capability::parse("volume_capability", c))
+            .transpose()?;
+        let node_expansion_required = !cap.is_some_and(|c| c.is_block());
+        let _guard = self.ctx.begin(id)?;
+        let pvc = self.ctx.existing(id).await?;
+        match self.kind_of(Some(&pvc)).await? {
+            VolumeKind::Nfs { .. } => Err(nfs::expand_refused(id)),
+            VolumeKind::Hotplug => {
+                Hotplug(&self.ctx)
+                    .expand(id, &pvc, size, node_expansion_required)
+                    .await
+            }
         }
     }
 }
@@ -245,7 +329,12 @@ impl Controller for ControllerService {
     ) -> Result<Response<CreateSnapshotResponse>, Status> {
         let req = request.into_inner();
         let id = req.source_volume_id.clone();
-        rpc("CreateSnapshot", &id, self.create_snapshot(req)).await
+        rpc(
+            "CreateSnapshot",
+            &id,
+            Snapshots(&self.ctx).create_snapshot(req),
+        )
+        .await
     }
 
     async fn delete_snapshot(
@@ -254,7 +343,12 @@ impl Controller for ControllerService {
     ) -> Result<Response<DeleteSnapshotResponse>, Status> {
         let req = request.into_inner();
         let id = req.snapshot_id.clone();
-        rpc("DeleteSnapshot", &id, self.delete_snapshot(req)).await
+        rpc(
+            "DeleteSnapshot",
+            &id,
+            Snapshots(&self.ctx).delete_snapshot(req),
+        )
+        .await
     }
 
     async fn list_snapshots(
@@ -263,7 +357,12 @@ impl Controller for ControllerService {
     ) -> Result<Response<ListSnapshotsResponse>, Status> {
         let req = request.into_inner();
         let id = req.source_volume_id.clone();
-        rpc("ListSnapshots", &id, self.list_snapshots(req)).await
+        rpc(
+            "ListSnapshots",
+            &id,
+            Snapshots(&self.ctx).list_snapshots(req),
+        )
+        .await
     }
 
     async fn controller_expand_volume(

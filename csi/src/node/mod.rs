@@ -22,6 +22,7 @@ use csi_proto::csi::v1::*;
 use harvester_common::api_error::Describe;
 use harvester_common::cloud_config::Harvester;
 use harvester_common::harvester::VirtualMachineInstance;
+use harvester_common::harvester::kubevirt::{self, CONTEXT_SERIAL};
 use kube::api::Api;
 use tonic::{Request, Response, Status};
 
@@ -33,11 +34,6 @@ use crate::inflight::InFlight;
 use crate::request::{self, Access, required};
 use crate::rpc::rpc;
 use crate::{Config, naming};
-
-/// KubeVirt's limit of volumes per VMI (root and cloud-init disks included).
-pub const KUBEVIRT_MAX_VOLUMES: i64 = 256;
-/// Publish context key with the disk serial (set by ControllerPublishVolume).
-pub const CONTEXT_SERIAL: &str = "serial";
 
 pub struct NodeService {
     node_id: String,
@@ -101,27 +97,10 @@ pub fn local_macs(sysfs: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Volumes this node can still take: KubeVirt's 256 per VMI minus the VMI's own (not
+/// Volumes this node can still take: [`kubevirt::hotplug_capacity`] of the VMI's own (not
 /// hot-plugged) disks; without a VMI, assume a root and a cloud-init disk.
 pub fn max_volumes(vmi: Option<&VirtualMachineInstance>) -> i64 {
-    let fixed = vmi.map_or(2, |vmi| {
-        vmi.spec
-            .volumes
-            .iter()
-            .filter(|v| {
-                let hotplugged = v
-                    .persistent_volume_claim
-                    .as_ref()
-                    .and_then(|p| p.hotpluggable)
-                    == Some(true)
-                    || vmi
-                        .volume_status(&v.name)
-                        .is_some_and(|s| s.hotplug_volume.is_some());
-                !hotplugged
-            })
-            .count() as i64
-    });
-    (KUBEVIRT_MAX_VOLUMES - fixed).max(1)
+    kubevirt::hotplug_capacity(vmi.map_or(2, VirtualMachineInstance::fixed_volumes))
 }
 
 /// How to recognise the disk of `volume`: the serial from the publish context, else the derived

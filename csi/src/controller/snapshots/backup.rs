@@ -14,113 +14,21 @@
 use std::collections::BTreeMap;
 
 use csi_proto::csi::v1::*;
-use harvester_common::quantity;
-use k8s_openapi::api::core::v1::PersistentVolumeClaimSpec;
-use kube::CustomResource;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta};
-use serde::{Deserialize, Serialize};
+use harvester_common::api_error::{is_forbidden, is_not_found};
+pub use harvester_common::harvester::backup::{
+    LABEL_BACKUP_SOURCE_VOLUME, TYPE_LONGHORN, VolumeRemoteBackup, VolumeRemoteBackupSpec,
+    VolumeRemoteRestore, VolumeRemoteRestoreSpec,
+};
+use kube::api::{Api, ListParams, ObjectMeta};
 
-use super::get_or_create;
-use crate::controller::ControllerService;
+use super::Snapshots;
+use crate::controller::host_pvc::{Source, out_of_range, requested_bytes};
+use crate::controller::kube::{Deleting, delete_if_exists, get_or_create, wait_for};
 use crate::error::{ArgError, ControllerError};
 use crate::naming::{self, ORIGINAL_NAME_ANNOTATION};
 
-/// Label upstream puts on a VolumeRemoteBackup: the volume (Harvester PVC) it backs up.
-pub const LABEL_BACKUP_SOURCE_VOLUME: &str = "harvesterhci.io/backupSourceVolume";
 /// Prefix of a backup's snapshot ID: `backup:<namespace>/<name>` of its VolumeRemoteBackup.
 pub const BACKUP_ID_PREFIX: &str = "backup:";
-/// `spec.type` of VRBs and VRRs: Longhorn's backup target, the only type Harvester has.
-pub const TYPE_LONGHORN: &str = "lh";
-
-/// `harvesterhci.io/v1beta1` VolumeRemoteBackup: only the fields this driver reads or writes.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[kube(
-    group = "harvesterhci.io",
-    version = "v1beta1",
-    kind = "VolumeRemoteBackup",
-    namespaced,
-    status = "VolumeRemoteBackupStatus",
-    schema = "disabled"
-)]
-pub struct VolumeRemoteBackupSpec {
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// The backed-up PVC, in the VRB's namespace.
-    pub source: String,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct VolumeRemoteBackupStatus {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub handle: Option<String>,
-    /// The source PVC's spec when it was backed up: a restore gets its size and class.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source_spec: Option<PersistentVolumeClaimSpec>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub success: Option<bool>,
-    #[serde(flatten)]
-    pub rest: serde_json::Map<String, serde_json::Value>,
-}
-
-/// `harvesterhci.io/v1beta1` VolumeRemoteRestore: only the fields this driver reads or writes.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[kube(
-    group = "harvesterhci.io",
-    version = "v1beta1",
-    kind = "VolumeRemoteRestore",
-    namespaced,
-    status = "VolumeRemoteRestoreStatus",
-    schema = "disabled"
-)]
-pub struct VolumeRemoteRestoreSpec {
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// The VolumeRemoteBackup restored, `<namespace>/<name>`.
-    pub from: String,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct VolumeRemoteRestoreStatus {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub success: Option<bool>,
-    #[serde(flatten)]
-    pub rest: serde_json::Map<String, serde_json::Value>,
-}
-
-impl VolumeRemoteBackup {
-    pub fn ready(&self) -> bool {
-        self.status.as_ref().and_then(|s| s.success) == Some(true)
-    }
-    /// The backed-up size: `status.sourceSpec.resources.requests.storage` (upstream's restore
-    /// makes the PVC with exactly that request).
-    pub fn size_bytes(&self) -> Option<u64> {
-        let q = self
-            .status
-            .as_ref()?
-            .source_spec
-            .as_ref()?
-            .resources
-            .as_ref()?
-            .requests
-            .as_ref()?
-            .get("storage")?;
-        quantity::to_bytes(&q.0)
-    }
-    pub fn id(&self) -> BackupId {
-        BackupId {
-            namespace: self.metadata.namespace.clone().unwrap_or_default(),
-            name: self.metadata.name.clone().unwrap_or_default(),
-        }
-    }
-}
-
-impl VolumeRemoteRestore {
-    pub fn ready(&self) -> bool {
-        self.status.as_ref().and_then(|s| s.success) == Some(true)
-    }
-}
 
 /// A backup's snapshot ID, `backup:<namespace>/<name>`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -130,6 +38,24 @@ pub struct BackupId {
 }
 
 impl BackupId {
+    /// The ID of backup `vrb`.
+    pub fn of(vrb: &VolumeRemoteBackup) -> BackupId {
+        BackupId {
+            namespace: vrb.metadata.namespace.clone().unwrap_or_default(),
+            name: vrb.metadata.name.clone().unwrap_or_default(),
+        }
+    }
+
+    /// The backup a CreateVolume restores from, when its snapshot source is a `backup:` ID.
+    pub fn of_source(source: Option<Source>) -> Result<Option<BackupId>, ArgError> {
+        match source {
+            Some(Source::Snapshot(id)) => {
+                BackupId::parse("volume_content_source.snapshot.snapshot_id", id)
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// `None` when `id` is not a backup ID (a local snapshot's); INVALID_ARGUMENT naming `field`
     /// when it starts with `backup:` but is not `backup:<namespace>/<name>`.
     pub fn parse(field: &'static str, id: &str) -> Result<Option<BackupId>, ArgError> {
@@ -212,7 +138,7 @@ pub fn existing_backup_matches(
 ) -> Result<(), ControllerError> {
     let clash = |reason: String| ControllerError::AlreadyExists {
         name: csi_name.to_string(),
-        pvc: format!("VolumeRemoteBackup {}", vrb.id().reference()),
+        pvc: format!("VolumeRemoteBackup {}", BackupId::of(vrb).reference()),
         reason,
     };
     let made_for = created_for(&vrb.metadata);
@@ -232,7 +158,7 @@ pub fn existing_backup_matches(
 pub fn csi_backup(vrb: &VolumeRemoteBackup, fallback_size: u64) -> Snapshot {
     Snapshot {
         size_bytes: i64::try_from(vrb.size_bytes().unwrap_or(fallback_size)).unwrap_or(i64::MAX),
-        snapshot_id: vrb.id().to_string(),
+        snapshot_id: BackupId::of(vrb).to_string(),
         source_volume_id: vrb.spec.source.clone(),
         creation_time: vrb
             .metadata
@@ -293,10 +219,6 @@ pub fn restore_size(
     from: &BackupId,
     backup_bytes: u64,
 ) -> Result<u64, ArgError> {
-    let out_of_range = |reason: String| ArgError::OutOfRange {
-        field: "capacity_range",
-        reason,
-    };
     if asked > backup_bytes {
         return Err(out_of_range(format!(
             "required_bytes {asked} is above backup {from} ({backup_bytes} bytes); a volume \
@@ -311,7 +233,7 @@ pub fn restore_size(
     Ok(backup_bytes)
 }
 
-impl ControllerService {
+impl Snapshots<'_> {
     fn backups(&self, namespace: &str) -> Api<VolumeRemoteBackup> {
         Api::namespaced(self.harvester.client.clone(), namespace)
     }
@@ -321,7 +243,7 @@ impl ControllerService {
 
     /// CreateSnapshot with `type: backup`: get or create the VRB, then wait (watch, bounded)
     /// for `status.success`; still running is `ready_to_use: false`.
-    pub(in crate::controller) async fn create_backup(
+    pub async fn create_backup(
         &self,
         name: &str,
         source: &str,
@@ -329,9 +251,10 @@ impl ControllerService {
         let vrb_name = naming::host_volume_name(name);
         let _guard = self.begin(&format!("snapshot/{vrb_name}"))?;
         let api = self.backups(self.ns());
-        let vrb = get_or_create(
+        let (vrb, _) = get_or_create(
             &api,
             &vrb_name,
+            Deleting::Judge,
             |existing| existing_backup_matches(name, source, existing),
             async {
                 self.existing(source).await?;
@@ -342,15 +265,14 @@ impl ControllerService {
         let vrb = if vrb.ready() {
             vrb
         } else {
-            let waited = self
-                .wait_for(
-                    api.clone(),
-                    &vrb_name,
-                    format!("VolumeRemoteBackup {}/{vrb_name} to succeed", self.ns()),
-                    self.timeouts.snapshot_ready,
-                    |b: Option<&VolumeRemoteBackup>| b.is_none_or(VolumeRemoteBackup::ready),
-                )
-                .await;
+            let waited = wait_for(
+                api.clone(),
+                &vrb_name,
+                format!("VolumeRemoteBackup {}/{vrb_name} to succeed", self.ns()),
+                self.timeouts.snapshot_ready,
+                |b: Option<&VolumeRemoteBackup>| b.is_none_or(VolumeRemoteBackup::ready),
+            )
+            .await;
             match waited {
                 Ok(Some(b)) => b,
                 Ok(None) => {
@@ -363,7 +285,7 @@ impl ControllerService {
             }
         };
         let fallback = match self.pvcs().get_opt(source).await {
-            Ok(Some(pvc)) => crate::controller::volumes::requested_bytes(&pvc).unwrap_or(0),
+            Ok(Some(pvc)) => requested_bytes(&pvc).unwrap_or(0),
             _ => 0,
         };
         Ok(CreateSnapshotResponse {
@@ -372,33 +294,23 @@ impl ControllerService {
     }
 
     /// DeleteSnapshot of a backup: delete the VRB; gone already is success.
-    pub(in crate::controller) async fn delete_backup(
+    pub async fn delete_backup(
         &self,
         id: &BackupId,
     ) -> Result<DeleteSnapshotResponse, ControllerError> {
         let _guard = self.begin(&format!("snapshot/{}", id.name))?;
-        match self
-            .backups(&id.namespace)
-            .delete(&id.name, &DeleteParams::default())
-            .await
-        {
-            Ok(_) => {
-                tracing::info!(backup = %id, "deleted VolumeRemoteBackup");
-                Ok(DeleteSnapshotResponse {})
-            }
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(DeleteSnapshotResponse {}),
-            Err(e) => Err(ControllerError::api(format!(
-                "deleting VolumeRemoteBackup {}",
-                id.reference()
-            ))(e)),
+        let what = format!("VolumeRemoteBackup {}", id.reference());
+        if delete_if_exists(&self.backups(&id.namespace), &id.name, &what).await? {
+            tracing::info!(backup = %id, "deleted VolumeRemoteBackup");
         }
+        Ok(DeleteSnapshotResponse {})
     }
 
     /// The backups ListSnapshots reports: by ID, else (as upstream) the VRBs of every namespace
     /// carrying the source label (of `source_volume_id` when given). Without the cluster-wide
     /// read (our documented RBAC binds the driver's role in its namespace only) the VRBs of the
     /// driver's own namespace.
-    pub(in crate::controller) async fn list_backups(
+    pub async fn list_backups(
         &self,
         snapshot_id: &str,
         source_volume_id: &str,
@@ -426,7 +338,7 @@ impl ControllerService {
             let all: Api<VolumeRemoteBackup> = Api::all(self.harvester.client.clone());
             match all.list(&params).await {
                 Ok(l) => l.items,
-                Err(kube::Error::Api(s)) if s.code == 403 => {
+                Err(e) if is_forbidden(&e) => {
                     self.backups(self.ns())
                         .list(&params)
                         .await
@@ -450,7 +362,7 @@ impl ControllerService {
     /// CreateVolume from a backup: get or create the VRR named like the volume, then wait
     /// (watch, bounded like the snapshot wait) for `status.success`; a restore still running is
     /// UNAVAILABLE so the provisioner asks again. Returns the volume ID and size.
-    pub(in crate::controller) async fn restore_from_backup(
+    pub async fn restore_from_backup(
         &self,
         name: &str,
         from: &BackupId,
@@ -483,9 +395,10 @@ impl ControllerService {
         })?;
         let size = restore_size(asked, limit, from, bytes)?;
         let api = self.restores();
-        let vrr = get_or_create(
+        let (vrr, _) = get_or_create(
             &api,
             &vol,
+            Deleting::Judge,
             |existing| existing_restore_matches(name, from, existing),
             async {
                 // A volume of that name made another way is a clash, not a restore.
@@ -506,15 +419,14 @@ impl ControllerService {
         )
         .await?;
         if !vrr.ready() {
-            let waited = self
-                .wait_for(
-                    api.clone(),
-                    &vol,
-                    format!("VolumeRemoteRestore {}/{vol} to succeed", self.ns()),
-                    self.timeouts.snapshot_ready,
-                    |r: Option<&VolumeRemoteRestore>| r.is_none_or(VolumeRemoteRestore::ready),
-                )
-                .await;
+            let waited = wait_for(
+                api.clone(),
+                &vol,
+                format!("VolumeRemoteRestore {}/{vol} to succeed", self.ns()),
+                self.timeouts.snapshot_ready,
+                |r: Option<&VolumeRemoteRestore>| r.is_none_or(VolumeRemoteRestore::ready),
+            )
+            .await;
             match waited {
                 Ok(Some(_)) => {}
                 Ok(None) => {
@@ -538,18 +450,19 @@ impl ControllerService {
     /// DeleteVolume of a restored volume: delete its VRR (Harvester's garbage collector then
     /// deletes the PVC it owns). Whether there was one; a role that may not delete VRRs (one
     /// granted before backups existed) is logged and taken as none.
-    pub(in crate::controller) async fn delete_restore(
-        &self,
-        id: &str,
-    ) -> Result<bool, ControllerError> {
-        match self.restores().delete(id, &DeleteParams::default()).await {
+    pub async fn delete_restore(&self, id: &str) -> Result<bool, ControllerError> {
+        match self
+            .restores()
+            .delete(id, &kube::api::DeleteParams::default())
+            .await
+        {
             Ok(_) => {
                 tracing::info!(volume = id, "deleted VolumeRemoteRestore");
                 Ok(true)
             }
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+            Err(e) if is_not_found(&e) => Ok(false),
             // A role from before backups (no volumeremoterestores) must not stop every delete.
-            Err(kube::Error::Api(s)) if s.code == 403 => {
+            Err(e) if is_forbidden(&e) => {
                 tracing::warn!(
                     volume = id,
                     "may not delete VolumeRemoteRestores (grant volumeremoterestores, see docs/install.md); deleting the PVC only"

@@ -1,26 +1,27 @@
-//! CreateVolume, DeleteVolume, ValidateVolumeCapabilities, ControllerExpandVolume: the volume is
-//! a PVC in the cloud-config's namespace on Harvester, named by [`crate::naming`].
+//! The host PVC of a volume, as pure rules (no client): the StorageClass parameters
+//! ([`Params`]), where the data comes from ([`Source`]), the PVC CreateVolume makes
+//! ([`host_pvc`]), whether an existing one is the same volume ([`existing_matches`]), sizes,
+//! and the one rule that turns a Kubernetes volume mode into a [`HostVolumeMode`].
 
 use std::collections::{BTreeMap, HashMap};
 
-use csi_proto::csi::v1::validate_volume_capabilities_response::Confirmed;
 use csi_proto::csi::v1::*;
 use harvester_common::quantity;
 use k8s_openapi::api::core::v1::{
     PersistentVolumeClaim, PersistentVolumeClaimSpec, TypedLocalObjectReference,
     VolumeResourceRequirements,
 };
-use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use serde_json::json;
 
-use super::ControllerService;
-use super::snapshots::backup::BackupId;
 use crate::error::{ArgError, ControllerError};
-use crate::naming::{self, ORIGINAL_NAME_ANNOTATION};
-use crate::request::{self, required};
+use crate::naming::ORIGINAL_NAME_ANNOTATION;
+use crate::request::required;
+
+/// Labels upstream puts on a Harvester snapshot so a restore can recreate the PVC the same way:
+/// written by `snapshots`, read by the restore here.
+pub const LABEL_SNAP_HOST_SC: &str = "harvesterhci.io/snapHostSC";
+pub const LABEL_SNAP_HOST_VOLUME_MODE: &str = "harvesterhci.io/snapHostVolumeMode";
 
 /// StorageClass parameter naming the Harvester StorageClass of the host PVC.
 pub const PARAM_HOST_STORAGE_CLASS: &str = "hostStorageClass";
@@ -37,6 +38,15 @@ pub enum HostVolumeMode {
 }
 
 impl HostVolumeMode {
+    /// The one reading of a Kubernetes `volumeMode` (a source PVC's, a snapshot label's):
+    /// `Filesystem` in any case is a filesystem, anything else block.
+    pub fn from_k8s(mode: Option<&str>) -> HostVolumeMode {
+        match mode {
+            Some(m) if m.eq_ignore_ascii_case("filesystem") => HostVolumeMode::Filesystem,
+            _ => HostVolumeMode::Block,
+        }
+    }
+
     fn as_k8s(self) -> &'static str {
         match self {
             HostVolumeMode::Block => "Block",
@@ -91,8 +101,9 @@ impl Params {
             .filter(|s| !s.is_empty());
         let volume_mode = match params.get(PARAM_HOST_VOLUME_MODE).map(|s| s.trim()) {
             None | Some("") => HostVolumeMode::Block,
-            Some(m) if m.eq_ignore_ascii_case("block") => HostVolumeMode::Block,
-            Some(m) if m.eq_ignore_ascii_case("filesystem") => HostVolumeMode::Filesystem,
+            Some(m) if m.eq_ignore_ascii_case("block") || m.eq_ignore_ascii_case("filesystem") => {
+                HostVolumeMode::from_k8s(Some(m))
+            }
             Some(other) => {
                 return Err(ArgError::Invalid {
                     field: "parameters",
@@ -109,6 +120,27 @@ impl Params {
             storage_class_from_param: from_param.is_some(),
             volume_mode,
         })
+    }
+}
+
+impl Params {
+    /// A clone, like Longhorn makes one: the source PVC's class and volume mode.
+    pub fn clone_of(&mut self, source: &PersistentVolumeClaimSpec) {
+        self.storage_class = source.storage_class_name.clone().filter(|s| !s.is_empty());
+        self.storage_class_from_param = false;
+        self.volume_mode = HostVolumeMode::from_k8s(source.volume_mode.as_deref());
+    }
+
+    /// A restore, like upstream makes one: the class and volume mode the snapshot's labels
+    /// ([`LABEL_SNAP_HOST_SC`], [`LABEL_SNAP_HOST_VOLUME_MODE`]) name, where they name one.
+    pub fn restore_of(&mut self, labels: &BTreeMap<String, String>) {
+        if let Some(sc) = labels.get(LABEL_SNAP_HOST_SC).filter(|s| !s.is_empty()) {
+            self.storage_class = Some(sc.clone());
+            self.storage_class_from_param = false;
+        }
+        if let Some(mode) = labels.get(LABEL_SNAP_HOST_VOLUME_MODE) {
+            self.volume_mode = HostVolumeMode::from_k8s(Some(mode));
+        }
     }
 }
 
@@ -158,16 +190,6 @@ impl<'a> Source<'a> {
                 )?)),
             },
         )
-    }
-}
-
-/// The backup a CreateVolume restores from, when its snapshot source is a `backup:` ID.
-pub fn backup_source(source: Option<Source>) -> Result<Option<BackupId>, ArgError> {
-    match source {
-        Some(Source::Snapshot(id)) => {
-            BackupId::parse("volume_content_source.snapshot.snapshot_id", id)
-        }
-        _ => Ok(None),
     }
 }
 
@@ -225,6 +247,17 @@ pub fn capacity_bytes(pvc: &PersistentVolumeClaim) -> Option<u64> {
     quantity::to_bytes(&q.0)
 }
 
+/// The CSI volume of host PVC `id`.
+pub fn csi_volume(id: &str, size: u64, source: Option<VolumeContentSource>) -> Volume {
+    Volume {
+        capacity_bytes: i64::try_from(size).unwrap_or(i64::MAX),
+        volume_id: id.to_string(),
+        volume_context: Default::default(),
+        content_source: source,
+        accessible_topology: Vec::new(),
+    }
+}
+
 /// Whether an existing host PVC is the volume CreateVolume asks for again: it was created for
 /// the same CSI name and its size fits the request. Returns the volume's size.
 pub fn existing_matches(
@@ -268,6 +301,31 @@ pub fn existing_matches(
     Ok(have)
 }
 
+/// OUT_OF_RANGE for the request's `capacity_range`, saying why.
+pub fn out_of_range(reason: String) -> ArgError {
+    ArgError::OutOfRange {
+        field: "capacity_range",
+        reason,
+    }
+}
+
+/// The size of a restore of a snapshot of `restore_bytes`: the request `size` (already
+/// rounded), raised to the snapshot's size in 2 MiB steps; OUT_OF_RANGE above `limit`.
+pub fn snapshot_restore_size(
+    size: u64,
+    limit: u64,
+    snapshot: &str,
+    restore_bytes: u64,
+) -> Result<u64, ArgError> {
+    let size = size.max(restore_bytes.next_multiple_of(crate::request::SIZE_ALIGN));
+    if limit > 0 && size > limit {
+        return Err(out_of_range(format!(
+            "snapshot {snapshot} needs {size} bytes, above limit_bytes {limit}"
+        )));
+    }
+    Ok(size)
+}
+
 /// The size of a clone of a `from_bytes` source: the request `size` (already rounded) when it
 /// holds the source; the source's size when no size was asked for (`asked` 0); OUT_OF_RANGE
 /// when a clone would be smaller than its source or the source is above `limit`.
@@ -278,10 +336,6 @@ pub fn clone_size(
     source: &str,
     from_bytes: u64,
 ) -> Result<u64, ArgError> {
-    let out_of_range = |reason: String| ArgError::OutOfRange {
-        field: "capacity_range",
-        reason,
-    };
     if size >= from_bytes {
         return Ok(size);
     }
@@ -299,336 +353,10 @@ pub fn clone_size(
     Ok(from_bytes)
 }
 
-fn volume(id: &str, size: u64, source: Option<VolumeContentSource>) -> Volume {
-    Volume {
-        capacity_bytes: i64::try_from(size).unwrap_or(i64::MAX),
-        volume_id: id.to_string(),
-        volume_context: Default::default(),
-        content_source: source,
-        accessible_topology: Vec::new(),
-    }
-}
-
-impl ControllerService {
-    pub(super) async fn create(
-        &self,
-        req: CreateVolumeRequest,
-    ) -> Result<CreateVolumeResponse, ControllerError> {
-        let name = required("name", &req.name)?;
-        let caps = request::capabilities("volume_capabilities", &req.volume_capabilities)?;
-        if caps.iter().any(request::Capability::is_rwx) {
-            return self.create_rwx(&req, &caps).await;
-        }
-        // A filesystem with a minimum size (xfs) raises the request to it when the limit allows.
-        let size = request::volume_size_at_least(
-            "capacity_range",
-            req.capacity_range.as_ref(),
-            request::caps_floor(&caps),
-        )?;
-        let (asked, limit) = request::range_bytes("capacity_range", req.capacity_range.as_ref())?;
-        let mut params = Params::parse(&req.parameters, self.host_storage_class.as_deref())?;
-        let source = Source::of(&req)?;
-        if let Some(from) = backup_source(source)? {
-            let (id, size) = self.restore_from_backup(name, &from, asked, limit).await?;
-            return Ok(CreateVolumeResponse {
-                volume: Some(volume(&id, size, req.volume_content_source)),
-            });
-        }
-        let pvc_name = naming::host_volume_name(name);
-        let _guard = self.begin(&pvc_name)?;
-        let pvcs = self.pvcs();
-        let get = |pvcs: Api<PersistentVolumeClaim>, n: String| async move {
-            pvcs.get_opt(&n)
-                .await
-                .map_err(ControllerError::api(format!("getting PVC {n}")))
-        };
-        let content_source = req.volume_content_source.clone();
-        let mut existing = get(pvcs.clone(), pvc_name.clone()).await?;
-        if existing
-            .as_ref()
-            .is_some_and(|p| p.metadata.deletion_timestamp.is_some())
-        {
-            // A volume of that name is still being deleted: wait until it is gone, then create.
-            self.wait_for(
-                pvcs.clone(),
-                &pvc_name,
-                format!("the deleted PVC {}/{pvc_name} to go away", self.ns()),
-                self.timeouts.bind,
-                |p: Option<&PersistentVolumeClaim>| p.is_none(),
-            )
-            .await?;
-            existing = None;
-        }
-        if let Some(existing) = existing {
-            let have = existing_matches(name, &existing, size, limit, source)?;
-            return Ok(CreateVolumeResponse {
-                volume: Some(volume(&pvc_name, have, content_source)),
-            });
-        }
-        let mut size = size;
-        if let Some(Source::Volume(source_id)) = source {
-            // Clone like Longhorn does: the source's class and volume mode, at least its size.
-            let from = self.existing(source_id).await?;
-            let from_bytes = requested_bytes(&from).unwrap_or(0);
-            size = clone_size(size, asked, limit, source_id, from_bytes)?;
-            let spec = from.spec.clone().unwrap_or_default();
-            params.storage_class = spec.storage_class_name.filter(|s| !s.is_empty());
-            params.storage_class_from_param = false;
-            params.volume_mode = match spec.volume_mode.as_deref() {
-                Some(m) if m.eq_ignore_ascii_case("filesystem") => HostVolumeMode::Filesystem,
-                _ => HostVolumeMode::Block,
-            };
-        }
-        if let Some(Source::Snapshot(snapshot_id)) = source {
-            // Restore like upstream: the snapshot's class and volume mode, at least its size.
-            let snap = self.restore_source(snapshot_id).await?;
-            size = size.max(
-                snap.restore_bytes()
-                    .unwrap_or(0)
-                    .next_multiple_of(crate::request::SIZE_ALIGN),
-            );
-            if limit > 0 && size > limit {
-                return Err(ArgError::OutOfRange {
-                    field: "capacity_range",
-                    reason: format!(
-                        "snapshot {snapshot_id} needs {size} bytes, above limit_bytes {limit}"
-                    ),
-                }
-                .into());
-            }
-            let labels = snap.metadata.labels.clone().unwrap_or_default();
-            if let Some(sc) = labels
-                .get(super::LABEL_SNAP_HOST_SC)
-                .filter(|s| !s.is_empty())
-            {
-                params.storage_class = Some(sc.clone());
-                params.storage_class_from_param = false;
-            }
-            if let Some(mode) = labels.get(super::LABEL_SNAP_HOST_VOLUME_MODE) {
-                params.volume_mode = if mode.eq_ignore_ascii_case("filesystem") {
-                    HostVolumeMode::Filesystem
-                } else {
-                    HostVolumeMode::Block
-                };
-            }
-        }
-        if let Some(class) = params
-            .storage_class
-            .as_deref()
-            .filter(|_| params.storage_class_from_param)
-        {
-            self.check_storage_class(class).await?;
-        }
-        let pvc = host_pvc(&pvc_name, name, size, &params, source);
-        match pvcs.create(&PostParams::default(), &pvc).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                // Created concurrently (another replica, a retry): judge it like any existing one.
-                let existing = get(pvcs, pvc_name.clone()).await?.ok_or_else(|| {
-                    ControllerError::Precondition(format!(
-                        "PVC {pvc_name} was created and deleted concurrently"
-                    ))
-                })?;
-                existing_matches(name, &existing, size, limit, source)?;
-            }
-            Err(e) => {
-                return Err(ControllerError::api(format!("creating PVC {pvc_name}"))(e));
-            }
-        }
-        tracing::info!(volume = %pvc_name, name, size, class = ?params.storage_class, source = ?source, "created Harvester PVC");
-        Ok(CreateVolumeResponse {
-            volume: Some(volume(&pvc_name, size, content_source)),
-        })
-    }
-
-    /// The named Harvester StorageClass must exist; a forbidden read skips the check (upstream).
-    async fn check_storage_class(&self, class: &str) -> Result<(), ControllerError> {
-        let api: Api<StorageClass> = Api::all(self.harvester.client.clone());
-        match api.get_opt(class).await {
-            Ok(Some(_)) => Ok(()),
-            Ok(None) => Err(ArgError::Invalid {
-                field: "parameters",
-                reason: format!(
-                    "{PARAM_HOST_STORAGE_CLASS} {class:?}: no such StorageClass on Harvester"
-                ),
-            }
-            .into()),
-            Err(kube::Error::Api(s)) if s.code == 403 => Ok(()),
-            Err(e) => Err(ControllerError::api(format!(
-                "getting StorageClass {class}"
-            ))(e)),
-        }
-    }
-
-    pub(super) async fn delete(
-        &self,
-        req: DeleteVolumeRequest,
-    ) -> Result<DeleteVolumeResponse, ControllerError> {
-        let id = required("volume_id", &req.volume_id)?;
-        if !naming::is_dns1123_label(id) {
-            // No PVC can have this name: it was never created, so it is deleted.
-            return Ok(DeleteVolumeResponse {});
-        }
-        let _guard = self.begin(id)?;
-        if let Some(pv) = self.rwx_of(id).await? {
-            // An RWX volume: its NetworkFilesystem goes first, then the PVC (below).
-            self.delete_rwx(&pv).await?;
-        }
-        // Deleting a published volume would leave its PVC Terminating while the disk stays
-        // hot-plugged (the hot-plug pod holds the claim): refuse, naming the node.
-        let (vms, vmis) = self.vms_and_vmis().await?;
-        let fenced = self.fenced_vmis(id, "", &vms, &vmis).await?;
-        if let Some(node) = super::publish::attached_elsewhere(id, "", &vms, &vmis, &fenced) {
-            return Err(ControllerError::StillPublished {
-                volume: id.to_string(),
-                namespace: self.ns().to_string(),
-                node,
-            });
-        }
-        // A volume restored from a backup: its VolumeRemoteRestore goes first; the PVC it owns
-        // is deleted below too, without waiting for Harvester's garbage collector.
-        self.delete_restore(id).await?;
-        match self.pvcs().delete(id, &DeleteParams::default()).await {
-            Ok(_) => {
-                tracing::info!(volume = id, "deleted Harvester PVC");
-                Ok(DeleteVolumeResponse {})
-            }
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(DeleteVolumeResponse {}),
-            Err(e) => Err(ControllerError::api(format!("deleting PVC {id}"))(e)),
-        }
-    }
-
-    pub(super) async fn existing(
-        &self,
-        id: &str,
-    ) -> Result<PersistentVolumeClaim, ControllerError> {
-        let not_found = || ControllerError::VolumeNotFound {
-            namespace: self.ns().to_string(),
-            volume: id.to_string(),
-        };
-        if !naming::is_dns1123_label(id) {
-            return Err(not_found());
-        }
-        self.pvcs()
-            .get_opt(id)
-            .await
-            .map_err(ControllerError::api(format!("getting PVC {id}")))?
-            .ok_or_else(not_found)
-    }
-
-    pub(super) async fn validate(
-        &self,
-        req: ValidateVolumeCapabilitiesRequest,
-    ) -> Result<ValidateVolumeCapabilitiesResponse, ControllerError> {
-        let id = required("volume_id", &req.volume_id)?;
-        if req.volume_capabilities.is_empty() {
-            return Err(ArgError::Missing {
-                field: "volume_capabilities",
-            }
-            .into());
-        }
-        self.existing(id).await?;
-        // Unsupported capabilities are not an error here: the answer is "not confirmed".
-        let caps = match request::capabilities("volume_capabilities", &req.volume_capabilities) {
-            Ok(caps) => caps,
-            Err(e) => {
-                return Ok(ValidateVolumeCapabilitiesResponse {
-                    confirmed: None,
-                    message: e.to_string(),
-                });
-            }
-        };
-        if let Some(why) = self.rwx_mismatch(id, &caps).await? {
-            return Ok(ValidateVolumeCapabilitiesResponse {
-                confirmed: None,
-                message: why,
-            });
-        }
-        if let Err(e) = Params::parse(&req.parameters, self.host_storage_class.as_deref()) {
-            return Ok(ValidateVolumeCapabilitiesResponse {
-                confirmed: None,
-                message: e.to_string(),
-            });
-        }
-        Ok(ValidateVolumeCapabilitiesResponse {
-            confirmed: Some(Confirmed {
-                volume_context: req.volume_context,
-                volume_capabilities: req.volume_capabilities,
-                parameters: req.parameters,
-                mutable_parameters: Default::default(),
-            }),
-            message: String::new(),
-        })
-    }
-
-    /// Raises the host PVC's request and waits (watch) until Harvester reports the capacity.
-    /// A request at or below the current size is a no-op that reports the current size, so the
-    /// 2 MiB rounding never turns a small expansion into a "shrink" (upstream bug #11716).
-    pub(super) async fn expand(
-        &self,
-        req: ControllerExpandVolumeRequest,
-    ) -> Result<ControllerExpandVolumeResponse, ControllerError> {
-        let id = required("volume_id", &req.volume_id)?;
-        let range = req.capacity_range.as_ref().ok_or(ArgError::Missing {
-            field: "capacity_range",
-        })?;
-        let size = request::volume_size("capacity_range", Some(range))?;
-        let cap = req
-            .volume_capability
-            .as_ref()
-            .map(|c| request::Capability::parse("volume_capability", c))
-            .transpose()?;
-        let node_expansion_required = !cap.is_some_and(|c| c.is_block());
-        if self.rwx_of(id).await?.is_some() {
-            // Upstream refuses too ("rwx volume expansion is not supported"): the share manager's
-            // filesystem would have to grow under its NFS clients.
-            return Err(ControllerError::Precondition(format!(
-                "volume {id} is an RWX volume served over NFS by Longhorn's share manager; \
-                 expanding it is not supported"
-            )));
-        }
-        let _guard = self.begin(id)?;
-        let pvc = self.existing(id).await?;
-        let have = requested_bytes(&pvc).unwrap_or(0);
-        let target = size.max(have);
-        if size > have {
-            // Kubernetes only lets a bound claim grow.
-            self.wait_bound(id).await?;
-            let patch = json!({"spec": {"resources": {"requests": {"storage": quantity::from_bytes(size)}}}});
-            self.pvcs()
-                .patch(id, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .map_err(ControllerError::api(format!("resizing PVC {id}")))?;
-            tracing::info!(
-                volume = id,
-                from = have,
-                to = size,
-                "expanding Harvester PVC"
-            );
-        }
-        self.wait_for(
-            self.pvcs(),
-            id,
-            format!(
-                "PVC {}/{id} to report a capacity of {target} bytes",
-                self.ns()
-            ),
-            self.timeouts.resize,
-            move |p: Option<&PersistentVolumeClaim>| {
-                p.and_then(capacity_bytes).is_some_and(|c| c >= target)
-            },
-        )
-        .await?;
-        Ok(ControllerExpandVolumeResponse {
-            capacity_bytes: i64::try_from(target).unwrap_or(i64::MAX),
-            node_expansion_required,
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::naming;
 
     fn params(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs

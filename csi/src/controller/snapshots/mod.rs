@@ -14,18 +14,20 @@ use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 
 use csi_proto::csi::v1::*;
-use harvester_common::quantity;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::CustomResource;
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
-use serde::{Deserialize, Serialize};
+use kube::api::{Api, ObjectMeta};
 
-use super::ControllerService;
+use super::context::borrows_ctx;
+use super::host_pvc::{PROVISIONER_PARAM_PREFIX, requested_bytes, unknown_params};
+use super::kube::{Deleting, delete_if_exists, get_or_create, wait_for};
 use crate::error::{ArgError, ControllerError};
 use crate::naming::{self, ORIGINAL_NAME_ANNOTATION};
 use crate::request::required;
 
-pub use super::{LABEL_SNAP_HOST_SC, LABEL_SNAP_HOST_VOLUME_MODE};
+pub use super::host_pvc::{LABEL_SNAP_HOST_SC, LABEL_SNAP_HOST_VOLUME_MODE};
+pub use harvester_common::harvester::snapshot::{
+    VolumeSnapshot, VolumeSnapshotSource, VolumeSnapshotSpec, VolumeSnapshotStatus,
+};
 /// CreateSnapshot parameter (the guest VolumeSnapshotClass's `parameters`) naming the Harvester
 /// VolumeSnapshotClass; without it Harvester's default class for the PVC's driver applies.
 pub const PARAM_HOST_SNAPSHOT_CLASS: &str = "hostVolumeSnapshotClass";
@@ -48,15 +50,13 @@ impl<'a> SnapshotKind<'a> {
     /// naming it (upstream ignores unknown keys and takes any `type` but `backup` as local); the
     /// external-snapshotter's own `csi.storage.k8s.io/*` keys pass.
     pub fn parse(params: &'a HashMap<String, String>) -> Result<SnapshotKind<'a>, ArgError> {
-        if let Some(unknown) =
-            super::volumes::unknown_params(params, &[PARAM_HOST_SNAPSHOT_CLASS, PARAM_TYPE])
-        {
+        if let Some(unknown) = unknown_params(params, &[PARAM_HOST_SNAPSHOT_CLASS, PARAM_TYPE]) {
             return Err(ArgError::Invalid {
                 field: "parameters",
                 reason: format!(
                     "unknown VolumeSnapshotClass parameter {unknown} (known: {PARAM_TYPE}, \
                      {PARAM_HOST_SNAPSHOT_CLASS}, {}*)",
-                    super::volumes::PROVISIONER_PARAM_PREFIX
+                    PROVISIONER_PARAM_PREFIX
                 ),
             });
         }
@@ -84,68 +84,6 @@ impl<'a> SnapshotKind<'a> {
                 ),
             }),
         }
-    }
-}
-
-/// `snapshot.storage.k8s.io/v1` VolumeSnapshot: only the fields this driver reads or writes.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[kube(
-    group = "snapshot.storage.k8s.io",
-    version = "v1",
-    kind = "VolumeSnapshot",
-    namespaced,
-    status = "VolumeSnapshotStatus",
-    schema = "disabled"
-)]
-#[serde(rename_all = "camelCase")]
-pub struct VolumeSnapshotSpec {
-    pub source: VolumeSnapshotSource,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub volume_snapshot_class_name: Option<String>,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct VolumeSnapshotSource {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub persistent_volume_claim_name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub volume_snapshot_content_name: Option<String>,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct VolumeSnapshotStatus {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ready_to_use: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub restore_size: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub creation_time: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<serde_json::Value>,
-    #[serde(flatten)]
-    pub rest: serde_json::Map<String, serde_json::Value>,
-}
-
-impl VolumeSnapshot {
-    pub fn source_volume(&self) -> Option<&str> {
-        self.spec.source.persistent_volume_claim_name.as_deref()
-    }
-    pub fn ready(&self) -> bool {
-        self.status.as_ref().and_then(|s| s.ready_to_use) == Some(true)
-    }
-    pub fn restore_bytes(&self) -> Option<u64> {
-        quantity::to_bytes(self.status.as_ref()?.restore_size.as_deref()?)
-    }
-    /// The snapshot controller's error message, if it reported one.
-    pub fn error(&self) -> Option<String> {
-        let e = self.status.as_ref()?.error.as_ref()?;
-        Some(
-            e.get("message")
-                .and_then(|m| m.as_str())
-                .map_or_else(|| e.to_string(), str::to_string),
-        )
     }
 }
 
@@ -273,51 +211,9 @@ pub fn page<T: Clone>(
     Ok((items[from..end].to_vec(), next))
 }
 
-/// The object `name` of `api`, which must pass `matches`, else `new` created (and logged); one
-/// created concurrently by another call is judged like an existing one. CreateSnapshot and
-/// CreateVolume retry with the same name, so this is what makes them idempotent.
-pub(super) async fn get_or_create<K>(
-    api: &Api<K>,
-    name: &str,
-    matches: impl Fn(&K) -> Result<(), ControllerError>,
-    new: impl Future<Output = Result<K, ControllerError>>,
-) -> Result<K, ControllerError>
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + Serialize
-        + serde::de::DeserializeOwned,
-{
-    let kind = K::kind(&());
-    let get = || async {
-        api.get_opt(name)
-            .await
-            .map_err(ControllerError::api(format!("getting {kind} {name}")))
-    };
-    if let Some(existing) = get().await? {
-        matches(&existing)?;
-        return Ok(existing);
-    }
-    match api.create(&PostParams::default(), &new.await?).await {
-        Ok(created) => {
-            tracing::info!(%kind, name, "created on Harvester");
-            Ok(created)
-        }
-        Err(kube::Error::Api(s)) if s.code == 409 => {
-            let existing = get().await?.ok_or_else(|| {
-                ControllerError::Precondition(format!(
-                    "{kind} {name} was created and deleted concurrently"
-                ))
-            })?;
-            matches(&existing)?;
-            Ok(existing)
-        }
-        Err(e) => Err(ControllerError::api(format!("creating {kind} {name}"))(e)),
-    }
-}
+borrows_ctx!(Snapshots);
 
-impl ControllerService {
+impl Snapshots<'_> {
     fn snapshots(&self) -> Api<VolumeSnapshot> {
         Api::namespaced(self.harvester.client.clone(), self.ns())
     }
@@ -328,15 +224,14 @@ impl ControllerService {
             return Ok(snap);
         }
         let name = snap.metadata.name.clone().unwrap_or_default();
-        let waited = self
-            .wait_for(
-                self.snapshots(),
-                &name,
-                format!("VolumeSnapshot {}/{name} to be ready", self.ns()),
-                self.timeouts.snapshot_ready,
-                |s: Option<&VolumeSnapshot>| s.is_none_or(|s| s.ready() || s.error().is_some()),
-            )
-            .await;
+        let waited = wait_for(
+            self.snapshots(),
+            &name,
+            format!("VolumeSnapshot {}/{name} to be ready", self.ns()),
+            self.timeouts.snapshot_ready,
+            |s: Option<&VolumeSnapshot>| s.is_none_or(|s| s.ready() || s.error().is_some()),
+        )
+        .await;
         let latest = match waited {
             Ok(Some(s)) => s,
             Ok(None) => {
@@ -355,7 +250,7 @@ impl ControllerService {
         Ok(latest)
     }
 
-    pub(super) async fn create_snapshot(
+    pub async fn create_snapshot(
         &self,
         req: CreateSnapshotRequest,
     ) -> Result<CreateSnapshotResponse, ControllerError> {
@@ -367,9 +262,10 @@ impl ControllerService {
         };
         let snap_name = naming::host_volume_name(name);
         let _guard = self.begin(&format!("snapshot/{snap_name}"))?;
-        let snap = get_or_create(
+        let (snap, _) = get_or_create(
             &self.snapshots(),
             &snap_name,
+            Deleting::Judge,
             |existing| existing_snapshot_matches(name, source, existing),
             async {
                 let pvc = self.existing(source).await?;
@@ -379,7 +275,7 @@ impl ControllerService {
         .await?;
         let snap = self.settle(snap).await?;
         let fallback = match self.pvcs().get_opt(source).await {
-            Ok(Some(pvc)) => super::volumes::requested_bytes(&pvc).unwrap_or(0),
+            Ok(Some(pvc)) => requested_bytes(&pvc).unwrap_or(0),
             _ => 0,
         };
         Ok(CreateSnapshotResponse {
@@ -387,7 +283,7 @@ impl ControllerService {
         })
     }
 
-    pub(super) async fn delete_snapshot(
+    pub async fn delete_snapshot(
         &self,
         req: DeleteSnapshotRequest,
     ) -> Result<DeleteSnapshotResponse, ControllerError> {
@@ -399,19 +295,14 @@ impl ControllerService {
             return Ok(DeleteSnapshotResponse {});
         }
         let _guard = self.begin(&format!("snapshot/{id}"))?;
-        match self.snapshots().delete(id, &DeleteParams::default()).await {
-            Ok(_) => {
-                tracing::info!(snapshot = id, "deleted VolumeSnapshot");
-                Ok(DeleteSnapshotResponse {})
-            }
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(DeleteSnapshotResponse {}),
-            Err(e) => Err(ControllerError::api(format!(
-                "deleting VolumeSnapshot {id}"
-            ))(e)),
+        let what = format!("VolumeSnapshot {id}");
+        if delete_if_exists(&self.snapshots(), id, &what).await? {
+            tracing::info!(snapshot = id, "deleted VolumeSnapshot");
         }
+        Ok(DeleteSnapshotResponse {})
     }
 
-    pub(super) async fn list_snapshots(
+    pub async fn list_snapshots(
         &self,
         req: ListSnapshotsRequest,
     ) -> Result<ListSnapshotsResponse, ControllerError> {
@@ -461,7 +352,7 @@ impl ControllerService {
     }
 
     /// For CreateVolume from a snapshot: the VolumeSnapshot, which must exist and be ready.
-    pub(super) async fn restore_source(
+    pub async fn restore_source(
         &self,
         snapshot_id: &str,
     ) -> Result<VolumeSnapshot, ControllerError> {

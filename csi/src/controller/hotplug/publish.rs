@@ -1,0 +1,398 @@
+//! ControllerPublishVolume / ControllerUnpublishVolume of a hot-plugged volume: KubeVirt
+//! `addvolume` / `removevolume` through the Harvester API server (virt-api behind the
+//! aggregation layer), then a bounded watch until the VMI says the disk is Ready (or gone).
+//! Who else holds the volume is read by [`Hotplug::vms_and_vmis`], the one place that lists
+//! the namespace's VMs and VMIs.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use csi_proto::csi::v1::*;
+use harvester_common::harvester::hotplug::{self, AddVolumeOptions, HotplugError};
+use harvester_common::harvester::kubevirt::{
+    CONTEXT_SERIAL, UPDATE_VOLUMES_MIGRATION, VOLUME_READY,
+};
+use harvester_common::harvester::{
+    RemoveVolumeOptions, Rest, VirtualMachine, VirtualMachineInstance,
+};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+
+use super::Hotplug;
+use super::rules::{
+    OUT_OF_SERVICE_TAINT, VirtApiAnswer, attach_limit_reached, attached_elsewhere, describe_volume,
+    guest_node_of, out_of_service, race_backoff, virt_api_answer,
+};
+use crate::controller::kube::wait_for;
+use crate::error::ControllerError;
+use crate::naming;
+
+/// How often a hot-plug request is sent when other requests to the same VM keep winning the race.
+const HOTPLUG_ATTEMPTS: u32 = 20;
+
+/// How long KubeVirt may take to act on an accepted hot-plug request before a VM whose volume
+/// updates go by migration is said to be one it will not hot-plug into.
+const KUBEVIRT_ACTS_WITHIN: Duration = Duration::from_secs(15);
+
+/// Publish context key carrying the VMI's target (`sdb`), for information.
+pub const CONTEXT_TARGET: &str = "target";
+
+impl Hotplug<'_> {
+    /// Hot-plugs volume `id` into VM `node` and waits until the VMI reports the disk Ready.
+    pub async fn publish(
+        &self,
+        id: &str,
+        node: &str,
+    ) -> Result<ControllerPublishVolumeResponse, ControllerError> {
+        // Which Harvester (and so which KubeVirt gates) serves us must be known, as upstream's
+        // driver requires; the request itself is the same on every release.
+        self.hotplug.current()?;
+        let ns = self.ns().to_string();
+        self.existing(id).await?;
+        let vm = self.vm_or_not_found(node).await?;
+        let _guard = self.begin(id)?;
+
+        // The hot-plug pod needs a bound claim; Harvester binds it shortly after creation.
+        self.wait_bound(id).await?;
+
+        let (vms, vmis) = self.vms_and_vmis().await?;
+        let fenced = self.fenced_vmis(id, node, &vms, &vmis).await?;
+        if let Some(other) = attached_elsewhere(id, node, &vms, &vmis, &fenced) {
+            return Err(ControllerError::AttachedElsewhere {
+                volume: id.to_string(),
+                node: node.to_string(),
+                other,
+            });
+        }
+        if !vmis
+            .iter()
+            .any(|v| v.metadata.name.as_deref() == Some(node))
+        {
+            return Err(ControllerError::Precondition(format!(
+                "VM {ns}/{node} is not running (no VirtualMachineInstance); a disk can only be hot-plugged into a running VM"
+            )));
+        }
+
+        let serial = match vm.volume(id) {
+            // Already in the VM spec (a retry, or attached by the upstream driver): keep its serial.
+            Some(existing) => existing,
+            None => {
+                if let Some((used, limit)) = attach_limit_reached(&vm, self.max_volumes_per_node) {
+                    return Err(ControllerError::TooManyVolumes {
+                        node: node.to_string(),
+                        used,
+                        limit,
+                    });
+                }
+                let serial = naming::disk_serial(id);
+                self.add_to_vm(node, id, &serial).await?;
+                Some(serial)
+            }
+        };
+
+        if vm.update_volumes_strategy() == Some(UPDATE_VOLUMES_MIGRATION) {
+            self.wait_hotplug_started(node, id).await?;
+        }
+        let ready = |v: Option<&VirtualMachineInstance>| {
+            v.and_then(|v| v.volume_status(id))
+                .is_some_and(|s| s.phase.as_deref() == Some(VOLUME_READY))
+        };
+        let waited = wait_for(
+            self.vmis(),
+            node,
+            format!("volume {id} to become {VOLUME_READY} on VMI {ns}/{node}"),
+            self.timeouts.attach,
+            ready,
+        )
+        .await;
+        let vmi = match waited {
+            Ok(vmi) => vmi,
+            Err(ControllerError::Timeout { what, after }) => {
+                let last = self.vmis().get_opt(node).await.ok().flatten();
+                return Err(ControllerError::Timeout {
+                    what: format!("{what} (last seen: {})", describe_volume(last.as_ref(), id)),
+                    after,
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        let mut publish_context = HashMap::new();
+        if let Some(serial) = serial {
+            publish_context.insert(CONTEXT_SERIAL.to_string(), serial);
+        }
+        if let Some(s) = vmi.as_ref().and_then(|v| v.volume_status(id)) {
+            publish_context.insert(CONTEXT_TARGET.to_string(), s.target.clone());
+        }
+        Ok(ControllerPublishVolumeResponse { publish_context })
+    }
+
+    /// Hot-unplugs volume `id` from VM `node_id` (empty: from every VM that has it). The
+    /// caller holds the volume's in-flight guard.
+    pub async fn unpublish(&self, id: &str, node_id: &str) -> Result<(), ControllerError> {
+        let nodes: Vec<String> = if node_id.is_empty() {
+            // No node: unpublish from every VM that has it.
+            let (vms, vmis) = self.vms_and_vmis().await?;
+            let mut names: Vec<String> = vms
+                .iter()
+                .filter(|vm| vm.volume(id).is_some())
+                .filter_map(|vm| vm.metadata.name.clone())
+                .chain(
+                    vmis.iter()
+                        .filter(|v| v.has_volume(id))
+                        .filter_map(|v| v.metadata.name.clone()),
+                )
+                .collect();
+            names.sort();
+            names.dedup();
+            names
+        } else {
+            vec![node_id.to_string()]
+        };
+        for node in nodes {
+            self.detach(id, &node).await?;
+        }
+        Ok(())
+    }
+
+    /// Hot-plugs PVC `id` into VM `node` as disk `id` with `serial` through virt-api's VM
+    /// `addvolume`, which KubeVirt v1.6+ serves under either hot-plug gate (with
+    /// `HotplugVolumes` as a VM status request virt-controller applies; with only
+    /// `DeclarativeHotplugVolumes` as a VM spec patch the declarative controller applies), so one
+    /// request works on every Harvester release and gate combination.
+    async fn add_to_vm(&self, node: &str, id: &str, serial: &str) -> Result<(), ControllerError> {
+        let body = AddVolumeOptions::scsi_pvc(id, id, serial);
+        let client = &self.harvester.client;
+        self.hotplug_request("addvolume", node, id, || {
+            hotplug::add_volume(client, self.ns(), node, &body)
+        })
+        .await
+    }
+
+    /// Hot-unplugs volume `id` from VM `node` through virt-api's VM `removevolume`.
+    async fn remove_from_vm(&self, node: &str, id: &str) -> Result<(), ControllerError> {
+        let body = RemoveVolumeOptions {
+            name: id.to_string(),
+            rest: Rest::new(),
+        };
+        let client = &self.harvester.client;
+        self.hotplug_request("removevolume", node, id, || {
+            hotplug::remove_volume(client, self.ns(), node, &body)
+        })
+        .await
+    }
+
+    /// Sends one hot-plug request, read by [`virt_api_answer`]: a race with another request to
+    /// the same VM (several volumes published to one VM at once) is asked again with a growing,
+    /// spread backoff, [`HOTPLUG_ATTEMPTS`] times at most.
+    async fn hotplug_request<F, Fut>(
+        &self,
+        verb: &'static str,
+        node: &str,
+        id: &str,
+        send: F,
+    ) -> Result<(), ControllerError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<(), HotplugError>>,
+    {
+        for attempt in 1..=HOTPLUG_ATTEMPTS {
+            let err = match send().await {
+                Ok(()) => {
+                    tracing::info!(volume = id, node, attempt, "{verb} accepted");
+                    return Ok(());
+                }
+                Err(e) => e,
+            };
+            match virt_api_answer(verb, &err) {
+                VirtApiAnswer::Done => {
+                    tracing::info!(
+                        volume = id,
+                        node,
+                        "{verb}: already done or requested: {err}"
+                    );
+                    return Ok(());
+                }
+                VirtApiAnswer::Race => {
+                    tracing::debug!(volume = id, node, attempt, "{verb} lost a race: {err}");
+                    tokio::time::sleep(race_backoff(attempt, id)).await;
+                }
+                VirtApiAnswer::Refused(why) => {
+                    return Err(ControllerError::Precondition(format!(
+                        "KubeVirt refused {verb} of volume {id} on VM {}/{node}: {why}",
+                        self.ns()
+                    )));
+                }
+                VirtApiAnswer::Failed => return Err(err.into()),
+            }
+        }
+        Err(ControllerError::Contended {
+            volume: id.to_string(),
+            vm: format!("{}/{node}", self.ns()),
+            attempts: HOTPLUG_ATTEMPTS,
+        })
+    }
+
+    /// The VMIs other than `node` holding claim `id` that are [`fenced`]: stopped, on a guest Node
+    /// out of service. Asks the guest API only when such a stopped VMI exists.
+    pub async fn fenced_vmis(
+        &self,
+        id: &str,
+        node: &str,
+        vms: &[VirtualMachine],
+        vmis: &[VirtualMachineInstance],
+    ) -> Result<Vec<String>, ControllerError> {
+        let mut out = Vec::new();
+        for vmi in vmis {
+            let name = vmi.metadata.name.clone().unwrap_or_default();
+            if name == node || !vmi.uses_claim(id) || !vmi.stopped() {
+                continue;
+            }
+            let uid = vms
+                .iter()
+                .find(|vm| vm.metadata.name.as_deref() == Some(name.as_str()))
+                .and_then(|vm| vm.metadata.uid.clone());
+            if vmi.fenced(self.node_out_of_service(&name, uid.as_deref()).await?) {
+                out.push(name);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether the guest Node of VM `vm` is tainted [`OUT_OF_SERVICE_TAINT`]. Without a guest
+    /// client (none configured, none in-cluster) no Node is: nothing is ever force-detached.
+    async fn node_out_of_service(
+        &self,
+        vm: &str,
+        vm_uid: Option<&str>,
+    ) -> Result<bool, ControllerError> {
+        let Some(guest) = &self.guest else {
+            return Ok(false);
+        };
+        let nodes: Api<Node> = Api::all(guest.clone());
+        let found = match nodes.get_opt(vm).await {
+            Ok(Some(n)) => Some(n),
+            Ok(None) => {
+                let all = nodes
+                    .list(&Default::default())
+                    .await
+                    .map_err(ControllerError::guest_api("listing Nodes"))?;
+                guest_node_of(vm, vm_uid, &all.items).cloned()
+            }
+            Err(e) => return Err(ControllerError::guest_api(format!("getting Node {vm}"))(e)),
+        };
+        Ok(found.as_ref().is_some_and(out_of_service))
+    }
+
+    /// Every VM and VMI of the namespace: the one read of who else holds a volume (publish,
+    /// unpublish, delete), kept in one place so that a cache can replace it.
+    pub async fn vms_and_vmis(
+        &self,
+    ) -> Result<(Vec<VirtualMachine>, Vec<VirtualMachineInstance>), ControllerError> {
+        let ns = self.ns();
+        let list = |e: &'static str| ControllerError::api(format!("listing {e} in {ns}"));
+        let vms = self
+            .vms()
+            .list(&Default::default())
+            .await
+            .map_err(list("VMs"))?;
+        let vmis = self
+            .vmis()
+            .list(&Default::default())
+            .await
+            .map_err(list("VMIs"))?;
+        Ok((vms.items, vmis.items))
+    }
+
+    /// For a VM whose `spec.updateVolumesStrategy` is `Migration`: waits, [`KUBEVIRT_ACTS_WITHIN`]
+    /// at most, until KubeVirt has taken volume `id` into the VMI. With only the
+    /// `DeclarativeHotplugVolumes` gate (Harvester v1.8+) it never does for such a VM
+    /// (kubevirt/kubevirt v1.6.0-v1.8.3 `pkg/storage/hotplug/hotplug.go`
+    /// `HandleDeclarativeVolumes` returns early); with `HotplugVolumes` on it does at once.
+    async fn wait_hotplug_started(&self, node: &str, id: &str) -> Result<(), ControllerError> {
+        let ns = self.ns();
+        let limit = KUBEVIRT_ACTS_WITHIN.min(self.timeouts.attach);
+        let listed = move |v: Option<&VirtualMachineInstance>| v.is_some_and(|v| v.has_volume(id));
+        let what = format!("volume {id} to appear in VMI {ns}/{node}");
+        match wait_for(self.vmis(), node, what, limit, listed).await {
+            Err(ControllerError::Timeout { after, .. }) => {
+                Err(ControllerError::Precondition(format!(
+                    "VM {ns}/{node} has spec.updateVolumesStrategy {UPDATE_VOLUMES_MIGRATION} and KubeVirt \
+                 did not hot-plug volume {id} into its VMI within {after:?}: under the \
+                 DeclarativeHotplugVolumes feature gate alone (Harvester v1.8 and later) KubeVirt \
+                 hot-plugs no volume into such a VM; set the VM's updateVolumesStrategy to \
+                 Replacement, or enable the HotplugVolumes feature gate"
+                )))
+            }
+            other => other.map(|_| ()),
+        }
+    }
+
+    /// Removes volume `id` from VM `node` and waits until neither VM nor VMI has it. A VM or
+    /// volume that does not exist is already unpublished.
+    async fn detach(&self, id: &str, node: &str) -> Result<(), ControllerError> {
+        let ns = self.ns().to_string();
+        let vm = self
+            .vms()
+            .get_opt(node)
+            .await
+            .map_err(ControllerError::api(format!("getting VM {node}")))?;
+        let vmi = self
+            .vmis()
+            .get_opt(node)
+            .await
+            .map_err(ControllerError::api(format!("getting VMI {node}")))?;
+        // A stopped VMI keeps its disks: KubeVirt never unplugs from it. Only the administrator's
+        // out-of-service taint on its guest Node says that no guest uses them any more.
+        let stale_vmi = match &vmi {
+            Some(v) if v.has_volume(id) && v.stopped() => {
+                let uid = vm.as_ref().and_then(|vm| vm.metadata.uid.as_deref());
+                if !v.fenced(self.node_out_of_service(node, uid).await?) {
+                    return Err(ControllerError::Precondition(format!(
+                        "VM {ns}/{node} is stopped, but its VMI still holds volume {id} and KubeVirt \
+                         cannot unplug a disk from a stopped VMI; if the guest is shut down for \
+                         good, taint its Node {OUT_OF_SERVICE_TAINT}=nodeshutdown:NoExecute"
+                    )));
+                }
+                tracing::info!(
+                    volume = id,
+                    node,
+                    "VM is stopped and its guest Node is out of service: the stopped VMI's disk is released"
+                );
+                true
+            }
+            _ => false,
+        };
+        if let Some(vm) = &vm {
+            let hotplugged = vm.hotplugged(id);
+            if vm.volume(id).is_some() && !hotplugged {
+                return Err(ControllerError::Precondition(format!(
+                    "volume {id} is a static (not hot-plugged) disk of VM {ns}/{node}; refusing to remove it"
+                )));
+            }
+            if hotplugged {
+                self.remove_from_vm(node, id).await?;
+            }
+        }
+        if !stale_vmi {
+            wait_for(
+                self.vmis(),
+                node,
+                format!("volume {id} to leave VMI {ns}/{node}"),
+                self.timeouts.detach,
+                move |v: Option<&VirtualMachineInstance>| v.is_none_or(|v| !v.has_volume(id)),
+            )
+            .await?;
+        }
+        if vm.is_some() {
+            wait_for(
+                self.vms(),
+                node,
+                format!("volume {id} to leave VM {ns}/{node}"),
+                self.timeouts.detach,
+                move |v: Option<&VirtualMachine>| v.is_none_or(|v| v.volume(id).is_none()),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+}
