@@ -1,12 +1,25 @@
 //! `harvester-csi-driver`: a CSI plugin passing Harvester volumes through to guest clusters.
 //!
-//! A guest volume is a PVC on Harvester (block mode, RWX so the VM can live-migrate), hot-plugged
-//! into the guest VM as a SCSI disk with a serial derived from the volume ID; the node plugin in
-//! the VM finds the disk by that serial, formats it once and mounts it.
+//! A volume is a PVC on Harvester, of one of two kinds:
+//! - hot-plugged (the default): block mode (or `hostVolumeMode: filesystem`), ReadWriteMany so
+//!   the VM can live-migrate, hot-plugged into one guest VM at a time as a SCSI disk with a
+//!   serial derived from the volume ID; the node plugin in the VM finds the disk by that serial,
+//!   formats it once and mounts it;
+//! - RWX (MULTI_NODE_MULTI_WRITER): a Longhorn filesystem PVC that Longhorn's share manager
+//!   exports over NFS once its NetworkFilesystem is enabled; every node mounts the export.
+//!
+//! Snapshots are Harvester VolumeSnapshots, and with `type: backup` remote backups
+//! (VolumeRemoteBackup); a volume can be made from either, or cloned from another volume.
+//!
+//! Layout: [`controller`] (the CSI trait and a dispatcher over one module per volume kind:
+//! `hotplug`, `nfs`, `snapshots`, on a toolbox of Kubernetes helpers and the pure host-PVC
+//! rules), [`node`] (stage/publish of disks and NFS mounts), [`identity`]; [`request`] and
+//! [`naming`] read and name what the RPCs carry, [`error`] maps every failure to a CSI code
+//! once, and [`rpc`] logs and times each call.
 //!
 //! [`serve`] runs the Identity service and, by [`Mode`], the Controller and/or Node services on a
-//! unix socket (or a TCP address) until a shutdown future completes. The binary is a thin CLI over it; tests and the
-//! demo run it in-process.
+//! unix socket (or a TCP address) until a shutdown future completes. The binary is a thin CLI
+//! over it; tests and the demo run it in-process.
 
 pub mod controller;
 pub mod error;
@@ -378,23 +391,11 @@ pub async fn serve_with(
         }
     });
     let identity = identity::IdentityService::new(config.mode);
-    let mut hotplug_follower = None;
-    let controller = if config.mode.controller() {
-        let guest = controller::guest_client(config.guest_kubeconfig.as_deref(), &metrics).await;
-        let (mut modes, task) = controller::hotplug::mode::HotplugModes::follow(
-            harvester.client.clone(),
-            readiness.clone(),
-        );
-        hotplug_follower = Some(task);
-        modes.first_read(HOTPLUG_MODE_FIRST_READ).await;
-        Some(controller::ControllerService::new(
-            harvester.clone(),
-            guest,
-            modes,
-            &config,
-        ))
+    let (controller, hotplug_follower) = if config.mode.controller() {
+        let (service, task) = start_controller(&config, &harvester, &metrics, &readiness).await;
+        (Some(service), Some(task))
     } else {
-        None
+        (None, None)
     };
     let node = if config.mode.node() {
         let given = config
@@ -452,6 +453,24 @@ pub async fn serve_with(
     }
     tracing::info!("harvester-csi-driver stopped");
     result
+}
+
+/// The controller service, and the task that follows Harvester's hot-plug mode for it (to
+/// abort on shutdown).
+async fn start_controller(
+    config: &Config,
+    harvester: &Harvester,
+    metrics: &Metrics,
+    readiness: &Readiness,
+) -> (controller::ControllerService, tokio::task::JoinHandle<()>) {
+    let guest = controller::guest_client(config.guest_kubeconfig.as_deref(), metrics).await;
+    let (mut modes, task) = controller::hotplug::mode::HotplugModes::follow(
+        harvester.client.clone(),
+        readiness.clone(),
+    );
+    modes.first_read(HOTPLUG_MODE_FIRST_READ).await;
+    let service = controller::ControllerService::new(harvester.clone(), guest, modes, config);
+    (service, task)
 }
 
 /// A gRPC channel to a driver's unix socket (for tests, the demo and tools).

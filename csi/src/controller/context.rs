@@ -8,7 +8,6 @@ use harvester_common::names::is_dns1123_label;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::Api;
 
-use super::hotplug::mode::HotplugModes;
 use super::kube::wait_for;
 use crate::Timeouts;
 use crate::error::ControllerError;
@@ -26,8 +25,6 @@ pub struct Ctx {
     /// users of an RWX volume; `None` when none could be configured: no volume is then ever
     /// force-detached.
     pub guest: Option<kube::Client>,
-    /// How volumes are hot-plugged (Harvester's `server-version`), followed while serving.
-    pub hotplug: HotplugModes,
 }
 
 impl Ctx {

@@ -68,12 +68,12 @@ where
             .map_err(ControllerError::api(format!("getting {kind} {name}")))
     };
     let mut found = get().await?;
-    if let (Some(obj), Deleting::WaitGone { what, limit }) = (&found, deleting) {
-        if obj.meta().deletion_timestamp.is_some() {
-            // One of that name is still being deleted: wait until it is gone, then create.
-            wait_for(api.clone(), name, what, limit, |o: Option<&K>| o.is_none()).await?;
-            found = None;
-        }
+    if let (Some(obj), Deleting::WaitGone { what, limit }) = (&found, deleting)
+        && obj.meta().deletion_timestamp.is_some()
+    {
+        // One of that name is still being deleted: wait until it is gone, then create.
+        wait_for(api.clone(), name, what, limit, |o: Option<&K>| o.is_none()).await?;
+        found = None;
     }
     if let Some(existing) = found {
         let judged = matches(&existing)?;

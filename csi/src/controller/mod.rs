@@ -50,6 +50,8 @@ use crate::rpc::rpc;
 
 pub struct ControllerService {
     ctx: Ctx,
+    /// How volumes are hot-plugged (Harvester's `server-version`), followed while serving.
+    modes: hotplug::mode::HotplugModes,
 }
 
 /// The controller RPCs this driver implements.
@@ -107,9 +109,9 @@ impl ControllerService {
         config: &Config,
     ) -> Self {
         ControllerService {
+            modes: hotplug,
             ctx: Ctx {
                 guest,
-                hotplug,
                 harvester,
                 host_storage_class: config.host_storage_class.clone(),
                 max_volumes_per_node: config.max_volumes_per_node,
@@ -117,6 +119,13 @@ impl ControllerService {
                 inflight: InFlight::default(),
                 rwx: tokio::sync::OnceCell::new(),
             },
+        }
+    }
+
+    fn hotplug(&self) -> Hotplug<'_> {
+        Hotplug {
+            ctx: &self.ctx,
+            modes: &self.modes,
         }
     }
 
@@ -142,7 +151,7 @@ impl ControllerService {
         if wants_rwx(&caps) {
             Nfs(&self.ctx).create(&req, &caps).await
         } else {
-            Hotplug(&self.ctx).create(&req, &caps).await
+            self.hotplug().create(&req, &caps).await
         }
     }
 
@@ -161,7 +170,7 @@ impl ControllerService {
             // An RWX volume: its NetworkFilesystem goes first, then the PVC (below).
             Nfs(&self.ctx).delete(&pv).await?;
         }
-        Hotplug(&self.ctx).delete_host_pvc(id).await
+        self.hotplug().delete_host_pvc(id).await
     }
 
     async fn publish(
@@ -174,7 +183,7 @@ impl ControllerService {
         if wants_rwx(&[cap]) {
             Nfs(&self.ctx).publish(id, node).await
         } else {
-            Hotplug(&self.ctx).publish(id, node).await
+            self.hotplug().publish(id, node).await
         }
     }
 
@@ -188,7 +197,7 @@ impl ControllerService {
         let _guard = self.ctx.begin(id)?;
         match kind {
             VolumeKind::Nfs { pv } => Nfs(&self.ctx).unpublish(id, &pv, &req.node_id).await?,
-            VolumeKind::Hotplug => Hotplug(&self.ctx).unpublish(id, &req.node_id).await?,
+            VolumeKind::Hotplug => self.hotplug().unpublish(id, &req.node_id).await?,
         }
         Ok(ControllerUnpublishVolumeResponse {})
     }
@@ -252,7 +261,7 @@ impl ControllerService {
         match self.kind_of(Some(&pvc)).await? {
             VolumeKind::Nfs { .. } => Err(nfs::expand_refused(id)),
             VolumeKind::Hotplug => {
-                Hotplug(&self.ctx)
+                self.hotplug()
                     .expand(id, &pvc, size, node_expansion_required)
                     .await
             }

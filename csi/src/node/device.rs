@@ -6,8 +6,13 @@ use std::io::{Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use std::collections::HashMap;
+
+use harvester_common::harvester::kubevirt::CONTEXT_SERIAL;
+
 use super::mount::MountInfo;
 use crate::error::NodeError;
+use crate::naming;
 
 /// The by-id name QEMU's SCSI disk gets from udev, before the serial.
 pub const BY_ID_PREFIX: &str = "scsi-0QEMU_QEMU_HARDDISK_";
@@ -145,9 +150,42 @@ pub fn device_of_mount(sysfs: &Path, m: &MountInfo) -> Option<PathBuf> {
     Some(Path::new("/dev").join(name))
 }
 
+/// How to recognise the disk of `volume`: the serial from the publish context, else the derived
+/// serial or (upstream-attached disks without serial) the volume ID in the by-id name.
+pub fn disk_id(volume: &str, publish_context: &HashMap<String, String>) -> DiskId {
+    match publish_context
+        .get(CONTEXT_SERIAL)
+        .filter(|s| !s.is_empty())
+    {
+        Some(serial) => DiskId {
+            serial: serial.clone(),
+            volume: None,
+        },
+        None => DiskId {
+            serial: naming::disk_serial(volume),
+            volume: Some(volume.to_string()),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_disk_is_looked_up_by_the_published_serial() {
+        let ctx = HashMap::from([(CONTEXT_SERIAL.to_string(), "abc".to_string())]);
+        assert_eq!(
+            disk_id("pvc-1", &ctx),
+            DiskId {
+                serial: "abc".into(),
+                volume: None
+            }
+        );
+        let d = disk_id("pvc-1", &HashMap::new());
+        assert_eq!(d.serial, naming::disk_serial("pvc-1"));
+        assert_eq!(d.volume.as_deref(), Some("pvc-1"));
+    }
 
     fn names(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()

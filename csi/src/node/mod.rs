@@ -1,16 +1,21 @@
 //! Node service, run inside the guest VM: finds the hot-plugged disk by serial (`device`),
 //! formats it only when blank and mounts it at the staging path (`filesystem`, `mount`),
-//! bind-mounts it for pods, grows it, reports its usage.
+//! bind-mounts it for pods, grows it, reports its usage; an RWX volume is an NFS mount instead
+//! (`nfs`, made in the host's network namespace by `netns`). Which VM this node is and how many
+//! volumes it takes: `discovery`; the rules for staging and target paths: `paths`.
 //!
 //! Staging rules, written once in [`NodeService::stage_filesystem`]: already staged from the same
 //! device is success; another device on the path is ALREADY_EXISTS; a device is formatted only
 //! when `blkid -p` finds neither a filesystem nor a partition table.
 
 pub mod device;
+pub mod discovery;
 pub mod filesystem;
 pub mod mount;
 pub mod netns;
 pub mod nfs;
+pub mod paths;
+mod stats;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -22,18 +27,24 @@ use csi_proto::csi::v1::*;
 use harvester_common::api_error::Describe;
 use harvester_common::cloud_config::Harvester;
 use harvester_common::harvester::VirtualMachineInstance;
-use harvester_common::harvester::kubevirt::{self, CONTEXT_SERIAL};
 use kube::api::Api;
 use tonic::{Request, Response, Status};
 
-use self::device::DiskId;
+pub use self::device::disk_id;
+use self::discovery::refused;
+pub use self::discovery::{local_macs, max_volumes, vmi_by_mac};
 use self::filesystem::{Filesystem, Prepare};
-use self::mount::{MountInfo, canonical, mount_at, mounts, run, run_any};
+use self::mount::{canonical, mount_at, mounts, run, run_any};
+pub use self::paths::{Removable, needs_read_only_remount, removable};
+use self::paths::{
+    directory_or_nothing, not_a_symlink, other_mount, published_path, remount_read_only, republish,
+};
+use self::stats::{abnormal, normal, usage};
+use crate::Config;
 use crate::error::{ArgError, NodeError};
 use crate::inflight::InFlight;
 use crate::request::{self, Access, required};
 use crate::rpc::rpc;
-use crate::{Config, naming};
 
 pub struct NodeService {
     node_id: String,
@@ -66,73 +77,6 @@ pub const CAPABILITIES: [rpc::Type; 4] = [
     rpc::Type::ExpandVolume,
     rpc::Type::VolumeCondition,
 ];
-
-/// The VMI whose interfaces carry one of this machine's MAC addresses (upstream's discovery
-/// when the hostname is not the VM name).
-pub fn vmi_by_mac<'a>(
-    vmis: &'a [VirtualMachineInstance],
-    macs: &[String],
-) -> Option<&'a VirtualMachineInstance> {
-    vmis.iter().find(|vmi| {
-        vmi.status.as_ref().is_some_and(|s| {
-            s.interfaces.iter().any(|i| {
-                i.mac
-                    .as_deref()
-                    .is_some_and(|m| macs.iter().any(|l| l.eq_ignore_ascii_case(m)))
-            })
-        })
-    })
-}
-
-/// This machine's MAC addresses, without the placeholders upstream ignores (Calico's
-/// `ee:ee:ee:ee:ee:ee`, all zeroes).
-pub fn local_macs(sysfs: &Path) -> Vec<String> {
-    let Ok(dir) = std::fs::read_dir(sysfs.join("class/net")) else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| e.ok())
-        .filter_map(|e| std::fs::read_to_string(e.path().join("address")).ok())
-        .map(|m| m.trim().to_ascii_lowercase())
-        .filter(|m| !m.is_empty() && m != "ee:ee:ee:ee:ee:ee" && m != "00:00:00:00:00:00")
-        .collect()
-}
-
-/// Volumes this node can still take: [`kubevirt::hotplug_capacity`] of the VMI's own (not
-/// hot-plugged) disks; without a VMI, assume a root and a cloud-init disk.
-pub fn max_volumes(vmi: Option<&VirtualMachineInstance>) -> i64 {
-    kubevirt::hotplug_capacity(vmi.map_or(2, VirtualMachineInstance::fixed_volumes))
-}
-
-/// How to recognise the disk of `volume`: the serial from the publish context, else the derived
-/// serial or (upstream-attached disks without serial) the volume ID in the by-id name.
-pub fn disk_id(volume: &str, publish_context: &HashMap<String, String>) -> DiskId {
-    match publish_context
-        .get(CONTEXT_SERIAL)
-        .filter(|s| !s.is_empty())
-    {
-        Some(serial) => DiskId {
-            serial: serial.clone(),
-            volume: None,
-        },
-        None => DiskId {
-            serial: naming::disk_serial(volume),
-            volume: Some(volume.to_string()),
-        },
-    }
-}
-
-/// The readiness error for a node ID lookup Harvester refused (403); `Ok` for other errors.
-fn refused(e: &kube::Error, harvester: &Harvester, verb: &str) -> Result<(), String> {
-    match e {
-        kube::Error::Api(s) if s.code == 403 => Err(format!(
-            "the identity of cloud-config {} may not {verb} VirtualMachineInstances in {} ({}): the node ID falls back to the hostname; grant get and list on virtualmachineinstances (deploy/harvester-rbac)",
-            harvester.path.display(),
-            harvester.namespace,
-            Describe(e)
-        )),
-        _ => Ok(()),
-    }
-}
 
 impl NodeService {
     /// Resolves the node ID as upstream does: the VMI named `given` (the hostname), else the VMI
@@ -664,143 +608,6 @@ impl NodeService {
     }
 }
 
-/// A `volume_path` of NodeGetVolumeStats / NodeExpandVolume: required; a path that is not
-/// absolute and clean cannot be one this plugin published, so it is NOT_FOUND (as csi-sanity
-/// expects for `some/path`).
-fn published_path(value: &str) -> Result<&Path, NodeError> {
-    let value = required("volume_path", value)?;
-    match request::path_problem(value) {
-        None => Ok(Path::new(value)),
-        Some(_) => Err(NodeError::PathNotFound {
-            path: PathBuf::from(value),
-        }),
-    }
-}
-
-/// A staging or target path must not be a symbolic link: mounting at it or unmounting it would
-/// act on wherever it points.
-fn not_a_symlink(field: &'static str, path: &Path) -> Result<(), NodeError> {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_symlink() => Err(ArgError::Invalid {
-            field,
-            reason: format!("{} is a symbolic link", path.display()),
-        }
-        .into()),
-        _ => Ok(()),
-    }
-}
-
-/// A mount point: a directory, or nothing yet (the plugin creates it). A file there is a bad
-/// request, not an internal error.
-fn directory_or_nothing(field: &'static str, path: &Path) -> Result<(), NodeError> {
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_dir() => Ok(()),
-        Ok(m) => Err(ArgError::Invalid {
-            field,
-            reason: format!(
-                "{} is a {}, not a directory",
-                path.display(),
-                if m.is_file() {
-                    "regular file"
-                } else {
-                    "special file"
-                }
-            ),
-        }
-        .into()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(NodeError::io("inspecting", path)(e)),
-    }
-}
-
-/// What NodeUnpublishVolume may remove at an unmounted target.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Removable {
-    /// A directory (removed only if empty: `rmdir`).
-    Dir,
-    /// An empty regular file, as block publishes create.
-    EmptyFile,
-}
-
-/// Whether what is left at a target may go: an (empty) directory or an empty regular file;
-/// never a file with data, a link or a device node.
-pub fn removable(meta: &std::fs::Metadata) -> Option<Removable> {
-    let t = meta.file_type();
-    if t.is_dir() {
-        Some(Removable::Dir)
-    } else if t.is_file() && meta.len() == 0 {
-        Some(Removable::EmptyFile)
-    } else {
-        None
-    }
-}
-
-/// Whether a publish that finds `existing` (from the right source) at its target must still make
-/// it read-only: a read-only publish binds, then remounts read-only, and a plugin killed between
-/// the two leaves a writable bind that a retry must not accept as done.
-pub fn needs_read_only_remount(existing: &MountInfo, read_only: bool) -> bool {
-    read_only && !existing.read_only
-}
-
-/// A publish already at `target` (a retry): done, after finishing the read-only remount if an
-/// interrupted publish never made it.
-async fn republish(
-    target: &Path,
-    existing: &MountInfo,
-    read_only: bool,
-) -> Result<NodePublishVolumeResponse, NodeError> {
-    if needs_read_only_remount(existing, read_only) {
-        tracing::info!(target = %target.display(), "finishing an interrupted read-only publish");
-        remount_read_only(target).await?;
-    }
-    Ok(NodePublishVolumeResponse {})
-}
-
-/// Makes the bind at `target` read-only; if that fails, unmounts it rather than leave a writable
-/// mount behind a read-only request.
-async fn remount_read_only(target: &Path) -> Result<(), NodeError> {
-    if let Err(e) = run(&mount::remount_ro_cmd(target)).await {
-        let _ = mount::unmount_all(target).await;
-        return Err(e);
-    }
-    Ok(())
-}
-
-fn other_mount(path: &Path, found: &MountInfo, wanted: &Path) -> NodeError {
-    NodeError::OtherMount {
-        path: path.to_path_buf(),
-        found: format!(
-            "{} ({}:{} {})",
-            found.source, found.major, found.minor, found.root
-        ),
-        wanted: wanted.display().to_string(),
-    }
-}
-
-fn usage(unit: volume_usage::Unit, total: u64, available: u64, used: u64) -> VolumeUsage {
-    let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-    VolumeUsage {
-        available: i(available),
-        total: i(total),
-        used: i(used),
-        unit: unit as i32,
-    }
-}
-
-fn normal() -> VolumeCondition {
-    VolumeCondition {
-        abnormal: false,
-        message: "volume is mounted".into(),
-    }
-}
-
-fn abnormal(message: String) -> VolumeCondition {
-    VolumeCondition {
-        abnormal: true,
-        message,
-    }
-}
-
 #[tonic::async_trait]
 impl Node for NodeService {
     async fn node_stage_volume(
@@ -882,90 +689,5 @@ impl Node for NodeService {
             max_volumes_per_node: self.max_volumes,
             accessible_topology: None,
         }))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn vmi(v: serde_json::Value) -> VirtualMachineInstance {
-        serde_json::from_value(v).expect("vmi literal")
-    }
-
-    #[test]
-    fn node_is_found_by_mac_when_the_hostname_differs() {
-        let vmis = [
-            vmi(
-                json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-                "metadata": {"name": "vm-a"}, "spec": {},
-                "status": {"interfaces": [{"name": "nic-1", "mac": "52:54:00:00:00:0A"}]}}),
-            ),
-            vmi(
-                json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-                "metadata": {"name": "vm-b"}, "spec": {},
-                "status": {"interfaces": [{"name": "nic-1", "mac": "52:54:00:00:00:0b"}]}}),
-            ),
-        ];
-        let found = vmi_by_mac(&vmis, &["52:54:00:00:00:0b".into()]);
-        assert_eq!(found.and_then(|v| v.metadata.name.as_deref()), Some("vm-b"));
-        let found = vmi_by_mac(&vmis, &["52:54:00:00:00:0a".into()]);
-        assert_eq!(
-            found.and_then(|v| v.metadata.name.as_deref()),
-            Some("vm-a"),
-            "case-insensitive"
-        );
-        assert!(vmi_by_mac(&vmis, &["02:00:00:00:00:01".into()]).is_none());
-    }
-
-    #[test]
-    fn max_volumes_leaves_room_for_the_vms_own_disks() {
-        assert_eq!(max_volumes(None), 254);
-        let v = vmi(
-            json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-            "metadata": {"name": "w"},
-            "spec": {"volumes": [
-                {"name": "root", "persistentVolumeClaim": {"claimName": "root"}},
-                {"name": "cloudinit", "cloudInitNoCloud": {}},
-                {"name": "pvc-1", "persistentVolumeClaim": {"claimName": "pvc-1", "hotpluggable": true}}
-            ]}}),
-        );
-        assert_eq!(max_volumes(Some(&v)), 254);
-    }
-
-    #[test]
-    fn a_retried_read_only_publish_finishes_the_remount() {
-        let [rw, ro] = [
-            "44 27 7:0 / /t rw,relatime - ext4 /dev/loop0 rw",
-            "44 27 7:0 / /t ro,relatime - ext4 /dev/loop0 rw",
-        ]
-        .map(|l| mount::parse_mountinfo(l).remove(0));
-        // (found at the target, read-only asked for) -> remount read-only
-        assert!(
-            needs_read_only_remount(&rw, true),
-            "a writable bind left by a publish killed before its remount"
-        );
-        assert!(!needs_read_only_remount(&ro, true), "already read-only");
-        assert!(!needs_read_only_remount(&rw, false), "writable asked for");
-        assert!(
-            !needs_read_only_remount(&ro, false),
-            "read-only staging (a read-only access mode) binds read-only: accepted as before"
-        );
-    }
-
-    #[test]
-    fn the_disk_is_looked_up_by_the_published_serial() {
-        let ctx = HashMap::from([(CONTEXT_SERIAL.to_string(), "abc".to_string())]);
-        assert_eq!(
-            disk_id("pvc-1", &ctx),
-            DiskId {
-                serial: "abc".into(),
-                volume: None
-            }
-        );
-        let d = disk_id("pvc-1", &HashMap::new());
-        assert_eq!(d.serial, naming::disk_serial("pvc-1"));
-        assert_eq!(d.volume.as_deref(), Some("pvc-1"));
     }
 }

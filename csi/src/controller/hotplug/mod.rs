@@ -15,7 +15,8 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use super::context::borrows_ctx;
+use self::mode::HotplugModes;
+use super::context::Ctx;
 use super::host_pvc::{
     PARAM_HOST_STORAGE_CLASS, Params, Source, capacity_bytes, clone_size, csi_volume,
     existing_matches, host_pvc, requested_bytes, snapshot_restore_size,
@@ -29,7 +30,19 @@ use crate::request::{self, Capability, required};
 
 pub use publish::CONTEXT_TARGET;
 
-borrows_ctx!(Hotplug);
+/// The hot-plug kind: the [`Ctx`] every kind borrows (read through `Deref`), and how volumes
+/// are hot-plugged (Harvester's `server-version`, followed while serving).
+pub struct Hotplug<'a> {
+    pub ctx: &'a Ctx,
+    pub modes: &'a HotplugModes,
+}
+
+impl std::ops::Deref for Hotplug<'_> {
+    type Target = Ctx;
+    fn deref(&self) -> &Ctx {
+        self.ctx
+    }
+}
 
 impl Hotplug<'_> {
     /// CreateVolume of a hot-plugged volume: a host PVC, empty or from a snapshot, a backup or
@@ -51,7 +64,7 @@ impl Hotplug<'_> {
         let source = Source::of(req)?;
         let content_source = req.volume_content_source.clone();
         if let Some(from) = BackupId::of_source(source)? {
-            let snapshots = Snapshots(self.0);
+            let snapshots = Snapshots(self.ctx);
             let (id, size) = snapshots
                 .restore_from_backup(name, &from, asked, limit)
                 .await?;
@@ -111,7 +124,7 @@ impl Hotplug<'_> {
             }
             Some(Source::Snapshot(snapshot_id)) => {
                 // Restore like upstream: the snapshot's class and volume mode, at least its size.
-                let snap = Snapshots(self.0).restore_source(snapshot_id).await?;
+                let snap = Snapshots(self.ctx).restore_source(snapshot_id).await?;
                 let bytes = snap.restore_bytes().unwrap_or(0);
                 size = snapshot_restore_size(size, limit, snapshot_id, bytes)?;
                 params.restore_of(&snap.metadata.labels.clone().unwrap_or_default());
@@ -163,7 +176,7 @@ impl Hotplug<'_> {
         }
         // A volume restored from a backup: its VolumeRemoteRestore goes first; the PVC it owns
         // is deleted below too, without waiting for Harvester's garbage collector.
-        Snapshots(self.0).delete_restore(id).await?;
+        Snapshots(self.ctx).delete_restore(id).await?;
         if delete_if_exists(&self.pvcs(), id, &format!("PVC {id}")).await? {
             tracing::info!(volume = id, "deleted Harvester PVC");
         }

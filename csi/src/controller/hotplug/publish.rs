@@ -46,7 +46,7 @@ impl Hotplug<'_> {
     ) -> Result<ControllerPublishVolumeResponse, ControllerError> {
         // Which Harvester (and so which KubeVirt gates) serves us must be known, as upstream's
         // driver requires; the request itself is the same on every release.
-        self.hotplug.current()?;
+        self.modes.current()?;
         let ns = self.ns().to_string();
         self.existing(id).await?;
         let vm = self.vm_or_not_found(node).await?;
