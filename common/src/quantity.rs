@@ -54,6 +54,22 @@ pub fn from_bytes(bytes: u64) -> String {
     }
 }
 
+/// The `storage` request of a claim spec, in bytes: the size of a PVC, or of the PVC a
+/// Harvester backup was taken of.
+pub fn storage_request(
+    spec: &k8s_openapi::api::core::v1::PersistentVolumeClaimSpec,
+) -> Option<u64> {
+    to_bytes(
+        &spec
+            .resources
+            .as_ref()?
+            .requests
+            .as_ref()?
+            .get("storage")?
+            .0,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

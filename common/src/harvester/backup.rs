@@ -78,17 +78,7 @@ impl VolumeRemoteBackup {
     /// The backed-up size: `status.sourceSpec.resources.requests.storage` (upstream's restore
     /// makes the PVC with exactly that request).
     pub fn size_bytes(&self) -> Option<u64> {
-        let q = self
-            .status
-            .as_ref()?
-            .source_spec
-            .as_ref()?
-            .resources
-            .as_ref()?
-            .requests
-            .as_ref()?
-            .get("storage")?;
-        quantity::to_bytes(&q.0)
+        quantity::storage_request(self.status.as_ref()?.source_spec.as_ref()?)
     }
 }
 

@@ -1,5 +1,9 @@
 //! Typed Harvester and KubeVirt resources: only the fields this project reads or writes are typed;
 //! everything else is kept in `rest` maps, so a read-modify-write never drops a field we do not know.
+//! The rules both binaries apply to them live beside the types: the KubeVirt ones (a VM's
+//! volumes and their claims, a fenced VMI, the hot-plug capacity, the `harvester://` provider ID,
+//! the serial handed to the node plugin) in [`kubevirt`]. The CSI driver's snapshots and
+//! backups are [`snapshot`] and [`backup`].
 
 pub mod backup;
 pub mod hotplug;

@@ -230,15 +230,7 @@ pub fn host_pvc(
 
 /// The requested size of a host PVC, in bytes.
 pub fn requested_bytes(pvc: &PersistentVolumeClaim) -> Option<u64> {
-    let q = pvc
-        .spec
-        .as_ref()?
-        .resources
-        .as_ref()?
-        .requests
-        .as_ref()?
-        .get("storage")?;
-    quantity::to_bytes(&q.0)
+    quantity::storage_request(pvc.spec.as_ref()?)
 }
 
 /// The capacity Harvester reports for a host PVC, in bytes.

@@ -39,7 +39,7 @@ pub use self::paths::{Removable, needs_read_only_remount, removable};
 use self::paths::{
     directory_or_nothing, not_a_symlink, other_mount, published_path, remount_read_only, republish,
 };
-use self::stats::{abnormal, normal, usage};
+use self::stats::{abnormal, filesystem_usage, normal, usage};
 use crate::Config;
 use crate::error::{ArgError, NodeError};
 use crate::inflight::InFlight;
@@ -515,7 +515,6 @@ impl NodeService {
             });
         }
         let st = rustix::fs::statvfs(path).map_err(|e| NodeError::io("statvfs", path)(e.into()))?;
-        let frsize = st.f_frsize;
         let condition = match device::device_of_mount(&self.sysfs, m) {
             // An NFS mount below the path (stats_nfs takes the mount points themselves).
             _ if m.fs_type.starts_with("nfs") => normal(),
@@ -529,22 +528,7 @@ impl NodeService {
             )),
         };
         Ok(NodeGetVolumeStatsResponse {
-            usage: vec![
-                usage(
-                    volume_usage::Unit::Bytes,
-                    st.f_blocks.saturating_mul(frsize),
-                    st.f_bavail.saturating_mul(frsize),
-                    st.f_blocks
-                        .saturating_sub(st.f_bfree)
-                        .saturating_mul(frsize),
-                ),
-                usage(
-                    volume_usage::Unit::Inodes,
-                    st.f_files,
-                    st.f_ffree,
-                    st.f_files.saturating_sub(st.f_ffree),
-                ),
-            ],
+            usage: filesystem_usage(&st),
             volume_condition: Some(condition),
         })
     }

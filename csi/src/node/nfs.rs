@@ -31,7 +31,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use csi_proto::csi::v1::{NodeGetVolumeStatsResponse, volume_usage};
+use csi_proto::csi::v1::NodeGetVolumeStatsResponse;
 
 use harvester_common::harvester::NetworkFilesystem;
 use harvester_common::harvester::networkfs::NAMESPACE;
@@ -285,24 +285,8 @@ impl NodeService {
                 return Err(self.server_down(volume, m, key, "statvfs", ""));
             }
         };
-        let frsize = st.f_frsize;
         Ok(NodeGetVolumeStatsResponse {
-            usage: vec![
-                super::usage(
-                    volume_usage::Unit::Bytes,
-                    st.f_blocks.saturating_mul(frsize),
-                    st.f_bavail.saturating_mul(frsize),
-                    st.f_blocks
-                        .saturating_sub(st.f_bfree)
-                        .saturating_mul(frsize),
-                ),
-                super::usage(
-                    volume_usage::Unit::Inodes,
-                    st.f_files,
-                    st.f_ffree,
-                    st.f_files.saturating_sub(st.f_ffree),
-                ),
-            ],
+            usage: super::stats::filesystem_usage(&st),
             // The NFS server answered statvfs, so it serves.
             volume_condition: Some(super::normal()),
         })

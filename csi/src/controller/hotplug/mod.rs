@@ -1,5 +1,5 @@
 //! Hot-plugged volumes (every volume but RWX): the host PVC is made, resized and deleted here,
-//! and hot-plugged into one VM at a time by [`publish`]. Restores from a snapshot or backup
+//! and hot-plugged into one VM at a time by `publish`. Restores from a snapshot or backup
 //! ask [`crate::controller::snapshots`] for their source; nothing here calls back into the
 //! dispatcher or into the NFS kind.
 

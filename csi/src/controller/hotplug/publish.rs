@@ -232,8 +232,9 @@ impl Hotplug<'_> {
         })
     }
 
-    /// The VMIs other than `node` holding claim `id` that are [`fenced`]: stopped, on a guest Node
-    /// out of service. Asks the guest API only when such a stopped VMI exists.
+    /// The VMIs other than `node` holding claim `id` that are fenced
+    /// ([`VirtualMachineInstance::fenced`]): stopped, on a guest Node out of service. Asks the
+    /// guest API only when such a stopped VMI exists.
     pub async fn fenced_vmis(
         &self,
         id: &str,
