@@ -106,6 +106,28 @@ impl Ctx {
     }
 }
 
+/// The guest cluster's client: `path`, else the in-cluster config (then `KUBECONFIG`). `None`,
+/// with a warning, when there is none: the controller then never force-detaches a volume from
+/// a stopped VM (it cannot see the out-of-service taint).
+pub async fn guest_client(
+    path: Option<&std::path::Path>,
+    metrics: &harvester_common::telemetry::Metrics,
+) -> Option<::kube::Client> {
+    let client = harvester_common::guest::config(path)
+        .await
+        .and_then(|c| harvester_common::guest::client(c, Some(metrics)));
+    match client {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::warn!(
+                kubeconfig = ?path,
+                "no guest cluster client ({e}): the out-of-service taint of guest Nodes is not seen, so no volume is force-detached from a stopped VM"
+            );
+            None
+        }
+    }
+}
+
 /// A kind module's view of the [`Ctx`]: `$name<'a>` borrows it and reads its fields and
 /// methods as its own.
 macro_rules! borrows_ctx {

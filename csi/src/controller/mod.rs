@@ -39,6 +39,7 @@ use tonic::{Request, Response, Status};
 pub use host_pvc::{HostVolumeMode, Params};
 
 use self::context::Ctx;
+pub use self::context::guest_client;
 use self::hotplug::Hotplug;
 use self::nfs::Nfs;
 use self::snapshots::Snapshots;
@@ -77,28 +78,6 @@ pub enum VolumeKind {
 /// CreateVolume and ControllerPublish are about, known before any read.
 fn wants_rwx(caps: &[Capability]) -> bool {
     caps.iter().any(Capability::is_rwx)
-}
-
-/// The guest cluster's client: `path`, else the in-cluster config (then `KUBECONFIG`). `None`,
-/// with a warning, when there is none: the controller then never force-detaches a volume from
-/// a stopped VM (it cannot see the out-of-service taint).
-pub async fn guest_client(
-    path: Option<&std::path::Path>,
-    metrics: &harvester_common::telemetry::Metrics,
-) -> Option<::kube::Client> {
-    let client = harvester_common::guest::config(path)
-        .await
-        .and_then(|c| harvester_common::guest::client(c, Some(metrics)));
-    match client {
-        Ok(c) => Some(c),
-        Err(e) => {
-            tracing::warn!(
-                kubeconfig = ?path,
-                "no guest cluster client ({e}): the out-of-service taint of guest Nodes is not seen, so no volume is force-detached from a stopped VM"
-            );
-            None
-        }
-    }
 }
 
 impl ControllerService {
