@@ -1,6 +1,7 @@
 //! What every controller module is given: the Harvester client and namespace, the driver's
 //! settings, the in-flight guard, and the reads all kinds share (the volume's host PVC, the
 //! node's VM). A kind module borrows it (`Deref`); it never calls back into a kind module.
+//! Also how the guest cluster's client is made ([`guest_client`]).
 
 use harvester_common::cloud_config::Harvester;
 use harvester_common::harvester::{VirtualMachine, VirtualMachineInstance};
