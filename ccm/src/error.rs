@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use harvester_common::api_error::Describe;
 
 use crate::config::ConfigError;
-use crate::node::addresses::AddressError;
+use crate::config::addresses::AddressError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -8,123 +8,34 @@
 //!   live-migrated VM);
 //! - [`service`]: LoadBalancer Services with addresses from Harvester IP pools.
 //!
-//! The node-side controllers share one watch per resource ([`node::inventory`]). Each reconcile
-//! computes a pure `plan` and writes it with at most two patches ([`node::patch`]); errors become
-//! Warning Events on the Node and a per-Node backoff ([`node`]).
+//! Every controller gets the one [`Context`] ([`context`]: clients, flags, Event recorder,
+//! telemetry) and stands on one harness ([`controller`]: backoff, Event publishing, reconcile
+//! metrics, resync ticks). Each reconcile fetches from caches, computes a pure plan and applies
+//! it; errors become Warning Events with a stable reason and a per-object backoff. The node-side
+//! controllers share one watch per resource ([`node::inventory`]) and write with at most two
+//! patches ([`node::patch`]). This module only wires; it defines no shared type.
 
 pub mod config;
+pub mod context;
+pub mod controller;
 pub mod error;
 pub mod network;
 pub mod node;
 pub mod service;
 
 use std::future::Future;
-use std::path::Path;
 use std::sync::Arc;
 
 use futures::FutureExt;
-use futures::future::{BoxFuture, Shared};
-use harvester_common::cloud_config::Harvester;
-use harvester_common::telemetry::{Metrics, Readiness};
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
 
 pub use config::Config;
+pub use context::{
+    Context, FIELD_MANAGER, READY_CLIENTS, READY_HARVESTER, READY_NODE_CACHES,
+    READY_SERVICE_CACHES, Shutdown, Telemetry, guest_client,
+};
 pub use error::Error;
-
-/// Field manager of every write, and the Events' reporting controller.
-pub const FIELD_MANAGER: &str = "harvester-cloud-provider";
-
-/// Resolves when the process should stop; every controller holds a clone.
-pub type Shutdown = Shared<BoxFuture<'static, ()>>;
-
-/// What every controller shares.
-pub struct Context {
-    /// The guest cluster.
-    pub guest: kube::Client,
-    /// The Harvester cluster, and the namespace of the guest VMs (from the cloud-config).
-    pub harvester: Harvester,
-    pub config: Config,
-    /// Publishes Events into the guest cluster.
-    pub recorder: Recorder,
-    pub telemetry: Telemetry,
-}
-
-/// Metrics and readiness of the process, shared with `main`'s HTTP endpoints.
-#[derive(Clone, Default)]
-pub struct Telemetry {
-    pub metrics: Metrics,
-    pub readiness: Readiness,
-}
-
-/// Readiness checks of the cloud provider: both clients built; Harvester answers with the
-/// cloud-config's credentials (kept by the binary's `Harvester::watch_credentials`, leader or
-/// not); the controllers' caches listed (registered on the leader when they start).
-pub const READY_CLIENTS: &str = "clients";
-pub const READY_HARVESTER: &str = "harvester";
-/// Registered by the controllers when they start (on the leader): their watch caches listed.
-pub const READY_NODE_CACHES: &str = "node-caches";
-pub const READY_SERVICE_CACHES: &str = "service-caches";
-
-impl Telemetry {
-    pub fn new() -> Telemetry {
-        Telemetry {
-            metrics: Metrics::new(),
-            readiness: Readiness::with_checks(&[READY_CLIENTS, READY_HARVESTER]),
-        }
-    }
-}
-
-impl Context {
-    /// Loads the cloud-config and the guest kubeconfig; fails with the file and the problem.
-    pub async fn new(config: Config, telemetry: Telemetry) -> Result<Context, Error> {
-        let harvester =
-            Harvester::load_with_metrics(&config.cloud_config, Some(&telemetry.metrics)).await?;
-        let guest = guest_client(
-            config.kubeconfig.as_deref(),
-            config.master.as_ref(),
-            Some(&telemetry.metrics),
-        )
-        .await?;
-        telemetry.readiness.set(READY_CLIENTS, Ok(()));
-        let recorder = Recorder::new(
-            guest.clone(),
-            Reporter {
-                controller: FIELD_MANAGER.to_string(),
-                instance: std::env::var("POD_NAME").ok(),
-            },
-        );
-        Ok(Context {
-            guest,
-            harvester,
-            config,
-            recorder,
-            telemetry,
-        })
-    }
-
-    /// The Harvester namespace holding the guest VMs.
-    pub fn namespace(&self) -> &str {
-        &self.harvester.namespace
-    }
-}
-
-/// The guest cluster's client: `path`, or in-cluster config (then `KUBECONFIG`, `~/.kube/config`).
-pub async fn guest_client(
-    path: Option<&Path>,
-    master: Option<&http::Uri>,
-    metrics: Option<&Metrics>,
-) -> Result<kube::Client, Error> {
-    let fail = |reason: String| Error::GuestConfig {
-        path: path.map(Path::to_path_buf),
-        reason,
-    };
-    let mut config = harvester_common::guest::config(path).await.map_err(fail)?;
-    if let Some(master) = master {
-        config.cluster_url = master.clone();
-    }
-    harvester_common::guest::client(config, metrics).map_err(fail)
-}
 
 /// Runs every enabled controller until `shutdown` resolves. Fails only at start (cloud-config,
 /// guest kubeconfig); afterwards errors are retried, reported as Events and never end the run.
@@ -146,7 +57,7 @@ pub async fn run_with(
         tracing::warn!("{w}");
     }
     tracing::info!(
-        cloud_config = %ctx.harvester.path.display(),
+        cloud_config = %ctx.config.cloud_config.display(),
         namespace = %ctx.namespace(),
         cluster = %ctx.config.cluster_name,
         config = ?ctx.config,
@@ -162,7 +73,7 @@ pub async fn run_with(
         node::init::run(nodes.clone(), shutdown.clone()),
         node::lifecycle::run(nodes.clone(), shutdown.clone()),
         node::topology::run(nodes.clone(), shutdown.clone()),
-        run_service_controller(&ctx, shutdown.clone()),
+        service::run(ctx.clone(), shutdown.clone()),
         node_caches,
     );
     tracing::info!("stopped");
@@ -204,63 +115,24 @@ pub fn token_expiry_event(guest: kube::Client) -> impl Fn(&str) + Send + Sync + 
         }
         _ => None,
     };
-    let recorder = Recorder::new(
-        guest,
-        Reporter {
-            controller: FIELD_MANAGER.to_string(),
-            instance: pod.as_ref().and_then(|p| p.name.clone()),
-        },
-    );
+    let recorder = controller::recorder(guest);
     move |warning: &str| {
         let Some(pod) = pod.clone() else {
             return;
         };
         let (recorder, note) = (recorder.clone(), warning.to_string());
         tokio::spawn(async move {
-            let event = Event {
-                type_: EventType::Warning,
-                reason: "CloudConfigTokenExpiring".into(),
-                note: Some(note),
-                action: "CheckCredentials".into(),
-                secondary: None,
-            };
-            if let Err(e) = recorder.publish(&event, &pod).await {
-                tracing::warn!(error = %e, "could not publish the token expiry Event on the Pod");
-            }
+            controller::publish_event(
+                &recorder,
+                &pod,
+                EventType::Warning,
+                "CloudConfigTokenExpiring",
+                "CheckCredentials".into(),
+                note,
+            )
+            .await;
         });
     }
-}
-
-async fn run_service_controller(ctx: &Context, shutdown: Shutdown) {
-    if !ctx
-        .config
-        .controllers
-        .enabled(config::SERVICE_LB_CONTROLLER)
-    {
-        return;
-    }
-    let settings = service::plan::LbSettings {
-        cluster_name: ctx.config.cluster_name.clone(),
-        management_network: ctx
-            .config
-            .management_network
-            .as_ref()
-            .map(ToString::to_string),
-        load_balancer_class: ctx.config.service.load_balancer_class.clone(),
-        dhcp_mode: ctx.config.service.dhcp_mode.clone(),
-        dhcp_interface: ctx.config.service.dhcp_interface.clone(),
-        concurrency: ctx.config.service.concurrency,
-    };
-    service::run(
-        ctx.guest.clone(),
-        ctx.harvester.client.clone(),
-        ctx.namespace().to_string(),
-        settings,
-        ctx.config.node.resync,
-        Some(ctx.telemetry.clone()),
-        shutdown,
-    )
-    .await;
 }
 
 /// A cloud provider running on the current Tokio runtime (tests, the demo, embedding).

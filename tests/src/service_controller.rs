@@ -1,9 +1,11 @@
 //! The cloud provider's service controller running in the test's process against a bed, for the
 //! LoadBalancer suites: started with a guest cluster name, stopped through its shutdown signal.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use harvester_cloud_provider::service::{self, plan::LbSettings};
+use futures::FutureExt;
+use harvester_cloud_provider::{Config, Context, Telemetry, service};
 use tokio::sync::oneshot;
 
 use crate::TestBed;
@@ -19,18 +21,12 @@ impl ServiceController {
     pub fn start(bed: &TestBed, cluster: &str) -> ServiceController {
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(service::run(
-            bed.guest.client.clone(),
-            bed.harvester.client.clone(),
-            bed.vm_namespace.clone(),
-            LbSettings {
-                cluster_name: cluster.into(),
-                ..Default::default()
-            },
-            Duration::from_secs(60),
-            None,
+            service_context(bed, cluster, "60s"),
             async move {
                 let _ = rx.await;
-            },
+            }
+            .boxed()
+            .shared(),
         ));
         ServiceController {
             stop: Some(tx),
@@ -46,4 +42,24 @@ impl ServiceController {
             .expect("the controller stops within 20 s of its shutdown signal")
             .expect("controller task");
     }
+}
+
+/// The provider's context for a service controller of guest cluster `cluster` on `bed`, with the
+/// provider's defaults and a resync every `resync` (a Go duration): the bed's clients, no file.
+pub fn service_context(bed: &TestBed, cluster: &str, resync: &str) -> Arc<Context> {
+    let config = Config::from_args([
+        "harvester-cloud-provider",
+        "--cluster-name",
+        cluster,
+        "--node-status-update-frequency",
+        resync,
+    ])
+    .expect("service controller flags");
+    Arc::new(Context::from_clients(
+        bed.guest.client.clone(),
+        bed.harvester.client.clone(),
+        bed.vm_namespace.clone(),
+        config,
+        Telemetry::new(),
+    ))
 }

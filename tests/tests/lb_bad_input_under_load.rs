@@ -8,8 +8,8 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
-use harvester_cloud_provider::service::plan::{LABEL_SERVICE_NAME, LbSettings, ingress_ip};
+use futures::{FutureExt, StreamExt, TryStreamExt};
+use harvester_cloud_provider::service::plan::{LABEL_SERVICE_NAME, ingress_ip};
 use harvester_cloud_provider::service::{self, FINALIZER};
 use harvester_common::harvester::LoadBalancer;
 use k8s_openapi::api::core::v1::Service;
@@ -18,6 +18,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 use testbed::observe::{observe, seen_now};
+use testbed::service_controller::service_context;
 use testbed::{BedOptions, TestBed, wait};
 
 const CLUSTER: &str = "rke2-load";
@@ -56,18 +57,12 @@ async fn lb_malformed_annotation_among_200_services_gets_its_warning_and_delays_
         .expect("create pool");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let provider = tokio::spawn(service::run(
-        bed.guest.client.clone(),
-        bed.harvester.client.clone(),
-        bed.vm_namespace.clone(),
-        LbSettings {
-            cluster_name: CLUSTER.into(),
-            ..Default::default()
-        },
-        Duration::from_secs(300),
-        None,
+        service_context(&bed, CLUSTER, "300s"),
         async move {
             let _ = stopped.await;
-        },
+        }
+        .boxed()
+        .shared(),
     ));
     let services: Api<Service> = Api::namespaced(bed.guest.client.clone(), "default");
     let crs: Api<LoadBalancer> = Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);

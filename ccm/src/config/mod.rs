@@ -10,6 +10,7 @@
 //! keeps its last value, bools may be bare, `_` in a name is `-`, and every flag of upstream's
 //! binary is accepted; those that mean nothing here are listed in [`upstream`].
 
+pub mod addresses;
 pub mod secure;
 pub mod upstream;
 
@@ -22,8 +23,8 @@ use harvester_common::flags::{self, Outcome, Syntax};
 use ipnetwork::IpNetwork;
 
 pub use crate::network::NetworkName;
-use crate::node::addresses::AddressRules;
-pub use crate::node::addresses::parse_prefix;
+use addresses::AddressRules;
+pub use addresses::parse_prefix;
 use harvester_common::names::is_dns1123_label;
 
 /// Names accepted by `--controllers`, as the upstream cloud-provider framework spells them.
@@ -289,17 +290,7 @@ impl Config {
                 "must be at least 1",
             ));
         }
-        let master = match flags.common.master.as_deref().map(str::trim) {
-            None | Some("") => None,
-            Some(raw) => Some(
-                raw.parse::<http::Uri>()
-                    .ok()
-                    .filter(|u| u.host().is_some())
-                    .ok_or_else(|| {
-                        ConfigError::new("--master", raw, "not a URL like https://10.0.0.1:6443")
-                    })?,
-            ),
-        };
+        let master = parse_master(flags.common.master.as_deref())?;
         let exclude_ranges = n
             .node_exclude_ip_ranges
             .iter()
@@ -316,20 +307,7 @@ impl Config {
                 "must be at least 1",
             ));
         }
-        let resync = parse_go_duration(&n.node_status_update_frequency).map_err(|r| {
-            ConfigError::new(
-                "--node-status-update-frequency",
-                &n.node_status_update_frequency,
-                r,
-            )
-        })?;
-        if resync.is_zero() {
-            return Err(ConfigError::new(
-                "--node-status-update-frequency",
-                &n.node_status_update_frequency,
-                "must be positive",
-            ));
-        }
+        let resync = parse_resync(&n.node_status_update_frequency)?;
         Ok(Config {
             cloud_config,
             kubeconfig,
@@ -459,7 +437,7 @@ fn parse_node_ip_cidr(value: &str) -> Result<Vec<IpNetwork>, ConfigError> {
     let mut out: Vec<IpNetwork> = Vec::new();
     for v in value.split(',').map(str::trim).filter(|v| !v.is_empty()) {
         let net = parse_prefix(v).map_err(|r| ConfigError::new(FLAG, v, r))?;
-        if let Some(why) = crate::node::addresses::unusable(net.ip()) {
+        if let Some(why) = addresses::unusable(net.ip()) {
             return Err(ConfigError::new(
                 FLAG,
                 v,
@@ -524,246 +502,35 @@ fn parse_version_flag(s: &str) -> Result<bool, String> {
     }
 }
 
+/// `--master`: a URL with a host, or nothing.
+fn parse_master(raw: Option<&str>) -> Result<Option<http::Uri>, ConfigError> {
+    match raw.map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(raw) => raw
+            .parse::<http::Uri>()
+            .ok()
+            .filter(|u| u.host().is_some())
+            .map(Some)
+            .ok_or_else(|| {
+                ConfigError::new("--master", raw, "not a URL like https://10.0.0.1:6443")
+            }),
+    }
+}
+
+/// `--node-status-update-frequency`: a positive Go duration.
+fn parse_resync(raw: &str) -> Result<Duration, ConfigError> {
+    let flag = "--node-status-update-frequency";
+    let resync = parse_go_duration(raw).map_err(|r| ConfigError::new(flag, raw, r))?;
+    if resync.is_zero() {
+        return Err(ConfigError::new(flag, raw, "must be positive"));
+    }
+    Ok(resync)
+}
+
 fn normalize_cluster_name(raw: &str) -> String {
     raw.trim_matches(|c: char| c == '"' || c == '\'' || c == '`' || c.is_whitespace())
         .to_string()
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn config(extra: &[&str]) -> Result<Config, ConfigError> {
-        let mut args = vec!["harvester-cloud-provider", "--cloud-config", "/cc"];
-        args.extend_from_slice(extra);
-        Config::from_args(args)
-    }
-
-    #[test]
-    fn defaults_match_upstream() {
-        let c = Config::from_args(["harvester-cloud-provider"]).unwrap();
-        assert_eq!(
-            c.cloud_config,
-            PathBuf::from(harvester_common::cloud_config::DEFAULT_PATH)
-        );
-        assert_eq!(c.cluster_name, "kubernetes");
-        assert_eq!(c.management_network, None);
-        assert!(c.node.addresses.node_ip_cidr.is_empty());
-        assert!(c.node.addresses.use_node_annotations);
-        assert!(c.node.topology);
-        assert_eq!(c.node.concurrency, 1);
-        assert_eq!(c.node.resync, Duration::from_secs(300));
-        for name in KNOWN_CONTROLLERS {
-            assert!(c.controllers.enabled(name), "{name}");
-        }
-        assert!(c.cluster_name_warning().is_some());
-    }
-
-    #[test]
-    fn flags_are_typed() {
-        let c = config(&[
-            "--cluster-name",
-            " \"rke2-a\" ",
-            "--management-network",
-            "mgmt",
-            "--node-ip-cidr",
-            "10.0.0.0/24,fd00::/64",
-            "--node-exclude-ip-ranges",
-            "10.1.0.0/16",
-            "--node-exclude-ip-ranges",
-            "192.168.1.7",
-            "--disable-annotation-alpha-provided-ip-addr",
-            "--disable-vmi-controller",
-            "--concurrent-node-syncs",
-            "4",
-            "--node-status-update-frequency",
-            "1m30s",
-            "--controllers",
-            "*,-service-lb-controller",
-        ])
-        .unwrap();
-        assert_eq!(c.cluster_name, "rke2-a");
-        assert_eq!(c.cluster_name_warning(), None);
-        assert_eq!(
-            c.management_network.as_ref().map(ToString::to_string),
-            Some("default/mgmt".to_string())
-        );
-        let a = &c.node.addresses;
-        assert_eq!(
-            a.node_ip_cidr,
-            vec![
-                "10.0.0.0/24".parse::<IpNetwork>().unwrap(),
-                "fd00::/64".parse().unwrap()
-            ]
-        );
-        assert_eq!(
-            a.exclude_ranges,
-            vec![
-                "10.1.0.0/16".parse::<IpNetwork>().unwrap(),
-                "192.168.1.7/32".parse().unwrap()
-            ]
-        );
-        assert!(!a.use_node_annotations);
-        assert_eq!(a.management_network, c.management_network);
-        assert!(!c.node.topology);
-        assert_eq!(c.node.concurrency, 4);
-        assert_eq!(c.node.resync, Duration::from_secs(90));
-        assert!(c.controllers.enabled(CLOUD_NODE_CONTROLLER));
-        assert!(!c.controllers.enabled(SERVICE_LB_CONTROLLER));
-    }
-
-    #[test]
-    fn bad_values_name_the_flag_and_the_value() {
-        let cases: &[(&[&str], &str, &str)] = &[
-            (
-                &["--node-ip-cidr", "10.0.0.0/33"],
-                "--node-ip-cidr",
-                "10.0.0.0/33",
-            ),
-            (&["--node-ip-cidr", "banana"], "--node-ip-cidr", "banana"),
-            (
-                &["--node-ip-cidr", "127.0.0.0/8"],
-                "--node-ip-cidr",
-                "127.0.0.0/8",
-            ),
-            (
-                &["--node-ip-cidr", "169.254.0.0/16"],
-                "--node-ip-cidr",
-                "169.254.0.0/16",
-            ),
-            (
-                &["--node-ip-cidr", "fe80::/10"],
-                "--node-ip-cidr",
-                "fe80::/10",
-            ),
-            (
-                &["--node-ip-cidr", "224.0.0.0/4"],
-                "--node-ip-cidr",
-                "224.0.0.0/4",
-            ),
-            (
-                &["--node-ip-cidr", "0.0.0.0/0"],
-                "--node-ip-cidr",
-                "0.0.0.0/0",
-            ),
-            (
-                &["--node-ip-cidr", "255.255.255.255"],
-                "--node-ip-cidr",
-                "255.255.255.255",
-            ),
-            (
-                &["--node-ip-cidr", "10.0.0.0/8,10.1.0.0/16"],
-                "--node-ip-cidr",
-                "10.1.0.0/16",
-            ),
-            (
-                &["--node-exclude-ip-ranges", "10.0.0"],
-                "--node-exclude-ip-ranges",
-                "10.0.0",
-            ),
-            (
-                &["--management-network", "a/b/c"],
-                "--management-network",
-                "a/b/c",
-            ),
-            (
-                &["--management-network", "Default/mgmt"],
-                "--management-network",
-                "Default/mgmt",
-            ),
-            (
-                &["--management-network", "/mgmt"],
-                "--management-network",
-                "/mgmt",
-            ),
-            (
-                &["--controllers", "cloud-nod"],
-                "--controllers",
-                "cloud-nod",
-            ),
-            (
-                &["--controllers", "-route-controller"],
-                "--controllers",
-                "-route-controller",
-            ),
-            (
-                &["--concurrent-service-syncs", "0"],
-                "--concurrent-service-syncs",
-                "0",
-            ),
-            (&["--master", "not a url"], "--master", "not a url"),
-            (
-                &["--concurrent-node-syncs", "0"],
-                "--concurrent-node-syncs",
-                "0",
-            ),
-            (
-                &["--node-status-update-frequency", "5"],
-                "--node-status-update-frequency",
-                "5",
-            ),
-            (
-                &["--node-status-update-frequency", "5d"],
-                "--node-status-update-frequency",
-                "5d",
-            ),
-            (
-                &["--node-status-update-frequency", "0"],
-                "--node-status-update-frequency",
-                "0",
-            ),
-        ];
-        for (args, flag, value) in cases {
-            let err = config(args).expect_err(&format!("{args:?} must be refused"));
-            assert_eq!((err.flag, err.value.as_str()), (*flag, *value), "{args:?}");
-            let text = err.to_string();
-            assert!(text.contains(flag) && text.contains(value), "{text}");
-        }
-    }
-
-    #[test]
-    fn go_durations() {
-        for (s, d) in [
-            ("0", Duration::ZERO),
-            ("300ms", Duration::from_millis(300)),
-            ("30s", Duration::from_secs(30)),
-            ("5m", Duration::from_secs(300)),
-            ("5m0s", Duration::from_secs(300)),
-            ("1h30m", Duration::from_secs(5400)),
-            ("1.5h", Duration::from_secs(5400)),
-        ] {
-            assert_eq!(parse_go_duration(s), Ok(d), "{s}");
-        }
-        for s in ["", "5", "m", "5x", "-5s", "1..2s"] {
-            assert!(parse_go_duration(s).is_err(), "{s}");
-        }
-    }
-
-    #[test]
-    fn controllers_selection() {
-        let c = |v: &[&str]| {
-            Controllers::parse(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap()
-        };
-        let only_node = c(&["cloud-node-controller"]);
-        assert!(only_node.enabled(CLOUD_NODE_CONTROLLER));
-        assert!(!only_node.enabled(CLOUD_NODE_LIFECYCLE_CONTROLLER));
-        let no_lb = c(&["*", "-service-lb-controller"]);
-        assert!(no_lb.enabled(CLOUD_NODE_LIFECYCLE_CONTROLLER));
-        assert!(!no_lb.enabled(SERVICE_LB_CONTROLLER));
-    }
-
-    #[test]
-    fn network_names() {
-        let n = NetworkName::parse("mgmt-vlan").unwrap();
-        assert_eq!(n.to_string(), "default/mgmt-vlan");
-        let n = NetworkName::parse_in("vlan1", "guest-vms").unwrap();
-        assert_eq!(n.to_string(), "guest-vms/vlan1");
-        assert_eq!(
-            NetworkName::parse("ns1/net.a").unwrap(),
-            NetworkName {
-                namespace: "ns1".into(),
-                name: "net.a".into()
-            }
-        );
-    }
-}
+mod tests;

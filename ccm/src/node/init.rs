@@ -25,13 +25,14 @@ use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
-use crate::Shutdown;
+use crate::config::addresses::AddressRules;
+use crate::context::Shutdown;
 use crate::error::Error;
-use crate::node::addresses::{AddressRules, node_addresses};
+use crate::node::addresses::node_addresses;
 use crate::node::inventory::{Lookup, is_ours, provider_id};
 use crate::node::patch::{self, NodeChange, UNINITIALIZED_TAINT, addresses, has_taint};
 use crate::node::topology::{self, Topology};
-use crate::node::{NodeCtx, node_controller, run_node_controller};
+use crate::node::{NodeCtx, run_node_controller, start_node_controller};
 
 pub const NAME: &str = crate::config::CLOUD_NODE_CONTROLLER;
 const ACTION: &str = "InitializeNode";
@@ -96,15 +97,12 @@ pub fn plan(
 }
 
 pub async fn run(nctx: Arc<NodeCtx>, shutdown: Shutdown) {
-    if !nctx.ctx.config.controllers.enabled(NAME) {
-        tracing::info!(controller = NAME, "disabled");
+    let enabled = nctx.ctx.config.controllers.enabled(NAME);
+    let Some(controller) = start_node_controller(&nctx, NAME, enabled, shutdown).await else {
         return;
-    }
-    if !nctx.wait_ready(&shutdown).await {
-        return;
-    }
+    };
     let (a, b) = (nctx.inventory.clone(), nctx.inventory.clone());
-    let controller = node_controller(&nctx, shutdown)
+    let controller = controller
         .watches_stream(nctx.inventory.vm_events(), move |vm| a.nodes_for_vm(&vm))
         .watches_stream(nctx.inventory.vmi_events(), move |vmi| {
             b.nodes_for_vmi(&vmi)
@@ -294,7 +292,7 @@ mod tests {
         );
         let mut bad = tainted();
         bad.metadata.annotations = Some(BTreeMap::from([(
-            crate::node::addresses::PROVIDED_NODE_IP.to_string(),
+            crate::config::addresses::PROVIDED_NODE_IP.to_string(),
             "10.52.0.99".to_string(),
         )]));
         let err = run(&bad, Some(&vmi(&["10.52.0.11"]))).expect_err("provided IP elsewhere");

@@ -25,7 +25,7 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
-use crate::Context;
+use crate::context::Context;
 use crate::error::Error;
 
 pub use harvester_common::harvester::kubevirt::{PROVIDER_ID_PREFIX, provider_id};
@@ -115,14 +115,14 @@ impl Inventory {
             vmis,
             namespace: ctx.namespace().to_string(),
             cluster_name: ctx.config.cluster_name.clone(),
-            harvester: ctx.harvester.client.clone(),
+            harvester: ctx.harvester.clone(),
             node_events: Fanout::new(),
             vm_events: Fanout::new(),
             vmi_events: Fanout::new(),
             agent_hostnames: Mutex::new(HashMap::new()),
         });
         let node_api: Api<Node> = Api::all(ctx.guest.clone());
-        let harvester = ctx.harvester.client.clone();
+        let harvester = ctx.harvester.clone();
         let ns = ctx.namespace().to_string();
         let inv = inventory.clone();
         let run = async move {
@@ -208,13 +208,7 @@ impl Inventory {
     pub fn nodes_for_vm(&self, vm: &VirtualMachine) -> Vec<ObjectRef<Node>> {
         let mut names = vec![vm.name_any()];
         if let Some(uid) = vm.uid() {
-            names.extend(
-                self.nodes
-                    .state()
-                    .iter()
-                    .filter(|n| provider_uid(n) == Some(uid.as_str()))
-                    .map(|n| n.name_any()),
-            );
+            names.extend(self.nodes_of_uid(&uid));
         }
         if let Some(vmi) = self.vmis.get(&self.vmi_ref(&vm.name_any())) {
             names.extend(self.hostnames_of(&vmi));
@@ -231,15 +225,19 @@ impl Inventory {
             .get(&self.vm_ref(&vmi.name_any()))
             .and_then(|vm| vm.uid())
         {
-            names.extend(
-                self.nodes
-                    .state()
-                    .iter()
-                    .filter(|n| provider_uid(n) == Some(uid.as_str()))
-                    .map(|n| n.name_any()),
-            );
+            names.extend(self.nodes_of_uid(&uid));
         }
         refs(names)
+    }
+
+    /// Names of the cached Nodes whose providerID names VM UID `uid`.
+    fn nodes_of_uid(&self, uid: &str) -> Vec<String> {
+        self.nodes
+            .state()
+            .iter()
+            .filter(|n| provider_uid(n) == Some(uid))
+            .map(|n| n.name_any())
+            .collect()
     }
 
     /// The VM name for a Node from the caches alone (rules 1-3 without asking the guest agent).

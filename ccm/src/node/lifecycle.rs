@@ -24,11 +24,11 @@ use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
-use crate::Shutdown;
+use crate::context::Shutdown;
 use crate::error::Error;
 use crate::node::inventory::{Lookup, is_ours, provider_uid};
 use crate::node::patch::{self, NodeChange, SHUTDOWN_TAINT, has_taint, is_ready};
-use crate::node::{NodeCtx, node_controller, run_node_controller};
+use crate::node::{NodeCtx, run_node_controller, start_node_controller};
 
 pub const NAME: &str = crate::config::CLOUD_NODE_LIFECYCLE_CONTROLLER;
 const ACTION: &str = "NodeLifecycle";
@@ -96,16 +96,13 @@ fn remove_shutdown_taint() -> LifecycleChange {
 }
 
 pub async fn run(nctx: Arc<NodeCtx>, shutdown: Shutdown) {
-    if !nctx.ctx.config.controllers.enabled(NAME) {
-        tracing::info!(controller = NAME, "disabled");
+    let enabled = nctx.ctx.config.controllers.enabled(NAME);
+    let Some(controller) = start_node_controller(&nctx, NAME, enabled, shutdown).await else {
         return;
-    }
-    if !nctx.wait_ready(&shutdown).await {
-        return;
-    }
+    };
     let inv = nctx.inventory.clone();
-    let controller = node_controller(&nctx, shutdown)
-        .watches_stream(nctx.inventory.vm_events(), move |vm| inv.nodes_for_vm(&vm));
+    let controller =
+        controller.watches_stream(nctx.inventory.vm_events(), move |vm| inv.nodes_for_vm(&vm));
     run_node_controller(nctx, NAME, controller, reconcile).await;
 }
 

@@ -15,10 +15,9 @@ pub mod lifecycle;
 pub mod patch;
 pub mod topology;
 
-use std::collections::HashMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
@@ -26,15 +25,15 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Resource;
 use kube::ResourceExt;
 use kube::runtime::controller::{self, Action, Controller};
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use tokio_stream::wrappers::IntervalStream;
 
 use crate::config::{CLOUD_NODE_CONTROLLER, CLOUD_NODE_LIFECYCLE_CONTROLLER};
+use crate::context::{Context, Shutdown};
+use crate::controller::{self as harness, Backoff};
 use crate::error::{Error, one_line};
 use crate::node::inventory::Inventory;
-use crate::{Context, Shutdown};
 
 /// First and longest retry delay after a failed reconcile (doubling in between).
 const BACKOFF_FIRST: Duration = Duration::from_secs(1);
@@ -49,7 +48,7 @@ pub struct NodeCtx {
     /// Cleared once Harvester refuses to show host Nodes (RBAC); then topology comes from VMI
     /// annotations only.
     pub host_reads: AtomicBool,
-    failures: Mutex<HashMap<(&'static str, String), u32>>,
+    failures: Backoff<(&'static str, String)>,
 }
 
 impl NodeCtx {
@@ -58,7 +57,7 @@ impl NodeCtx {
             ctx,
             inventory,
             host_reads: AtomicBool::new(true),
-            failures: Mutex::new(HashMap::new()),
+            failures: Backoff::new(BACKOFF_FIRST, BACKOFF_MAX),
         }
     }
 
@@ -91,18 +90,9 @@ impl NodeCtx {
         sync: impl Future<Output = Result<Action, Error>>,
     ) -> Result<Action, Error> {
         let metrics = &self.ctx.telemetry.metrics;
-        let timer = metrics.reconcile_started(controller);
-        let result = sync.await;
-        drop(timer);
-        if let Err(e) = &result {
-            metrics.reconcile_failed(controller, e.reason());
-        }
+        let result = harness::measured(metrics, controller, sync, Error::reason).await;
         match &result {
-            Ok(_) => {
-                if let Ok(mut f) = self.failures.lock() {
-                    f.remove(&(controller, node.name_any()));
-                }
-            }
+            Ok(_) => self.failures.succeeded(&(controller, node.name_any())),
             Err(e) if e.is_warning() => {
                 let text = one_line(e);
                 tracing::warn!(controller, node = %node.name_any(), reason = e.reason(), "{text}");
@@ -123,29 +113,16 @@ impl NodeCtx {
         action: &str,
         note: String,
     ) {
-        let mut note = note;
-        if note.len() > 1000 {
-            let mut cut = 1000;
-            while !note.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            note.truncate(cut);
-        }
-        let event = Event {
+        let object = node.object_ref(&());
+        harness::publish_event(
+            &self.ctx.recorder,
+            &object,
             type_,
-            reason: reason.to_string(),
-            note: Some(note),
-            action: action.to_string(),
-            secondary: None,
-        };
-        if let Err(e) = self
-            .ctx
-            .recorder
-            .publish(&event, &node.object_ref(&()))
-            .await
-        {
-            tracing::warn!(node = %node.name_any(), reason, error = %e, "could not publish an Event");
-        }
+            reason,
+            action.to_string(),
+            note,
+        )
+        .await;
     }
 
     /// The requeue delay after `err`: doubling per consecutive failure of this Node in this
@@ -154,15 +131,7 @@ impl NodeCtx {
         if !err.is_warning() {
             return Action::requeue(CONFLICT_RETRY);
         }
-        let n = match self.failures.lock() {
-            Ok(mut f) => {
-                let n = f.entry((controller, node.name_any())).or_insert(0);
-                *n = n.saturating_add(1);
-                *n
-            }
-            Err(_) => 1,
-        };
-        Action::requeue(backoff_delay(n))
+        Action::requeue(self.failures.failed((controller, node.name_any())))
     }
 
     /// Waits for the caches; false if shutdown came first.
@@ -181,9 +150,22 @@ pub fn node_side_enabled(ctx: &Context) -> bool {
         .any(|c| ctx.config.controllers.enabled(c))
 }
 
-pub fn backoff_delay(failures: u32) -> Duration {
-    let exp = failures.saturating_sub(1).min(16);
-    BACKOFF_FIRST.saturating_mul(1u32 << exp).min(BACKOFF_MAX)
+/// A node-side controller's start: `None` when `--controllers` disables it (logged) or shutdown
+/// comes before the caches have listed; otherwise its [`node_controller`].
+pub async fn start_node_controller(
+    nctx: &NodeCtx,
+    name: &'static str,
+    enabled: bool,
+    shutdown: Shutdown,
+) -> Option<Controller<Node>> {
+    if !enabled {
+        tracing::info!(controller = name, "disabled");
+        return None;
+    }
+    if !nctx.wait_ready(&shutdown).await {
+        return None;
+    }
+    Some(node_controller(nctx, shutdown))
 }
 
 /// A `Controller<Node>` on the shared Node cache: every Node once at start, on every Node
@@ -191,12 +173,10 @@ pub fn backoff_delay(failures: u32) -> Duration {
 pub fn node_controller(nctx: &NodeCtx, shutdown: Shutdown) -> Controller<Node> {
     let inv = &nctx.inventory;
     let node = &nctx.ctx.config.node;
-    let start = tokio::time::Instant::now() + node.resync;
-    let ticks = IntervalStream::new(tokio::time::interval_at(start, node.resync)).map(|_| ());
     Controller::for_stream(inv.node_events(), inv.nodes.clone())
         .with_config(controller::Config::default().concurrency(node.concurrency))
         .reconcile_all_on(futures::stream::once(async {}))
-        .reconcile_all_on(ticks)
+        .reconcile_all_on(harness::ticks(node.resync))
         .graceful_shutdown_on(shutdown)
 }
 
@@ -238,18 +218,4 @@ where
         })
         .await;
     tracing::info!(controller, "stopped");
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_up_to_five_minutes() {
-        let got: Vec<u64> = [1, 2, 3, 4, 9, 10, 1000]
-            .iter()
-            .map(|n| backoff_delay(*n).as_secs())
-            .collect();
-        assert_eq!(got, vec![1, 2, 4, 8, 256, 300, 300]);
-    }
 }

@@ -1,6 +1,6 @@
 //! A change to a guest Node, as the plan functions compute it, and how it is written: at most one
 //! merge patch of `status.addresses` (a subresource) and one merge patch of labels, providerID
-//! and taints, under the field manager [`FIELD_MANAGER`](crate::FIELD_MANAGER).
+//! and taints, under the field manager [`FIELD_MANAGER`](crate::context::FIELD_MANAGER).
 //!
 //! Taints are a list that kubelet and admins also write, so a patch that changes them carries the
 //! Node's `resourceVersion` (optimistic concurrency: a concurrent change makes it fail with 409 and
@@ -14,7 +14,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use serde_json::{Map, Value, json};
 
-use crate::FIELD_MANAGER;
+use crate::context::FIELD_MANAGER;
 use crate::error::Error;
 
 /// Kubelet registers Nodes with it under `--cloud-provider=external`; removed once initialised.

@@ -27,11 +27,11 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
-use crate::Shutdown;
+use crate::context::Shutdown;
 use crate::error::Error;
 use crate::node::inventory::{Lookup, is_ours};
 use crate::node::patch::{self, NodeChange, UNINITIALIZED_TAINT, has_taint};
-use crate::node::{NodeCtx, node_controller, run_node_controller};
+use crate::node::{NodeCtx, run_node_controller, start_node_controller};
 
 /// Log and metrics name; enabled with the cloud-node controller unless `--disable-vmi-controller`.
 pub const NAME: &str = "topology";
@@ -129,7 +129,7 @@ pub async fn observe(
     if !nctx.host_reads.load(Ordering::Relaxed) {
         return Ok(None);
     }
-    let hosts: Api<Node> = Api::all(nctx.ctx.harvester.client.clone());
+    let hosts: Api<Node> = Api::all(nctx.ctx.harvester.clone());
     match hosts.get_opt(host).await {
         Ok(Some(h)) => Ok(Some(Topology::from_labels(h.labels()))),
         Ok(None) => Ok(None),
@@ -149,22 +149,17 @@ pub async fn observe(
 
 pub async fn run(nctx: Arc<NodeCtx>, shutdown: Shutdown) {
     let config = &nctx.ctx.config;
-    if !config
+    let enabled = config
         .controllers
         .enabled(crate::config::CLOUD_NODE_CONTROLLER)
-        || !config.node.topology
-    {
-        tracing::info!(controller = NAME, "disabled");
+        && config.node.topology;
+    let Some(controller) = start_node_controller(&nctx, NAME, enabled, shutdown).await else {
         return;
-    }
-    if !nctx.wait_ready(&shutdown).await {
-        return;
-    }
+    };
     let inv = nctx.inventory.clone();
-    let controller = node_controller(&nctx, shutdown)
-        .watches_stream(nctx.inventory.vmi_events(), move |vmi| {
-            inv.nodes_for_vmi(&vmi)
-        });
+    let controller = controller.watches_stream(nctx.inventory.vmi_events(), move |vmi| {
+        inv.nodes_for_vmi(&vmi)
+    });
     run_node_controller(nctx, NAME, controller, reconcile).await;
 }
 

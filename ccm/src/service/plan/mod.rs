@@ -1,5 +1,6 @@
-//! Pure decisions of the service controller: the LoadBalancer CR a Service needs, and the
-//! changes to the guest Service once an address is known. No client, no clock.
+//! Pure decisions of the service controller: the LoadBalancer CR a Service needs, the changes
+//! to the guest Service once an address is known, and ([`ServiceProblem`]) what is wrong with a
+//! Service and the Event reason of each. No client, no clock.
 
 use std::collections::BTreeMap;
 
@@ -14,6 +15,9 @@ use super::annotations::{
     KUBE_VIP_INTERFACE, KUBE_VIP_IPS, LABEL_PRIMARY_SERVICE, PortKey, ServiceKey, ServiceLbSpec,
 };
 use super::name::lb_name;
+
+mod problem;
+pub use problem::*;
 
 pub const LABEL_CLUSTER: &str = "cloudprovider.harvesterhci.io/cluster";
 pub const LABEL_SERVICE_NAMESPACE: &str = "cloudprovider.harvesterhci.io/serviceNamespace";
@@ -46,6 +50,20 @@ pub struct LbSettings {
     pub dhcp_interface: Option<String>,
     /// `--concurrent-service-syncs`: at most this many reconciles at once; `None`: unbounded.
     pub concurrency: Option<u16>,
+}
+
+impl LbSettings {
+    /// The service controller's flags.
+    pub fn from_config(config: &crate::config::Config) -> LbSettings {
+        LbSettings {
+            cluster_name: config.cluster_name.clone(),
+            management_network: config.management_network.as_ref().map(ToString::to_string),
+            load_balancer_class: config.service.load_balancer_class.clone(),
+            dhcp_mode: config.service.dhcp_mode.clone(),
+            dhcp_interface: config.service.dhcp_interface.clone(),
+            concurrency: config.service.concurrency,
+        }
+    }
 }
 
 /// Whether this controller serves the Service.

@@ -1,0 +1,152 @@
+//! The harness every controller of the provider uses, node-side and service alike:
+//! - [`Backoff`]: the per-object exponential requeue after a failed reconcile;
+//! - [`publish_event`]: the one way an Event is written (one [`recorder`], notes cut to the
+//!   Events API's limit), with [`digest_action`] for controllers whose notes change;
+//! - [`measured`]: a reconcile counted and timed in the reconcile metrics;
+//! - [`ticks`]: the resync stream of `reconcile_all_on`.
+//!
+//! A new controller is a module with a `run(Arc<Context>, Shutdown)` that builds a kube-runtime
+//! `Controller` on these, like `node::init` or `service`.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use harvester_common::telemetry::Metrics;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tokio_stream::wrappers::IntervalStream;
+
+use crate::context::FIELD_MANAGER;
+
+/// The Events API refuses a note longer than this (bytes).
+const NOTE_LIMIT: usize = 1000;
+
+/// Per-object count of consecutive failures, and the delay they earn: `first`, doubling per
+/// failure, at most `max`.
+pub struct Backoff<K> {
+    first: Duration,
+    max: Duration,
+    failures: Mutex<HashMap<K, u32>>,
+}
+
+impl<K: Hash + Eq> Backoff<K> {
+    pub fn new(first: Duration, max: Duration) -> Self {
+        Backoff {
+            first,
+            max,
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Counts a failure of `key` and returns the delay before its retry.
+    pub fn failed(&self, key: K) -> Duration {
+        // Nothing panics while holding the lock; a poisoned map is still a valid count.
+        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let n = failures.entry(key).or_insert(0);
+        *n = n.saturating_add(1);
+        backoff_delay(self.first, self.max, *n)
+    }
+
+    /// Forgets the failures of `key` after a success.
+    pub fn succeeded(&self, key: &K) {
+        self.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+    }
+}
+
+/// The delay after `failures` consecutive failures: `first`, doubling, capped at `max`.
+pub fn backoff_delay(first: Duration, max: Duration, failures: u32) -> Duration {
+    let exp = failures.saturating_sub(1).min(16);
+    first.saturating_mul(1u32 << exp).min(max)
+}
+
+/// The provider's one Event recorder (reporting controller [`FIELD_MANAGER`], instance `POD_NAME`).
+pub fn recorder(guest: kube::Client) -> Recorder {
+    Recorder::new(
+        guest,
+        Reporter {
+            controller: FIELD_MANAGER.to_string(),
+            instance: std::env::var("POD_NAME").ok(),
+        },
+    )
+}
+
+/// Publishes an Event on `object`; a failure to publish is only logged.
+pub async fn publish_event(
+    recorder: &Recorder,
+    object: &ObjectReference,
+    type_: EventType,
+    reason: &str,
+    action: String,
+    mut note: String,
+) {
+    if note.len() > NOTE_LIMIT {
+        let mut cut = NOTE_LIMIT;
+        while !note.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        note.truncate(cut);
+    }
+    let event = Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(note),
+        action,
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, object).await {
+        let name = object.name.as_deref().unwrap_or_default();
+        tracing::warn!(object = name, reason, error = %e, "could not publish an Event");
+    }
+}
+
+/// An Event action that changes with the note: kube's Recorder folds Events with the same action
+/// and reason into one series that keeps the first note; a digest of the note in the action keeps
+/// a changed message visible, as client-go's aggregation by message does.
+pub fn digest_action(reason: &str, note: &str) -> String {
+    format!("{reason}/{:08x}", crc32fast::hash(note.as_bytes()))
+}
+
+/// Runs one reconcile of `controller`, counted and timed in the reconcile metrics; a failure is
+/// counted under `kind` of its error.
+pub async fn measured<T, E>(
+    metrics: &Metrics,
+    controller: &'static str,
+    sync: impl Future<Output = Result<T, E>>,
+    kind: impl Fn(&E) -> &'static str,
+) -> Result<T, E> {
+    let timer = metrics.reconcile_started(controller);
+    let result = sync.await;
+    drop(timer);
+    if let Err(e) = &result {
+        metrics.reconcile_failed(controller, kind(e));
+    }
+    result
+}
+
+/// A tick every `every`, the first one `every` from now (the start reconciles everything anyway).
+pub fn ticks(every: Duration) -> impl Stream<Item = ()> + Send {
+    let start = tokio::time::Instant::now() + every;
+    IntervalStream::new(tokio::time::interval_at(start, every)).map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_five_minutes() {
+        let node = |n| backoff_delay(Duration::from_secs(1), Duration::from_secs(300), n);
+        let got: Vec<u64> = [1, 2, 3, 4, 9, 10, 1000]
+            .iter()
+            .map(|n| node(*n).as_secs())
+            .collect();
+        assert_eq!(got, vec![1, 2, 4, 8, 256, 300, 300]);
+    }
+}

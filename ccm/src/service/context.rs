@@ -1,0 +1,159 @@
+//! What a reconcile of a Service has at hand: the provider's [`Context`], the Service and
+//! LoadBalancer caches, the DHCP leases, the log of our own writes, and the error type. The
+//! other service modules stand on this one; it imports none of them.
+
+use std::sync::Arc;
+
+use harvester_common::api_error::Describe;
+use harvester_common::harvester::LoadBalancer;
+use k8s_openapi::api::core::v1::Service;
+use kube::api::Api;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
+
+use super::annotations::{ServiceKey, ServiceLbSpec};
+use super::dhcp::Leases;
+use super::plan::{self, LbSettings, SYNC_FAILED, ServiceProblem};
+use super::written::WriteLog;
+use super::{NAD_MAPPING_NAME, NAD_MAPPING_NAMESPACE};
+use crate::context::Context;
+use crate::controller::{Backoff, digest_action, publish_event};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("guest API: {}", Describe(.0))]
+    Guest(#[source] kube::Error),
+    #[error("Harvester API: {}", Describe(.0))]
+    Harvester(#[source] kube::Error),
+    #[error("ConfigMap {NAD_MAPPING_NAMESPACE}/{NAD_MAPPING_NAME}: {0}")]
+    NadMapping(String),
+    #[error("DHCP: {0}")]
+    Dhcp(String),
+}
+
+impl Error {
+    /// A stable label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Guest(_) => "guest_api",
+            Error::Harvester(_) => "harvester_api",
+            Error::NadMapping(_) => "nad_mapping",
+            Error::Dhcp(_) => "dhcp",
+        }
+    }
+
+    /// Event reason of a failed reconcile.
+    pub fn reason(&self) -> &'static str {
+        SYNC_FAILED
+    }
+}
+
+/// Everything a reconcile needs.
+pub struct ServiceCtx {
+    pub ctx: Arc<Context>,
+    pub settings: LbSettings,
+    pub(super) services: Store<Service>,
+    /// The LoadBalancer CRs of this cluster, from the watch that also wakes the Services: the
+    /// hot path reads them here instead of asking the API server.
+    pub(super) crs: Store<LoadBalancer>,
+    pub(super) backoff: Backoff<ObjectRef<Service>>,
+    /// Leases of `ipam: dhcp` Services in `--dhcp-mode=ccm`.
+    pub(super) leases: Option<Leases>,
+    /// Our last writes to Services and CRs, to tell a cache that has not caught up with them.
+    pub(super) written: WriteLog,
+    /// True once both watch caches hold a full list. Reconciles wait on this, not on
+    /// `Store::wait_until_ready`: that future keeps one waker only (kube-runtime 5.0's
+    /// `DelayedInit` polls a `futures` oneshot), so of many reconciles waiting at once all but
+    /// the last would never wake.
+    pub(super) caches_ready: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Key of a Service in [`ServiceCtx::written`].
+pub(super) fn svc_key(svc: &Service) -> String {
+    format!(
+        "svc/{}/{}",
+        svc.namespace().unwrap_or_default(),
+        svc.name_any()
+    )
+}
+
+/// Key of a LoadBalancer CR in [`ServiceCtx::written`].
+pub(super) fn cr_key(name: &str) -> String {
+    format!("lb/{name}")
+}
+
+impl ServiceCtx {
+    /// Waits until the Service and CR watches have listed; false when the provider shuts down
+    /// first.
+    pub(super) async fn caches_listed(&self) -> bool {
+        self.caches_ready
+            .clone()
+            .wait_for(|ready| *ready)
+            .await
+            .is_ok()
+    }
+
+    /// Harvester namespace of the LoadBalancer CRs (the cloud-config's namespace).
+    pub(super) fn namespace(&self) -> &str {
+        self.ctx.namespace()
+    }
+
+    /// How often every Service and the CR garbage are looked at again.
+    pub(super) fn resync(&self) -> std::time::Duration {
+        self.ctx.config.node.resync
+    }
+
+    pub(super) fn lbs(&self) -> Api<LoadBalancer> {
+        Api::namespaced(self.ctx.harvester.clone(), self.namespace())
+    }
+
+    pub(super) fn services_in(&self, ns: &str) -> Api<Service> {
+        Api::namespaced(self.ctx.guest.clone(), ns)
+    }
+
+    async fn event(&self, svc: &Service, type_: EventType, reason: &str, note: String) {
+        let action = digest_action(reason, &note);
+        publish_event(
+            &self.ctx.recorder,
+            &svc.object_ref(&()),
+            type_,
+            reason,
+            action,
+            note,
+        )
+        .await;
+    }
+
+    /// A Warning Event for `problem` on `svc`.
+    pub(super) async fn report(&self, svc: &Service, problem: &ServiceProblem) {
+        self.warn(svc, problem.reason(), problem.to_string()).await;
+    }
+
+    pub(super) async fn warn(&self, svc: &Service, reason: &str, note: String) {
+        tracing::warn!(service = %ServiceKey::of(svc), reason, "{note}");
+        self.event(svc, EventType::Warning, reason, note).await;
+    }
+
+    pub(super) async fn normal(&self, svc: &Service, reason: &str, note: String) {
+        tracing::info!(service = %ServiceKey::of(svc), reason, "{note}");
+        self.event(svc, EventType::Normal, reason, note).await;
+    }
+
+    /// Services in the cache whose primary-service annotation names `primary`.
+    pub(super) fn secondaries_of(&self, primary: &ServiceKey) -> Vec<Arc<Service>> {
+        self.services
+            .state()
+            .into_iter()
+            .filter(|s| {
+                s.meta().deletion_timestamp.is_none()
+                    && plan::wants_load_balancer(s, &self.settings)
+                    && ServiceLbSpec::from_service(s)
+                        .ok()
+                        .and_then(|sp| sp.primary)
+                        .as_ref()
+                        == Some(primary)
+            })
+            .collect()
+    }
+}
