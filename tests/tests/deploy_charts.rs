@@ -240,7 +240,8 @@ fn cloud_provider_chart_renders_the_upstream_shape_with_our_needs() {
     assert_eq!(
         nad["rules"],
         json!([{"apiGroups": [""], "resources": ["configmaps"],
-                "resourceNames": ["harvester-nad-mapping"], "verbs": ["get"]}])
+                "resourceNames": ["harvester-nad-mapping"],
+                "verbs": ["get", "list", "watch"]}])
     );
 }
 

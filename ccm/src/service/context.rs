@@ -1,12 +1,13 @@
-//! What a reconcile of a Service has at hand: the provider's [`Context`], the Service and
-//! LoadBalancer caches, the DHCP leases, the log of our own writes, and the error type. The
+//! What a reconcile of a Service has at hand: the provider's [`Context`], the Service,
+//! LoadBalancer and NAD mapping caches (and the interface a network maps to), the DHCP leases, the log of our own writes, and the error type. The
 //! other service modules stand on this one; it imports none of them.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use harvester_common::api_error::Describe;
 use harvester_common::harvester::LoadBalancer;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::Api;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -16,7 +17,7 @@ use super::annotations::{ServiceKey, ServiceLbSpec};
 use super::dhcp::Leases;
 use super::plan::{self, LbSettings, SYNC_FAILED, ServiceProblem};
 use super::written::WriteLog;
-use super::{NAD_MAPPING_NAME, NAD_MAPPING_NAMESPACE};
+use super::{NAD_MAPPING_KEY, NAD_MAPPING_NAME, NAD_MAPPING_NAMESPACE};
 use crate::context::Context;
 use crate::controller::{Backoff, digest_action, publish_event};
 
@@ -57,16 +58,45 @@ pub struct ServiceCtx {
     /// The LoadBalancer CRs of this cluster, from the watch that also wakes the Services: the
     /// hot path reads them here instead of asking the API server.
     pub(super) crs: Store<LoadBalancer>,
+    /// The NAD mapping ConfigMap (at most one object), from a watch that also wakes the Services
+    /// naming a network.
+    pub(super) nad: Store<ConfigMap>,
     pub(super) backoff: Backoff<ObjectRef<Service>>,
     /// Leases of `ipam: dhcp` Services in `--dhcp-mode=ccm`.
     pub(super) leases: Option<Leases>,
     /// Our last writes to Services and CRs, to tell a cache that has not caught up with them.
     pub(super) written: WriteLog,
-    /// True once both watch caches hold a full list. Reconciles wait on this, not on
+    /// True once the watch caches hold a full list. Reconciles wait on this, not on
     /// `Store::wait_until_ready`: that future keeps one waker only (kube-runtime 5.0's
     /// `DelayedInit` polls a `futures` oneshot), so of many reconciles waiting at once all but
     /// the last would never wake.
     pub(super) caches_ready: tokio::sync::watch::Receiver<bool>,
+}
+
+/// kube-vip's interface for `network`, from the NAD mapping ConfigMap (its cache) when it exists.
+pub(super) fn interface_for(ctx: &ServiceCtx, network: Option<&str>) -> Result<Option<String>, Error> {
+    let Some(network) = network else {
+        return Ok(None);
+    };
+    let key = ObjectRef::new(NAD_MAPPING_NAME).within(NAD_MAPPING_NAMESPACE);
+    let Some(cm) = ctx.nad.get(&key) else {
+        return Ok(None);
+    };
+    let raw = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get(NAD_MAPPING_KEY).cloned())
+        .unwrap_or_default();
+    let mapping: BTreeMap<String, String> = if raw.trim().is_empty() {
+        BTreeMap::new()
+    } else {
+        serde_json::from_str(&raw).map_err(|e| {
+            Error::NadMapping(format!("key {NAD_MAPPING_KEY} is not a JSON object: {e}"))
+        })?
+    };
+    mapping.get(network).cloned().map(Some).ok_or_else(|| {
+        Error::NadMapping(format!("network {network} has no interface in the mapping"))
+    })
 }
 
 /// Key of a Service in [`ServiceCtx::written`].

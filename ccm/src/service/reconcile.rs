@@ -7,22 +7,22 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use harvester_common::harvester::LoadBalancer;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 
-use super::FINALIZER;
-use super::annotations::{Ipam, ServiceKey, ServiceLbSpec};
-use super::context::{Error, ServiceCtx, svc_key};
+use super::annotations::{ANN_NETWORK, Ipam, ServiceKey, ServiceLbSpec};
+use super::{FINALIZER, NAD_MAPPING_NAME, NAD_MAPPING_NAMESPACE};
+use super::context::{Error, ServiceCtx, interface_for, svc_key};
 use super::crs::{self, delete_crs_of, ensure_cr, mirror_address};
 use super::dhcp::{DhcpMode, KUBE_VIP_HWADDR, KUBE_VIP_REQUESTED_IP, Leases};
 use super::plan::{
     self, DELETED, DELETING, ENSURED, LABEL_CLUSTER, LbSettings, ServiceChange, ServiceProblem,
 };
-use super::service_io::{add_finalizer, apply_change, interface_for, remove_finalizer};
+use super::service_io::{add_finalizer, apply_change, remove_finalizer};
 use super::written::WriteLog;
 use crate::config::SERVICE_LB_CONTROLLER;
 use crate::context::{Context, READY_SERVICE_CACHES, Shutdown};
@@ -43,7 +43,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     let readiness = ctx.telemetry.readiness.clone();
     readiness.set(
         READY_SERVICE_CACHES,
-        Err("waiting for the Service and LoadBalancer watches to list".into()),
+        Err("waiting for the Service, LoadBalancer and NAD mapping watches to list".into()),
     );
     let settings = LbSettings::from_config(&ctx.config);
     // One Service watch: its cache, the controller's trigger and the related-Service trigger
@@ -71,12 +71,16 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     let controller = Controller::for_shared_stream(own, store.clone())
         .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
     let (crs, cr_writer) = kube::runtime::reflector::store::<LoadBalancer>();
+    // The one NAD mapping ConfigMap, watched by name (the chart's Role names it for get, list and
+    // watch; upstream's chart grants configmaps cluster-wide).
+    let (nad, nad_writer) = kube::runtime::reflector::store::<ConfigMap>();
     let (caches_listed, caches_ready) = tokio::sync::watch::channel(false);
     let sctx = Arc::new(ServiceCtx {
         ctx,
         settings,
         crs,
         services: store.clone(),
+        nad,
         backoff: Backoff::new(BACKOFF_FIRST, BACKOFF_MAX),
         leases,
         written: WriteLog::default(),
@@ -87,15 +91,33 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     let cr_events = kube::runtime::reflector(cr_writer, watcher::watcher(sctx.lbs(), lb_watch))
         .default_backoff()
         .touched_objects();
+    let nad_watch =
+        watcher::Config::default().fields(&format!("metadata.name={NAD_MAPPING_NAME}"));
+    let nad_events = kube::runtime::reflector(
+        nad_writer,
+        watcher::watcher(
+            Api::<ConfigMap>::namespaced(sctx.ctx.guest.clone(), NAD_MAPPING_NAMESPACE),
+            nad_watch,
+        ),
+    )
+    .default_backoff()
+    .touched_objects();
     let related = store.clone();
+    let with_network = store.clone();
     let gc = crs::garbage_collector(sctx.clone(), shutdown.clone());
     let watch_shutdown = shutdown.clone();
     // Polled in the controller's own task (the join below), which every watch event wakes.
     let synced = {
-        let (services, crs, shutdown) = (store.clone(), sctx.crs.clone(), shutdown.clone());
+        let (services, crs, nad) = (store.clone(), sctx.crs.clone(), sctx.nad.clone());
+        let shutdown = shutdown.clone();
         async move {
+            let listed = futures::future::join3(
+                services.wait_until_ready(),
+                crs.wait_until_ready(),
+                nad.wait_until_ready(),
+            );
             tokio::select! {
-                _ = futures::future::join(services.wait_until_ready(), crs.wait_until_ready()) => {
+                _ = listed => {
                     caches_listed.send_replace(true);
                     readiness.set(READY_SERVICE_CACHES, Ok(()));
                 }
@@ -108,6 +130,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         .watches_stream(cr_events, |lb| crs::service_of_cr(&lb))
         // A primary or secondary changed: reconcile the other side of the shared address.
         .watches_shared_stream(others, move |svc| related_services(&related, &svc))
+        // The NAD mapping changed: reconcile the Services that name a network.
+        .watches_stream(nad_events, move |_| services_with_network(&with_network))
         .reconcile_all_on(ticks(sctx.resync()))
         .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(woken))
         .graceful_shutdown_on(shutdown)
@@ -141,6 +165,15 @@ fn related_services(store: &Store<Service>, svc: &Service) -> Vec<ObjectRef<Serv
         }
     }
     refs
+}
+
+fn services_with_network(store: &Store<Service>) -> Vec<ObjectRef<Service>> {
+    store
+        .state()
+        .iter()
+        .filter(|s| s.annotations().contains_key(ANN_NETWORK))
+        .map(|s| ObjectRef::from_obj(s.as_ref()))
+        .collect()
 }
 
 fn error_policy(svc: Arc<Service>, err: &Error, ctx: Arc<ServiceCtx>) -> Action {
@@ -230,7 +263,7 @@ async fn reconcile_primary(
         return Ok(Action::await_change());
     };
     let is_dhcp_sentinel = spec.ipam == Ipam::Dhcp;
-    let iface = interface_for(ctx, spec.network.as_deref()).await?;
+    let iface = interface_for(ctx, spec.network.as_deref())?;
     let mut change = plan::primary_change(svc, &ip, iface.as_deref());
     if is_dhcp_sentinel {
         // kube-vip leases the address and writes the ingress itself.
@@ -292,7 +325,7 @@ async fn reconcile_dhcp(
             return Ok(Action::await_change());
         }
     };
-    let mapped = interface_for(ctx, spec.network.as_deref()).await?;
+    let mapped = interface_for(ctx, spec.network.as_deref())?;
     let iface = match super::dhcp::lease_interface(
         spec.network.as_deref(),
         mapped,

@@ -1,6 +1,6 @@
 //! The service controller's writes to guest Services (the cleanup finalizer, the planned
-//! address and annotations) and its one read of the NAD mapping ConfigMap. Every write carries
-//! the provider's field manager and is recorded in the write log.
+//! address and annotations). Every write carries the provider's field manager and is recorded in
+//! the write log.
 //!
 //! The finalizer stays two hand-written JSON patches rather than `kube::runtime::finalizer`:
 //! that helper removes the finalizer as soon as cleanup returns `Ok`, and only cleans up on
@@ -9,16 +9,15 @@
 //! no resourceVersion we could record in the write log, so a reconcile from a cache that has not
 //! seen the patch would send it again (a 422) instead of waiting for the watch.
 
-use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
 use super::context::{Error, ServiceCtx, svc_key};
 use super::plan::{self, ServiceChange};
-use super::{FINALIZER, MANAGER, NAD_MAPPING_KEY, NAD_MAPPING_NAME, NAD_MAPPING_NAMESPACE};
+use super::{FINALIZER, MANAGER};
 
 /// Every write of ours carries the same field manager.
 pub(super) fn patch_params() -> PatchParams {
@@ -97,35 +96,4 @@ pub(super) async fn apply_change(
     };
     wrote(ctx, svc, &stored);
     Ok(())
-}
-
-/// kube-vip's interface for `network`, from the NAD mapping ConfigMap when it exists.
-///
-/// Read per call, not cached: the chart's Role grants only `get` on this one ConfigMap, and a
-/// watch would need `list` and `watch` too.
-pub(super) async fn interface_for(
-    ctx: &ServiceCtx,
-    network: Option<&str>,
-) -> Result<Option<String>, Error> {
-    let Some(network) = network else {
-        return Ok(None);
-    };
-    let cms: Api<ConfigMap> = Api::namespaced(ctx.ctx.guest.clone(), NAD_MAPPING_NAMESPACE);
-    let Some(cm) = cms.get_opt(NAD_MAPPING_NAME).await.map_err(Error::Guest)? else {
-        return Ok(None);
-    };
-    let raw = cm
-        .data
-        .and_then(|d| d.get(NAD_MAPPING_KEY).cloned())
-        .unwrap_or_default();
-    let mapping: BTreeMap<String, String> = if raw.trim().is_empty() {
-        BTreeMap::new()
-    } else {
-        serde_json::from_str(&raw).map_err(|e| {
-            Error::NadMapping(format!("key {NAD_MAPPING_KEY} is not a JSON object: {e}"))
-        })?
-    };
-    mapping.get(network).cloned().map(Some).ok_or_else(|| {
-        Error::NadMapping(format!("network {network} has no interface in the mapping"))
-    })
 }
