@@ -362,7 +362,7 @@ fn usable(ip: Ipv4Addr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dhcp::Backoff;
+    use crate::Backoff;
     use dhcproto::v4::{self, Decodable, DhcpOption, MessageType, OptionCode};
 
     const MAC: [u8; 6] = [0x02, 0xaa, 0xbb, 0xcc, 0xdd, 0x01];

@@ -60,8 +60,8 @@
 //!
 //! # Keeping a lease
 //! ```no_run
-//! # async fn demo() -> Result<(), harvester_common::dhcp::DhcpError> {
-//! use harvester_common::dhcp::{self, DhcpOptions, Maintainer};
+//! # async fn demo() -> Result<(), harvester_dhcp::DhcpError> {
+//! use harvester_dhcp::{self as dhcp, DhcpOptions, Maintainer};
 //! let opts = DhcpOptions::default();
 //! let mac = dhcp::mac_for("0d3b5a3e-5c1f-4a7e-9a34-6a0c2b1f9e11"); // the Service UID
 //! let lease = dhcp::acquire("eth1", mac, None, &opts).await?;
@@ -73,6 +73,8 @@
 //! ```
 
 mod client;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod mac;
 pub mod machine;
 mod maintain;
