@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use harvester_dhcp::wire::ReplyKind;
 use harvester_dhcp::{
-    self, Backoff, DhcpError, DhcpOptions, Lease, LeaseEvent, Maintainer, format_mac, mac_for,
+    self as dhcp, Backoff, DhcpError, DhcpOptions, Lease, LeaseEvent, Maintainer, format_mac,
+    mac_for,
 };
 use testbed::netns::{DhcpNet, LEASE_SECS, LeaseLine, RANGE, SERVER_IP};
 
