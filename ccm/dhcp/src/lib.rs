@@ -1,4 +1,5 @@
-//! DHCPv4 leases on behalf of a synthetic MAC address (LoadBalancer Services with `ipam: dhcp`).
+//! DHCPv4 leases on behalf of a synthetic MAC address (LoadBalancer Services with `ipam: dhcp`):
+//! the cloud provider's DHCP client, its own crate because only the provider uses it.
 //!
 //! The cloud provider leases an address from the VM network's DHCP server for a MAC that belongs
 //! to no interface: one stable, locally administered MAC per Service ([`mac_for`] of the Service

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::ipam::{self, PoolState, PoolView, Range, Requirement, Scope, Selector};
+use super::ipam::{self, PoolState, PoolView, Range, Requirement};
 use futures::StreamExt;
 use harvester_common::harvester::loadbalancer::{
     ANN_CLUSTER, ANN_NAMESPACE, ANN_NETWORK, ANN_PROJECT, AllocatedAddress, Condition,
@@ -206,22 +206,9 @@ fn requirement(lb: &LoadBalancer) -> Requirement {
 }
 
 fn view(pool: &IPPool) -> PoolView {
-    let s = &pool.spec.selector;
     PoolView {
         name: pool.name_any(),
-        selector: Selector {
-            priority: s.priority,
-            network: s.network.clone(),
-            scope: s
-                .scope
-                .iter()
-                .map(|t| Scope {
-                    project: t.project.clone(),
-                    namespace: t.namespace.clone(),
-                    guest_cluster: t.guest_cluster.clone(),
-                })
-                .collect(),
-        },
+        selector: pool.spec.selector.clone(),
         global: pool.labels().get(GLOBAL_POOL_LABEL).map(String::as_str) == Some("true"),
     }
 }
