@@ -8,9 +8,9 @@
 #
 # Stable Rust: `-s none` builds without a sanitizer (AddressSanitizer needs nightly's -Z flag;
 # this code forbids `unsafe`, so a panic is what we look for), `-a` keeps debug assertions and
-# overflow checks in the optimised build. New corpus entries go to common/fuzz/corpus/<target>
-# (not committed); the committed seeds are read from common/fuzz/seeds/<target>. A crash is saved
-# in common/fuzz/artifacts/<target>/ and fails the script.
+# overflow checks in the optimised build. In each fuzz directory <dir>, new corpus entries go to
+# <dir>/corpus/<target> (not committed); the committed seeds are read from <dir>/seeds/<target>. A
+# crash is saved in <dir>/artifacts/<target>/ and fails the script.
 set -euo pipefail
 
 CARGO_FUZZ_VERSION=${CARGO_FUZZ_VERSION:-0.13.2}
