@@ -88,13 +88,14 @@ unit-and-integration:
 bench: tools
 	@echo "[bench] cargo build --release --bins (the binaries under test and the bench program)"
 	$(CARGO) build --release --bins
-	@echo "[bench] criterion: harvester_common::ipam on a /16"
-	$(CARGO) bench -p harvester-common --bench ipam -- --quick
+	@echo "[bench] criterion: testbed::sim::ipam on a /16"
+	$(CARGO) bench -p testbed --bench ipam -- --quick
 	@echo "[bench] test bed -> docs/benchmarks.md"
 	$(CARGO) run --release -p testbed --bin bench -- --out docs/benchmarks.md
 
-# Not part of `make test`: each cargo-fuzz target of common/fuzz for FUZZ_SECONDS (stable Rust, no
-# sanitizer; installs cargo-fuzz into ~/.cache/harvester-testbed when missing). docs/fuzzing.md.
+# Not part of `make test`: each cargo-fuzz target of common/fuzz and ccm/dhcp/fuzz for FUZZ_SECONDS
+# (stable Rust, no sanitizer; installs cargo-fuzz into ~/.cache/harvester-testbed when missing).
+# docs/fuzzing.md.
 FUZZ_SECONDS ?= 60
 fuzz:
 	@bash tests/scripts/fuzz.sh $(FUZZ_SECONDS)

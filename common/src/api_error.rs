@@ -1,6 +1,7 @@
 //! One readable line for a Kubernetes API error. kube's own text repeats the whole `Status`
 //! struct (`ApiError: m: R (Status { status: Some(Failure), code: 403, message: "m", ... })`),
-//! which is what an operator then reads in every Event and log line.
+//! which is what an operator then reads in every Event and log line. Also the status predicates
+//! the controllers branch on ([`is_not_found`], [`is_conflict`], [`is_forbidden`]).
 
 use std::fmt;
 
@@ -28,26 +29,6 @@ impl fmt::Display for Describe<'_> {
     }
 }
 
-/// Whether `e` is the API server's answer with HTTP status `code`.
-pub fn has_code(e: &kube::Error, code: u16) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == code)
-}
-
-/// Whether `e` says the object does not exist (404).
-pub fn is_not_found(e: &kube::Error) -> bool {
-    has_code(e, 404)
-}
-
-/// Whether `e` is a conflict (409): the object exists already, or changed under a write.
-pub fn is_conflict(e: &kube::Error) -> bool {
-    has_code(e, 409)
-}
-
-/// Whether `e` is a refusal by RBAC (403).
-pub fn is_forbidden(e: &kube::Error) -> bool {
-    has_code(e, 403)
-}
-
 /// The error and its causes on one line, each cause once; a `kube::Error` in the chain is
 /// described by [`Describe`] and ends it (its own causes repeat what it says).
 pub fn one_line(err: &(dyn std::error::Error + 'static)) -> String {
@@ -69,19 +50,62 @@ pub fn one_line(err: &(dyn std::error::Error + 'static)) -> String {
     line.replace('\n', " ")
 }
 
+/// The API server answered with this HTTP status code. By code, not by reason (kube's
+/// `Status::is_conflict` follows client-go and reads the reason first): a create's
+/// `AlreadyExists` and an update's `Conflict` are both 409, and every caller treats them alike.
+pub fn has_code(err: &kube::Error, code: u16) -> bool {
+    matches!(err, kube::Error::Api(s) if s.code == code)
+}
+
+/// 404: the object (or its namespace) does not exist.
+pub fn is_not_found(err: &kube::Error) -> bool {
+    has_code(err, 404)
+}
+
+/// 409: the object already exists (create) or changed since it was read (update).
+pub fn is_conflict(err: &kube::Error) -> bool {
+    has_code(err, 409)
+}
+
+/// 403: RBAC (or an admission webhook) refused the request.
+pub fn is_forbidden(err: &kube::Error) -> bool {
+    has_code(err, 403)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn forbidden() -> kube::Error {
+    fn status(code: u16, reason: &str, message: &str) -> kube::Error {
         let status: kube::core::Status = serde_json::from_value(serde_json::json!({
             "status": "Failure",
-            "message": "virtualmachines.kubevirt.io \"vm1\" is forbidden: User \"x\" cannot get resource",
-            "reason": "Forbidden",
-            "code": 403
+            "message": message,
+            "reason": reason,
+            "code": code
         }))
         .expect("a Status");
         kube::Error::Api(Box::new(status))
+    }
+
+    fn forbidden() -> kube::Error {
+        status(
+            403,
+            "Forbidden",
+            "virtualmachines.kubevirt.io \"vm1\" is forbidden: User \"x\" cannot get resource",
+        )
+    }
+
+    #[test]
+    fn predicates_read_the_code() {
+        let gone = status(404, "NotFound", "gone");
+        let exists = status(409, "AlreadyExists", "there");
+        let changed = status(409, "Conflict", "changed");
+        assert!(is_not_found(&gone) && !is_conflict(&gone) && !is_forbidden(&gone));
+        assert!(is_conflict(&exists) && is_conflict(&changed));
+        assert!(is_forbidden(&forbidden()) && !is_not_found(&forbidden()));
+        assert!(has_code(&status(422, "Invalid", "bad"), 422));
+        let not_api = kube::Error::LinesCodecMaxLineLengthExceeded;
+        assert!(!is_not_found(&not_api) && !is_conflict(&not_api) && !is_forbidden(&not_api));
     }
 
     #[derive(Debug, thiserror::Error)]

@@ -3,23 +3,23 @@
 //! - [`harvester`]: typed Harvester and KubeVirt resources (only the fields we read; the rest is
 //!   preserved) and the KubeVirt hot-plug subresource calls.
 //! - [`cloud_config`]: the Harvester kubeconfig ("cloud-config") -> client + VM namespace.
-//! - [`ipam`]: a pure IP pool allocator with Harvester IPPool semantics.
-//! - [`dhcp`]: a DHCPv4 client leasing addresses for synthetic MACs (LoadBalancer `ipam: dhcp`).
 //! - [`guest`]: the guest cluster's client (kubeconfig file or in-cluster).
 //! - [`flags`]: command lines parsed the way upstream's Go programs parse them.
 //! - [`names`]: Kubernetes name rules (DNS-1123 labels).
 //! - [`quantity`]: Kubernetes quantities as bytes.
 //! - [`telemetry`]: logs, metrics, health endpoints, API request counts, shutdown signal.
+//! - [`api_error`]: reading the API server's error answers (status predicates, messages).
+//!
+//! What only one side uses lives with it: the DHCP client in `ccm/dhcp` (crate `harvester-dhcp`),
+//! the IP pool allocator of the LB stand-in in the test bed (`testbed::sim::ipam`).
 
 pub mod api_error;
 pub mod cloud_config;
-pub mod dhcp;
 pub mod flags;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod guest;
 pub mod harvester;
-pub mod ipam;
 pub mod names;
 pub mod quantity;
 pub mod telemetry;

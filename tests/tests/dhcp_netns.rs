@@ -1,4 +1,4 @@
-//! `harvester_common::dhcp` against a real dnsmasq in a network namespace (root).
+//! `harvester_dhcp` against a real dnsmasq in a network namespace (root).
 //!
 //! Each test makes its own pair of namespaces (see `testbed::netns`), leases addresses for
 //! synthetic MACs that no interface has, and checks dnsmasq's lease file and log.
@@ -6,9 +6,10 @@
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use harvester_common::dhcp::wire::ReplyKind;
-use harvester_common::dhcp::{
-    self, Backoff, DhcpError, DhcpOptions, Lease, LeaseEvent, Maintainer, format_mac, mac_for,
+use harvester_dhcp::wire::ReplyKind;
+use harvester_dhcp::{
+    self as dhcp, Backoff, DhcpError, DhcpOptions, Lease, LeaseEvent, Maintainer, format_mac,
+    mac_for,
 };
 use testbed::netns::{DhcpNet, LEASE_SECS, LeaseLine, RANGE, SERVER_IP};
 

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use harvester_cloud_provider::service::plan::ingress_ip;
 use harvester_cloud_provider::{Config, Telemetry};
-use harvester_common::dhcp;
 use harvester_common::harvester::LoadBalancer;
+use harvester_dhcp as dhcp;
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};

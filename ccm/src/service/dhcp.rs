@@ -1,6 +1,6 @@
 //! `ipam: dhcp` with `--dhcp-mode=ccm`: the provider leases the address itself, for a synthetic
 //! MAC kept on the Service (`kube-vip.io/hwaddr`), keeps the lease renewed for the Service's life
-//! (`harvester_common::dhcp::Maintainer`), remembers the address (`kube-vip.io/requestedIP`) so a
+//! (`harvester_dhcp::Maintainer`), remembers the address (`kube-vip.io/requestedIP`) so a
 //! restarted provider asks for the same one, and releases it when the Service goes. kube-vip then
 //! only announces the address, as for pool addresses (upstream leaves the whole lease to kube-vip,
 //! whose renewals are known to fail: Harvester issues #6563, #6637).
@@ -12,10 +12,10 @@ use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::sync::Mutex;
 
-use harvester_common::dhcp::route::{DefaultRoute, Family, IPV4_ROUTES, IPV6_ROUTES, RouteError};
-use harvester_common::dhcp::{self, DhcpOptions, Lease, LeaseEvent, Maintainer};
 use harvester_common::telemetry::Metrics;
 use harvester_common::telemetry::metrics::LeaseLabels;
+use harvester_dhcp::route::{DefaultRoute, Family, IPV4_ROUTES, IPV6_ROUTES, RouteError};
+use harvester_dhcp::{self as dhcp, DhcpOptions, Lease, LeaseEvent, Maintainer};
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
@@ -56,7 +56,7 @@ pub enum ChosenBy {
     /// `--dhcp-interface`.
     Flag,
     /// Nothing named one: the interface of the default route, where kube-vip leases under
-    /// upstream's values (empty `vip_interface`; see `harvester_common::dhcp::route`).
+    /// upstream's values (empty `vip_interface`; see `harvester_dhcp::route`).
     DefaultRoute(Family),
 }
 

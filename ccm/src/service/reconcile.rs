@@ -330,7 +330,7 @@ async fn reconcile_dhcp(
         spec.network.as_deref(),
         mapped,
         ctx.settings.dhcp_interface.as_deref(),
-        harvester_common::dhcp::route::read_default_route,
+        harvester_dhcp::route::read_default_route,
     ) {
         Ok(i) => i,
         Err(tried) => {
@@ -349,7 +349,7 @@ async fn reconcile_dhcp(
     };
     let ip = lease.ip.to_string();
     let mut change = plan::primary_change(svc, &ip, None);
-    let mac_text = harvester_common::dhcp::format_mac(&mac);
+    let mac_text = harvester_dhcp::format_mac(&mac);
     for (k, v) in [
         (KUBE_VIP_HWADDR, mac_text.as_str()),
         (KUBE_VIP_REQUESTED_IP, ip.as_str()),

@@ -3,6 +3,10 @@
 //! its own clock from when it last saw the record change, so clock skew does not matter), the
 //! leader renews every `retry_period`, and stops its work as soon as it has not renewed for
 //! `renew_deadline` (< `lease_duration`), i.e. before anyone else may take over.
+//!
+//! Not `kube-lease-manager`: it judges expiry by the holder's `renewTime` on the local wall clock,
+//! writes with patches instead of a resourceVersion compare-and-swap, and releases by clearing the
+//! fields; upstream's Go replicas share this Lease and follow client-go's rules, kept here.
 
 use std::future::Future;
 use std::time::Duration;

@@ -1,18 +1,18 @@
 //! The Harvester LB controller's part for `workloadType: cluster` LoadBalancers: IP allocation
-//! from IPPools (with `harvester_common::ipam`), `0.0.0.0` for DHCP, the Ready condition, and the
+//! from IPPools (with [`super::ipam`]), `0.0.0.0` for DHCP, the Ready condition, and the
 //! release of the address when the LoadBalancer goes. Woken by LoadBalancer and IPPool watches:
 //! a LoadBalancer waiting for a pool converges as soon as one matches.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::ipam::{self, PoolState, PoolView, Range, Requirement};
 use futures::StreamExt;
 use harvester_common::harvester::loadbalancer::{
     ANN_CLUSTER, ANN_NAMESPACE, ANN_NETWORK, ANN_PROJECT, AllocatedAddress, Condition,
     DHCP_SENTINEL, GLOBAL_POOL_LABEL, IPPoolStatus, LB_CONTROLLER_FINALIZER,
 };
 use harvester_common::harvester::{IPPool, LoadBalancer};
-use harvester_common::ipam::{self, PoolState, PoolView, Range, Requirement, Scope, Selector};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Config as CtrlConfig, Controller};
 use kube::runtime::reflector::ObjectRef;
@@ -206,22 +206,9 @@ fn requirement(lb: &LoadBalancer) -> Requirement {
 }
 
 fn view(pool: &IPPool) -> PoolView {
-    let s = &pool.spec.selector;
     PoolView {
         name: pool.name_any(),
-        selector: Selector {
-            priority: s.priority,
-            network: s.network.clone(),
-            scope: s
-                .scope
-                .iter()
-                .map(|t| Scope {
-                    project: t.project.clone(),
-                    namespace: t.namespace.clone(),
-                    guest_cluster: t.guest_cluster.clone(),
-                })
-                .collect(),
-        },
+        selector: pool.spec.selector.clone(),
         global: pool.labels().get(GLOBAL_POOL_LABEL).map(String::as_str) == Some("true"),
     }
 }

@@ -238,7 +238,7 @@ impl Drop for Maintainer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dhcp::Step;
+    use crate::Step;
     use std::collections::VecDeque;
     use std::sync::Mutex;
     use tokio::time::Instant;
@@ -246,7 +246,7 @@ mod tests {
     const IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 120);
 
     fn lease(ip: Ipv4Addr, secs: u32) -> Lease {
-        let t = crate::dhcp::timers::Timers::from_options(Some(secs), None, None, Duration::ZERO);
+        let t = crate::timers::Timers::from_options(Some(secs), None, None, Duration::ZERO);
         Lease {
             iface: "eth1".into(),
             mac: [2, 0xaa, 0, 0, 0, 1],
@@ -353,11 +353,7 @@ mod tests {
     fn opts() -> DhcpOptions {
         DhcpOptions {
             min_renew_interval: Duration::from_secs(5),
-            reacquire: crate::dhcp::Backoff::new(
-                Duration::from_secs(10),
-                Duration::from_secs(60),
-                0,
-            ),
+            reacquire: crate::Backoff::new(Duration::from_secs(10), Duration::from_secs(60), 0),
             ..DhcpOptions::default()
         }
     }

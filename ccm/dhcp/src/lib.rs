@@ -1,4 +1,5 @@
-//! DHCPv4 leases on behalf of a synthetic MAC address (LoadBalancer Services with `ipam: dhcp`).
+//! DHCPv4 leases on behalf of a synthetic MAC address (LoadBalancer Services with `ipam: dhcp`):
+//! the cloud provider's DHCP client, its own crate because only the provider uses it.
 //!
 //! The cloud provider leases an address from the VM network's DHCP server for a MAC that belongs
 //! to no interface: one stable, locally administered MAC per Service ([`mac_for`] of the Service
@@ -60,8 +61,8 @@
 //!
 //! # Keeping a lease
 //! ```no_run
-//! # async fn demo() -> Result<(), harvester_common::dhcp::DhcpError> {
-//! use harvester_common::dhcp::{self, DhcpOptions, Maintainer};
+//! # async fn demo() -> Result<(), harvester_dhcp::DhcpError> {
+//! use harvester_dhcp::{self as dhcp, DhcpOptions, Maintainer};
 //! let opts = DhcpOptions::default();
 //! let mac = dhcp::mac_for("0d3b5a3e-5c1f-4a7e-9a34-6a0c2b1f9e11"); // the Service UID
 //! let lease = dhcp::acquire("eth1", mac, None, &opts).await?;
@@ -73,6 +74,8 @@
 //! ```
 
 mod client;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod mac;
 pub mod machine;
 mod maintain;

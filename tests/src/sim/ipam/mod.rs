@@ -1,5 +1,6 @@
 //! A pure IP pool allocator with Harvester's IPPool semantics (`load-balancer-harvester`
-//! `pkg/ipam`), for whoever plays Harvester's LB controller (the test bed today).
+//! `pkg/ipam`), for the stand-in of Harvester's LB controller ([`super::lb`]). The `IPPool` CRD
+//! type itself stays in `harvester_common::harvester` (the cloud provider reads it too).
 //!
 //! - [`Range`]: one `spec.ranges[*]` entry with CNI host-local defaults, parsed at the edge.
 //! - [`select_pool`]: which pool serves a LoadBalancer (strict pass, global fallback, loose pass).

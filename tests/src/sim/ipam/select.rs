@@ -4,53 +4,29 @@
 
 use std::fmt;
 
-use serde::{Deserialize, Serialize};
-
 /// The wildcard in a scope tuple or a requirement field.
 pub const WILDCARD: &str = "*";
 
-/// One `spec.selector.scope[*]` tuple; `"*"` matches anything.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Scope {
-    #[serde(default)]
-    pub project: String,
-    #[serde(default)]
-    pub namespace: String,
-    #[serde(default)]
-    pub guest_cluster: String,
-}
+/// One `spec.selector.scope[*]` tuple (the CR's own type); `"*"` matches anything.
+pub use harvester_common::harvester::loadbalancer::PoolScope as Scope;
+/// `spec.selector` of an IPPool (the CR's own type).
+pub use harvester_common::harvester::loadbalancer::PoolSelector as Selector;
 
-impl Scope {
-    /// The `*`/`*`/`*` tuple that makes a pool global.
-    pub fn any() -> Scope {
-        Scope {
-            project: WILDCARD.into(),
-            namespace: WILDCARD.into(),
-            guest_cluster: WILDCARD.into(),
-        }
+/// The `*`/`*`/`*` tuple that makes a pool global.
+pub fn any_scope() -> Scope {
+    Scope {
+        project: WILDCARD.into(),
+        namespace: WILDCARD.into(),
+        guest_cluster: WILDCARD.into(),
     }
 }
 
-/// `spec.selector` of an IPPool, same JSON shape as the CR.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Selector {
-    /// Higher wins. Non-zero values are unique across pools (the webhook enforces it).
-    #[serde(default)]
-    pub priority: u32,
-    /// `<namespace>/<nad name>`, compared as an exact string; `""` only matches `""`.
-    #[serde(default)]
-    pub network: String,
-    #[serde(default)]
-    pub scope: Vec<Scope>,
-}
-
-impl Selector {
-    /// Whether the scope is exactly one `*`/`*`/`*` tuple: the rule by which Harvester's webhook
-    /// labels a pool `loadbalancer.harvesterhci.io/global-ip-pool=true`.
-    pub fn is_global_scope(&self) -> bool {
-        matches!(self.scope.as_slice(), [only] if *only == Scope::any())
-    }
+/// Whether the scope is exactly one `*`/`*`/`*` tuple: the rule by which Harvester's webhook
+/// labels a pool `loadbalancer.harvesterhci.io/global-ip-pool=true`. (Higher `priority` wins;
+/// non-zero values are unique across pools, the webhook enforces it. `network` is
+/// `<namespace>/<nad name>`, compared as an exact string; `""` only matches `""`.)
+pub fn is_global_scope(selector: &Selector) -> bool {
+    matches!(selector.scope.as_slice(), [only] if *only == any_scope())
 }
 
 /// What a LoadBalancer asks of a pool, from its annotations
@@ -89,7 +65,7 @@ impl PoolView {
     /// Global by label, or by the scope shape the label is derived from (in case the label is
     /// missing because the webhook did not run, e.g. in a test bed).
     pub fn is_global(&self) -> bool {
-        self.global || self.selector.is_global_scope()
+        self.global || is_global_scope(&self.selector)
     }
 }
 

@@ -1,4 +1,4 @@
-//! IP allocation throughput of `harvester_common::ipam` on a /16 pool (65 533 allocatable
+//! IP allocation throughput of `testbed::sim::ipam` on a /16 pool (65 533 allocatable
 //! addresses: network, gateway and broadcast excluded) at 0 %, 90 % and 99 % full.
 //!
 //! One iteration is one `allocate` for an applicant that holds nothing yet, then the removal of
@@ -21,7 +21,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use harvester_common::ipam::{self, PoolState, Range};
+use testbed::sim::ipam::{self, PoolState, Range};
 
 const SUBNET: &str = "10.20.0.0/16";
 
