@@ -10,13 +10,14 @@ use futures::future::{BoxFuture, Shared};
 use harvester_cloud_provider::config::secure::SecureServing;
 use harvester_cloud_provider::config::{Config, ConfigError, OpsFlags, parse_go_duration};
 use harvester_cloud_provider::error::one_line;
+use harvester_cloud_provider::leader::LeaderConfig;
+use harvester_cloud_provider::secure::{self, Delegated};
 use harvester_cloud_provider::{
     READY_CLIENTS, READY_HARVESTER, Telemetry, guest_client, token_expiry_event,
 };
 use harvester_common::cloud_config::{CREDENTIALS_CHECK_PERIOD, Harvester};
 use harvester_common::flags::Outcome;
-use harvester_common::telemetry::secure::{self, Delegated};
-use harvester_common::telemetry::{self, LeaderConfig};
+use harvester_common::telemetry;
 
 /// Exit code of a refused command line (a flag or a flag's value), as pflag programs use.
 const BAD_FLAG: u8 = 2;
@@ -220,14 +221,19 @@ async fn serve(
         harvester_cloud_provider::run_with(config, telemetry, shutdown).await?;
         return Ok(());
     };
-    telemetry::run_as_leader(guest, leader, shutdown, |mut stop| async move {
-        let stopped = async move {
-            let _ = stop.wait_for(|s| *s).await;
-        };
-        if let Err(e) = harvester_cloud_provider::run_with(config, telemetry, stopped).await {
-            tracing::error!("{}", one_line(&e));
-        }
-    })
+    harvester_cloud_provider::leader::run_as_leader(
+        guest,
+        leader,
+        shutdown,
+        |mut stop| async move {
+            let stopped = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            if let Err(e) = harvester_cloud_provider::run_with(config, telemetry, stopped).await {
+                tracing::error!("{}", one_line(&e));
+            }
+        },
+    )
     .await?;
     Ok(())
 }

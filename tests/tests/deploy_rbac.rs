@@ -16,6 +16,7 @@ use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume}
 use csi_proto::csi::v1::*;
 use deploy_common::*;
 use harvester_cloud_provider::Config;
+use harvester_cloud_provider::leader::{LeaderConfig, run_as_leader};
 use harvester_cloud_provider::node::patch::SHUTDOWN_TAINT;
 use harvester_cloud_provider::service::annotations::{
     ANN_NETWORK, ANN_PRIMARY_SERVICE, KUBE_VIP_INTERFACE,
@@ -23,7 +24,6 @@ use harvester_cloud_provider::service::annotations::{
 use harvester_cloud_provider::service::plan::ingress_ip;
 use harvester_cloud_provider::service::{NAD_MAPPING_KEY, NAD_MAPPING_NAME, NAD_MAPPING_NAMESPACE};
 use harvester_common::harvester::{IPPool, LoadBalancer};
-use harvester_common::telemetry::{LeaderConfig, run_as_leader};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Service};
 use k8s_openapi::api::storage::v1::StorageClass;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use harvester_common::telemetry::{LeaderConfig, LeaderError, run_as_leader};
+use harvester_cloud_provider::leader::{LeaderConfig, LeaderError, run_as_leader};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;

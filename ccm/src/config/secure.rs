@@ -7,9 +7,9 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
+use crate::secure::auth::{AuthOptions, check_allow_path};
+use crate::secure::tls::CertOptions;
 use clap::Args;
-use harvester_common::telemetry::secure::auth::{AuthOptions, check_allow_path};
-use harvester_common::telemetry::secure::tls::CertOptions;
 
 use super::{ConfigError, parse_go_duration};
 

@@ -74,7 +74,10 @@ pub struct ServiceCtx {
 }
 
 /// kube-vip's interface for `network`, from the NAD mapping ConfigMap (its cache) when it exists.
-pub(super) fn interface_for(ctx: &ServiceCtx, network: Option<&str>) -> Result<Option<String>, Error> {
+pub(super) fn interface_for(
+    ctx: &ServiceCtx,
+    network: Option<&str>,
+) -> Result<Option<String>, Error> {
     let Some(network) = network else {
         return Ok(None);
     };

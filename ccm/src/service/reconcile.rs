@@ -15,7 +15,6 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 
 use super::annotations::{ANN_NETWORK, Ipam, ServiceKey, ServiceLbSpec};
-use super::{FINALIZER, NAD_MAPPING_NAME, NAD_MAPPING_NAMESPACE};
 use super::context::{Error, ServiceCtx, interface_for, svc_key};
 use super::crs::{self, delete_crs_of, ensure_cr, mirror_address};
 use super::dhcp::{DhcpMode, KUBE_VIP_HWADDR, KUBE_VIP_REQUESTED_IP, Leases};
@@ -24,6 +23,7 @@ use super::plan::{
 };
 use super::service_io::{add_finalizer, apply_change, remove_finalizer};
 use super::written::WriteLog;
+use super::{FINALIZER, NAD_MAPPING_NAME, NAD_MAPPING_NAMESPACE};
 use crate::config::SERVICE_LB_CONTROLLER;
 use crate::context::{Context, READY_SERVICE_CACHES, Shutdown};
 use crate::controller::{Backoff, measured, ticks};
@@ -91,8 +91,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     let cr_events = kube::runtime::reflector(cr_writer, watcher::watcher(sctx.lbs(), lb_watch))
         .default_backoff()
         .touched_objects();
-    let nad_watch =
-        watcher::Config::default().fields(&format!("metadata.name={NAD_MAPPING_NAME}"));
+    let nad_watch = watcher::Config::default().fields(&format!("metadata.name={NAD_MAPPING_NAME}"));
     let nad_events = kube::runtime::reflector(
         nad_writer,
         watcher::watcher(

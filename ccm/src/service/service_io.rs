@@ -9,7 +9,6 @@
 //! no resourceVersion we could record in the write log, so a reconcile from a cache that has not
 //! seen the patch would send it again (a 422) instead of waiting for the watch.
 
-
 use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use kube::api::{Patch, PatchParams};

@@ -1,16 +1,14 @@
 //! What an operator needs from both programs: structured logs, Prometheus metrics, `/healthz`,
-//! `/readyz` and `/metrics` over HTTP (and over HTTPS with delegated authentication: [`secure`]), Kubernetes API request counts, leader election with a
-//! Lease, and a shutdown signal.
+//! `/readyz` and `/metrics` over HTTP, Kubernetes API request counts, and a shutdown signal.
+//! (The provider's HTTPS serving and its Lease election are the provider's own:
+//! `harvester_cloud_provider::{secure, leader}`.)
 
 pub mod api_metrics;
-pub mod leader;
 pub mod logging;
 pub mod metrics;
-pub mod secure;
 pub mod server;
 
 pub use api_metrics::{ApiMetricsLayer, kube_client};
-pub use leader::{LeaderConfig, LeaderError, run_as_leader};
 pub use logging::{LogFormat, init_logging};
 pub use metrics::Metrics;
 pub use server::{Readiness, serve};

@@ -18,8 +18,8 @@ use tokio::net::TcpListener;
 pub use auth::{AuthOptions, Decision, Delegated};
 pub use tls::{CertOptions, ServingCert, TlsError};
 
-use super::metrics::Metrics;
-use super::server::{Readiness, route, serve_connection, text};
+use harvester_common::telemetry::Metrics;
+use harvester_common::telemetry::server::{Readiness, route, serve_connection, text};
 
 /// How long a client may take over the TLS handshake.
 const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
