@@ -4,10 +4,13 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use harvester_cloud_provider::service::annotations::{ANN_NETWORK, KUBE_VIP_INTERFACE};
 use harvester_cloud_provider::service::plan::ingress_ip;
-use harvester_cloud_provider::service::{FINALIZER, name::lb_name};
+use harvester_cloud_provider::service::{
+    FINALIZER, NAD_MAPPING_KEY, NAD_MAPPING_NAME, NAD_MAPPING_NAMESPACE, name::lb_name,
+};
 use harvester_common::harvester::{IPPool, LoadBalancer};
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -703,5 +706,76 @@ async fn contract_a_lost_allocation_is_released_as_a_duplicate_and_the_same_addr
     );
     let (again, _) = wait_address(&bed, "dup").await;
     assert_eq!(again, ip, "the Service keeps its address");
+    ccm.stop().await;
+}
+
+/// The NAD mapping ConfigMap is watched: created after the Service got its address, and then
+/// changed, it reaches the Service's kube-vip interface annotation well within the controller's
+/// 60 s resync (the limit here is 30 s), so the watch, not the resync, carried it.
+#[tokio::test]
+async fn lb_nad_mapping_changes_reach_the_services_naming_a_network() {
+    let bed = bed().await;
+    create_pool(&bed, "pool-nad", json!([{"subnet": "192.168.52.0/24", "rangeStart": "192.168.52.10", "rangeEnd": "192.168.52.19"}])).await;
+    let ccm = start_ccm(&bed);
+    services(&bed)
+        .create(
+            &PostParams::default(),
+            &lb_svc(
+                "vlan",
+                &[(80, "TCP")],
+                json!({ANN_NETWORK: "default/vlan10"}),
+            ),
+        )
+        .await
+        .expect("create service");
+    let (_, svc) = wait_address(&bed, "vlan").await;
+    assert_eq!(
+        svc.annotations().get(KUBE_VIP_INTERFACE),
+        None,
+        "no mapping yet"
+    );
+
+    let configmaps: Api<ConfigMap> =
+        Api::namespaced(bed.guest.client.clone(), NAD_MAPPING_NAMESPACE);
+    let mapping = |iface: &str| -> ConfigMap {
+        serde_json::from_value(json!({
+            "metadata": {"name": NAD_MAPPING_NAME},
+            "data": {NAD_MAPPING_KEY: format!(r#"{{"default/vlan10": "{iface}"}}"#)}
+        }))
+        .expect("ConfigMap literal")
+    };
+    let interface_becomes = |want: &'static str| {
+        let api = services(&bed);
+        async move {
+            wait::until(
+                &format!("Service vlan's {KUBE_VIP_INTERFACE} becomes {want}"),
+                LIMIT,
+                || {
+                    let api = api.clone();
+                    async move {
+                        let svc = api.get("vlan").await.map_err(|e| e.to_string())?;
+                        let got = svc.annotations().get(KUBE_VIP_INTERFACE).cloned();
+                        Ok(if got.as_deref() == Some(want) {
+                            Ok(())
+                        } else {
+                            Err(got)
+                        })
+                    }
+                },
+            )
+            .await
+            .unwrap()
+        }
+    };
+    configmaps
+        .create(&PostParams::default(), &mapping("enp2s0"))
+        .await
+        .expect("create NAD mapping");
+    interface_becomes("enp2s0").await;
+    configmaps
+        .replace(NAD_MAPPING_NAME, &PostParams::default(), &mapping("enp3s0"))
+        .await
+        .expect("change NAD mapping");
+    interface_becomes("enp3s0").await;
     ccm.stop().await;
 }
