@@ -10,7 +10,7 @@ use futures::future::{BoxFuture, Shared};
 use harvester_cloud_provider::config::secure::SecureServing;
 use harvester_cloud_provider::config::{Config, ConfigError, OpsFlags, parse_go_duration};
 use harvester_cloud_provider::error::one_line;
-use harvester_cloud_provider::leader::LeaderConfig;
+use harvester_cloud_provider::leader::{LeaderConfig, run_as_leader};
 use harvester_cloud_provider::secure::{self, Delegated};
 use harvester_cloud_provider::{
     READY_CLIENTS, READY_HARVESTER, Telemetry, guest_client, token_expiry_event,
@@ -221,19 +221,14 @@ async fn serve(
         harvester_cloud_provider::run_with(config, telemetry, shutdown).await?;
         return Ok(());
     };
-    harvester_cloud_provider::leader::run_as_leader(
-        guest,
-        leader,
-        shutdown,
-        |mut stop| async move {
-            let stopped = async move {
-                let _ = stop.wait_for(|s| *s).await;
-            };
-            if let Err(e) = harvester_cloud_provider::run_with(config, telemetry, stopped).await {
-                tracing::error!("{}", one_line(&e));
-            }
-        },
-    )
+    run_as_leader(guest, leader, shutdown, |mut stop| async move {
+        let stopped = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        if let Err(e) = harvester_cloud_provider::run_with(config, telemetry, stopped).await {
+            tracing::error!("{}", one_line(&e));
+        }
+    })
     .await?;
     Ok(())
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use harvester_common::harvester::LoadBalancer;
+use harvester_common::telemetry::Readiness;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
@@ -88,42 +89,23 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     });
     let lb_watch = watcher::Config::default()
         .labels(&format!("{LABEL_CLUSTER}={}", sctx.settings.cluster_name));
-    let cr_events = kube::runtime::reflector(cr_writer, watcher::watcher(sctx.lbs(), lb_watch))
-        .default_backoff()
-        .touched_objects();
-    let nad_watch = watcher::Config::default().fields(&format!("metadata.name={NAD_MAPPING_NAME}"));
-    let nad_events = kube::runtime::reflector(
+    let cr_events = cached_watch(cr_writer, sctx.lbs(), lb_watch);
+    let nad_events = cached_watch(
         nad_writer,
-        watcher::watcher(
-            Api::<ConfigMap>::namespaced(sctx.ctx.guest.clone(), NAD_MAPPING_NAMESPACE),
-            nad_watch,
-        ),
-    )
-    .default_backoff()
-    .touched_objects();
+        Api::<ConfigMap>::namespaced(sctx.ctx.guest.clone(), NAD_MAPPING_NAMESPACE),
+        watcher::Config::default().fields(&format!("metadata.name={NAD_MAPPING_NAME}")),
+    );
     let related = store.clone();
     let with_network = store.clone();
     let gc = crs::garbage_collector(sctx.clone(), shutdown.clone());
     let watch_shutdown = shutdown.clone();
     // Polled in the controller's own task (the join below), which every watch event wakes.
-    let synced = {
-        let (services, crs, nad) = (store.clone(), sctx.crs.clone(), sctx.nad.clone());
-        let shutdown = shutdown.clone();
-        async move {
-            let listed = futures::future::join3(
-                services.wait_until_ready(),
-                crs.wait_until_ready(),
-                nad.wait_until_ready(),
-            );
-            tokio::select! {
-                _ = listed => {
-                    caches_listed.send_replace(true);
-                    readiness.set(READY_SERVICE_CACHES, Ok(()));
-                }
-                _ = shutdown => {}
-            }
-        }
-    };
+    let synced = caches_synced(
+        (store.clone(), sctx.crs.clone(), sctx.nad.clone()),
+        caches_listed,
+        readiness,
+        shutdown.clone(),
+    );
     let ctrl = controller
         // A CR's status changed: reconcile its Service (no polling while an address is pending).
         .watches_stream(cr_events, |lb| crs::service_of_cr(&lb))
@@ -143,6 +125,43 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         }
     };
     futures::join!(ctrl, gc, synced, service_watch);
+}
+
+/// A watch of `api` that keeps `writer`'s cache and yields the objects it touched.
+fn cached_watch<K>(
+    writer: reflector::store::Writer<K>,
+    api: Api<K>,
+    config: watcher::Config,
+) -> impl futures::Stream<Item = Result<K, watcher::Error>>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+    K: Send + Sync + 'static,
+{
+    kube::runtime::reflector(writer, watcher::watcher(api, config))
+        .default_backoff()
+        .touched_objects()
+}
+
+/// Marks the service caches listed (for the reconciles and `/readyz`) once all three hold a full
+/// list, unless shutdown comes first.
+async fn caches_synced(
+    (services, crs, nad): (Store<Service>, Store<LoadBalancer>, Store<ConfigMap>),
+    listed: tokio::sync::watch::Sender<bool>,
+    readiness: Readiness,
+    shutdown: Shutdown,
+) {
+    let all = futures::future::join3(
+        services.wait_until_ready(),
+        crs.wait_until_ready(),
+        nad.wait_until_ready(),
+    );
+    tokio::select! {
+        _ = all => {
+            listed.send_replace(true);
+            readiness.set(READY_SERVICE_CACHES, Ok(()));
+        }
+        _ = shutdown => {}
+    }
 }
 
 fn related_services(store: &Store<Service>, svc: &Service) -> Vec<ObjectRef<Service>> {
