@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 use testbed::sim::GuestVm;
-use testbed::{BedOptions, TestBed, wait};
+use testbed::{BedOptions, TestBed, util::wait};
 
 async fn bed() -> TestBed {
     match TestBed::start(BedOptions::default()).await {
@@ -341,14 +341,14 @@ async fn addvolume_is_authorized_by_the_real_api_server() {
         .pki
         .client_cert(bed.dir.path(), "nobody", &[])
         .expect("client cert");
-    let text = testbed::cluster::kubeconfig_text(
+    let text = testbed::bed::cluster::kubeconfig_text(
         &bed.harvester.url,
         &bed.pki,
         &cert,
         "nobody",
         &bed.vm_namespace,
     );
-    let nobody = testbed::cluster::client_from_kubeconfig(&text)
+    let nobody = testbed::bed::cluster::client_from_kubeconfig(&text)
         .await
         .expect("client");
     let err = hotplug::add_volume(
@@ -564,7 +564,7 @@ async fn dhcp_lb_records_the_sentinel_address() {
 #[test]
 fn a_missing_tool_is_named_with_the_script_that_builds_it() {
     let dir = tempfile::tempdir().unwrap();
-    let err = testbed::tools::tool_in(dir.path(), "kube-apiserver")
+    let err = testbed::util::tools::tool_in(dir.path(), "kube-apiserver")
         .unwrap_err()
         .to_string();
     assert!(

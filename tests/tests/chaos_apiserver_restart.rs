@@ -125,7 +125,7 @@ async fn services_converge_without_double_addresses_or_leaks_across_harvester_re
     assert!(
         log.contains("Harvester API"),
         "the provider's log shows its Harvester calls failing during the outages:\n{}",
-        testbed::process::tail(&ccm.log, 40)
+        testbed::util::process::tail(&ccm.log, 40)
     );
     drop(ccm);
     watch.abort();

@@ -23,8 +23,8 @@ use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use serde_json::json;
-use testbed::process::Proc;
-use testbed::{BedOptions, TestBed, wait};
+use testbed::util::process::Proc;
+use testbed::{BedOptions, TestBed, util::wait};
 
 pub const CLUSTER: &str = "chaos";
 pub const POOL: &str = "chaos-pool";
@@ -37,7 +37,7 @@ pub async fn bed() -> TestBed {
 
 /// The binary cargo built next to this test (`cargo test --workspace` builds every binary).
 pub fn binary() -> PathBuf {
-    testbed::process::built_binary("harvester-cloud-provider")
+    testbed::util::process::built_binary("harvester-cloud-provider")
 }
 
 /// The provider binary against the bed, logging to `<bed dir>/<name>.log`; dropping or

@@ -22,7 +22,7 @@ use harvester_common::harvester::LoadBalancer;
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use serde_json::json;
-use testbed::{TestBed, wait};
+use testbed::{TestBed, util::wait};
 
 const BAD: &str = "chaos-default-ghost-0badcafe";
 

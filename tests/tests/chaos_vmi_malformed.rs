@@ -20,7 +20,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::json;
 use testbed::sim::GuestVm;
-use testbed::{TestBed, wait};
+use testbed::{TestBed, util::wait};
 
 const BAD: &str = "bad-1";
 
@@ -155,7 +155,7 @@ fn assert_logged(log: &std::path::Path) {
         assert!(
             text.lines().any(|l| l.contains(kind) && l.contains(BAD)),
             "the provider's log names the {kind}{BAD} it cannot read:\n{}",
-            testbed::process::tail(log, 30)
+            testbed::util::process::tail(log, 30)
         );
     }
 }

@@ -12,7 +12,7 @@ use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
-use testbed::{BedOptions, TestBed, wait};
+use testbed::{BedOptions, TestBed, util::wait};
 
 const RELOAD: Duration = Duration::from_millis(200);
 
@@ -39,7 +39,13 @@ fn user_kubeconfig(bed: &TestBed, user: &str) -> String {
         .pki
         .client_cert(bed.dir.path(), user, &[])
         .expect("client cert");
-    testbed::cluster::kubeconfig_text(&bed.harvester.url, &bed.pki, &cert, user, &bed.vm_namespace)
+    testbed::bed::cluster::kubeconfig_text(
+        &bed.harvester.url,
+        &bed.pki,
+        &cert,
+        user,
+        &bed.vm_namespace,
+    )
 }
 
 /// Replaces the file atomically, as the kubelet does for a Secret volume.
@@ -192,7 +198,7 @@ subjects: [{{kind: ServiceAccount, name: {name}, namespace: {ns}}}]
 "#,
         ns = bed.vm_namespace
     );
-    testbed::apply::apply_yaml(&bed.harvester.client, &yaml, &bed.vm_namespace)
+    testbed::bed::apply::apply_yaml(&bed.harvester.client, &yaml, &bed.vm_namespace)
         .await
         .expect("service account and RBAC");
     let sas: Api<ServiceAccount> = Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);

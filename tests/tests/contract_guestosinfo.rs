@@ -13,7 +13,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::Api;
 use testbed::sim::GuestVm;
 use testbed::sim::virt_api::{GUEST_OS_INFO, VMI_NO_AGENT, VMI_NOT_RUNNING};
-use testbed::{BedOptions, TestBed, wait};
+use testbed::{BedOptions, TestBed, util::wait};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
@@ -252,7 +252,7 @@ async fn contract_guestosinfo_refusals_are_virt_api_s_and_the_provider_stays_cor
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contract_guestosinfo_asks_the_real_guest_agent() {
     use std::sync::Arc;
-    use testbed::vm::{Vm, VmOptions};
+    use testbed::real::vm::{Vm, VmOptions};
     let bed = bed().await;
     bed.sim
         .create_host("harvester-1", Some("region-a"), Some("zone-1"))

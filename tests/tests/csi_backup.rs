@@ -127,7 +127,7 @@ async fn gone<K>(what: &str, api: &Api<K>, name: &str)
 where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
 {
-    testbed::wait::until(what, Duration::from_secs(60), || async {
+    testbed::util::wait::until(what, Duration::from_secs(60), || async {
         let o = api.get_opt(name).await.map_err(|e| e.to_string())?;
         Ok(o.map_or(Ok(()), |o| Err(o.meta().deletion_timestamp.clone())))
     })
@@ -362,7 +362,7 @@ async fn a_backup_restores_its_data_into_a_new_volume_root() {
         .await
         .expect("DeleteSnapshot");
     gone("the VRB deleted", &vrbs(&bed), &vrb_name).await;
-    testbed::wait::until("the backup copy removed", Duration::from_secs(30), || {
+    testbed::util::wait::until("the backup copy removed", Duration::from_secs(30), || {
         let copy = copy.clone();
         async move { Ok(if copy.exists() { Err(copy) } else { Ok(()) }) }
     })
@@ -447,7 +447,7 @@ async fn running_backups_and_restores_are_not_ready_then_ready() {
     );
 
     // The external-snapshotter asks again until it is ready.
-    let ready = testbed::wait::until("the backup ready", Duration::from_secs(60), || {
+    let ready = testbed::util::wait::until("the backup ready", Duration::from_secs(60), || {
         let mut c = d.controller();
         let id = vol.volume_id.clone();
         async move {
@@ -489,7 +489,7 @@ async fn running_backups_and_restores_are_not_ready_then_ready() {
         "{}",
         running.message()
     );
-    let restored = testbed::wait::until("the restore done", Duration::from_secs(60), || {
+    let restored = testbed::util::wait::until("the restore done", Duration::from_secs(60), || {
         let mut c = d.controller();
         let id = ready.snapshot_id.clone();
         async move {

@@ -17,8 +17,8 @@ use csi_proto::csi::v1::volume_capability::access_mode::Mode;
 use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use csi_proto::csi::v1::*;
 use harvester_csi_driver::{Config, ServeError};
-use testbed::process::Proc;
 use testbed::sim::GuestVm;
+use testbed::util::process::Proc;
 use testbed::{BedOptions, TestBed};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
@@ -209,7 +209,7 @@ impl DriverProc {
         args: &[String],
         env: &[(&str, String)],
     ) -> DriverProc {
-        let mut cmd = Command::new(testbed::process::built_binary("harvester-csi-driver"));
+        let mut cmd = Command::new(testbed::util::process::built_binary("harvester-csi-driver"));
         cmd.arg(format!("--endpoint=unix://{}", socket.display()))
             .arg(format!("--kubeconfig={}", bed.cloud_config.display()))
             .args(args)
@@ -249,7 +249,7 @@ impl DriverProc {
                 "{name} did not answer on {} within 30s (last: {last}); log {}:\n{}",
                 socket.display(),
                 proc.log.display(),
-                testbed::process::tail(&proc.log, 20)
+                testbed::util::process::tail(&proc.log, 20)
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -452,4 +452,4 @@ pub fn mount_entries(path: &Path) -> Vec<String> {
 }
 
 #[allow(unused_imports)]
-pub use testbed::mounts::MountSweeper;
+pub use testbed::real::mounts::MountSweeper;

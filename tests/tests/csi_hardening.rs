@@ -223,8 +223,8 @@ async fn relative_and_unclean_paths_are_refused_before_anything_is_mounted_root(
         );
     }
     assert!(
-        testbed::mounts::mounts_under(&dir).is_empty()
-            && testbed::mounts::mounts_under(&cwd).is_empty(),
+        testbed::real::mounts::mounts_under(&dir).is_empty()
+            && testbed::real::mounts::mounts_under(&cwd).is_empty(),
         "nothing mounted"
     );
     // A symbolic link as the target would make the plugin mount (or unmount) where it points.
@@ -245,7 +245,7 @@ async fn relative_and_unclean_paths_are_refused_before_anything_is_mounted_root(
     );
     unpublish_and_unstage(&d, &v).await;
     detach_and_delete(&d, &v).await;
-    assert!(testbed::mounts::mounts_under(&dir).is_empty());
+    assert!(testbed::real::mounts::mounts_under(&dir).is_empty());
     d.stop().await;
 }
 
@@ -446,7 +446,7 @@ async fn deleting_a_published_volume_fails_naming_the_node() {
     );
     detach_and_delete(&d, &v).await;
     // Unpublished, the delete goes through: the stand-in's pvc-protection releases the claim.
-    testbed::wait::until("the PVC to go", Duration::from_secs(30), || {
+    testbed::util::wait::until("the PVC to go", Duration::from_secs(30), || {
         let api = pvcs(&bed);
         let id = v.id.clone();
         async move {
@@ -532,7 +532,7 @@ async fn a_clone_holds_its_sources_data_root() {
         (ds.kind.as_str(), ds.name.as_str(), ds.api_group),
         ("PersistentVolumeClaim", src.id.as_str(), None)
     );
-    testbed::wait::until("the clone copy", Duration::from_secs(60), || {
+    testbed::util::wait::until("the clone copy", Duration::from_secs(60), || {
         let api = pvcs(&bed);
         let id = clone.volume_id.clone();
         async move {

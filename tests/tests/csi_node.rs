@@ -43,7 +43,7 @@ async fn data_survives_unstage_and_restage_root() {
     unpublish_and_unstage(&d, &v).await;
     assert!(!v.target.exists(), "NodeUnpublishVolume removes the target");
     assert!(
-        testbed::mounts::mounts_under(&dir).is_empty(),
+        testbed::real::mounts::mounts_under(&dir).is_empty(),
         "nothing mounted after unstage"
     );
 
@@ -268,7 +268,7 @@ async fn a_snapshot_restores_the_data_and_mounts_beside_its_xfs_source_root() {
         bed.harvester.client.clone(),
         &bed.vm_namespace,
     );
-    testbed::wait::until("the restore copy", Duration::from_secs(60), || {
+    testbed::util::wait::until("the restore copy", Duration::from_secs(60), || {
         let pvcs = pvcs.clone();
         let id = restored.volume_id.clone();
         async move {

@@ -1,6 +1,6 @@
 //! RWX filesystem volumes through Longhorn's share manager, end to end on real kernels: the
 //! stand-in plays networkfs-manager with a real NFS server (nfs-ganesha on the host's loopback,
-//! `testbed::nfs`), and the NFS mounts run in two QEMU guests (the host kernel has no NFS
+//! `testbed::real::nfs`), and the NFS mounts run in two QEMU guests (the host kernel has no NFS
 //! client), each running our node plugin (binary through 9p, reached over a forwarded port); the
 //! controller runs on the host. One story over two guests (a boot is the expensive part), and the
 //! bad-input checks, which need no guest.
@@ -26,10 +26,10 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use kube::Api;
 use serde_json::json;
+use testbed::real::vm::{GUEST_SHARE, HOST_FROM_GUEST, Vm, VmOptions};
 use testbed::sim::GuestVm;
 use testbed::sim::networkfs::{self, NetworkFs};
-use testbed::vm::{GUEST_SHARE, HOST_FROM_GUEST, Vm, VmOptions};
-use testbed::{TestBed, wait};
+use testbed::{TestBed, util::wait};
 use tonic::transport::Channel;
 
 /// The node plugin's port in each guest.
@@ -127,7 +127,7 @@ impl AsRef<Channel> for GuestPlugin {
 /// reaches it) into the guest's 9p share.
 fn share_plugin(bed: &TestBed, vm: &Vm) {
     std::fs::copy(
-        testbed::process::built_binary("harvester-csi-driver"),
+        testbed::util::process::built_binary("harvester-csi-driver"),
         vm.share.join("harvester-csi-driver"),
     )
     .expect("copying the driver into the share");
@@ -487,7 +487,8 @@ async fn rwx_volume_shared_by_two_guests_root() {
         fs.nfs.exports()
     );
     assert!(
-        !a.is_plugged(&testbed::vm::device_id(&id)) && !b.is_plugged(&testbed::vm::device_id(&id)),
+        !a.is_plugged(&testbed::real::vm::device_id(&id))
+            && !b.is_plugged(&testbed::real::vm::device_id(&id)),
         "an RWX volume is never hot-plugged"
     );
 

@@ -51,7 +51,7 @@ const EXACT_SIZE_SKIP: &str = "--ginkgo.skip=already existing name and different
 
 /// Runs csi-sanity and returns (exit success, full output).
 async fn csi_sanity(socket: &Path, work: &Path, v: &Variant) -> (bool, String) {
-    let bin = testbed::tools::tool("csi-sanity").unwrap_or_else(|e| panic!("{e}"));
+    let bin = testbed::util::tools::tool("csi-sanity").unwrap_or_else(|e| panic!("{e}"));
     let out = tokio::process::Command::new(&bin)
         .arg(format!("--csi.endpoint={}", socket.display()))
         .arg(format!(

@@ -31,7 +31,7 @@ pub fn chart_dir(chart: &str) -> PathBuf {
 
 /// helm, or a panic that says how to build it.
 pub fn helm() -> PathBuf {
-    testbed::tools::tool("helm")
+    testbed::util::tools::tool("helm")
         .unwrap_or_else(|e| panic!("this test needs helm: {e} (`make test` builds it)"))
 }
 
@@ -220,7 +220,7 @@ pub async fn apply(
             &resource,
         ),
     };
-    let mut params = PatchParams::apply(testbed::apply::FIELD_MANAGER).force();
+    let mut params = PatchParams::apply(testbed::bed::apply::FIELD_MANAGER).force();
     if dry_run {
         params = params.dry_run();
     }
@@ -355,13 +355,13 @@ pub async fn wait_bindings(client: &kube::Client, docs: &[Value], namespace: &st
         let role_name = binding["roleRef"]["name"].as_str().expect("roleRef.name");
         if role_name == AUTH_DELEGATOR {
             // Built in (bootstrap RBAC policy), not in the chart: its first rule.
-            let access = testbed::rbac::Access {
+            let access = testbed::bed::rbac::Access {
                 verb: "create",
                 group: "authentication.k8s.io",
                 resource: "tokenreviews",
                 ..Default::default()
             };
-            testbed::rbac::wait_allowed(client, &access)
+            testbed::bed::rbac::wait_allowed(client, &access)
                 .await
                 .unwrap_or_else(|e| panic!("binding {role_name}: {e}"));
             continue;
@@ -380,7 +380,7 @@ pub async fn wait_bindings(client: &kube::Client, docs: &[Value], namespace: &st
             Some((r, s)) => (r, Some(s)),
             None => (resource, None),
         };
-        let access = testbed::rbac::Access {
+        let access = testbed::bed::rbac::Access {
             verb: rule["verbs"][0].as_str().expect("verb"),
             group: rule["apiGroups"][0].as_str().expect("group"),
             resource,
@@ -392,7 +392,7 @@ pub async fn wait_bindings(client: &kube::Client, docs: &[Value], namespace: &st
             }),
             name: rule["resourceNames"][0].as_str(),
         };
-        testbed::rbac::wait_allowed(client, &access)
+        testbed::bed::rbac::wait_allowed(client, &access)
             .await
             .unwrap_or_else(|e| panic!("binding {role_name}: {e}"));
     }
@@ -423,7 +423,7 @@ pub async fn accounts(
     let guest_kubeconfig = dir.join("guest-sa.kubeconfig");
     let guest = match guest_sa {
         Some(sa) => {
-            let access = testbed::rbac::account_kubeconfig(
+            let access = testbed::bed::rbac::account_kubeconfig(
                 &bed.guest.client,
                 &bed.guest.url,
                 &bed.pki,
@@ -439,7 +439,7 @@ pub async fn accounts(
         None => None,
     };
     let cloud_config = dir.join("cloud-config-sa");
-    let harvester = testbed::rbac::account_kubeconfig(
+    let harvester = testbed::bed::rbac::account_kubeconfig(
         &bed.harvester.client,
         &bed.harvester.url,
         &bed.pki,
@@ -494,12 +494,12 @@ pub fn ccm_args(chart: &[Value], accounts: &Accounts) -> Vec<String> {
     argv
 }
 
-/// Forbidden answers so far on both API servers (see `testbed::rbac::refusals`).
+/// Forbidden answers so far on both API servers (see `testbed::bed::rbac::refusals`).
 pub async fn refusals(bed: &testbed::TestBed) -> (u64, u64) {
-    let guest = testbed::rbac::refusals(&bed.guest.client)
+    let guest = testbed::bed::rbac::refusals(&bed.guest.client)
         .await
         .unwrap_or_else(|e| panic!("guest metrics: {e}"));
-    let harvester = testbed::rbac::refusals(&bed.harvester.client)
+    let harvester = testbed::bed::rbac::refusals(&bed.harvester.client)
         .await
         .unwrap_or_else(|e| panic!("Harvester metrics: {e}"));
     (guest, harvester)
@@ -529,7 +529,7 @@ pub async fn install_snapshot_crds(client: &kube::Client) {
     }
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for name in names {
-        testbed::wait::until(
+        testbed::util::wait::until(
             &format!("CRD {name} established"),
             std::time::Duration::from_secs(30),
             || {
@@ -552,14 +552,14 @@ pub async fn install_snapshot_crds(client: &kube::Client) {
     }
 }
 
-/// helm with the bed's guest admin kubeconfig (see [`testbed::helm::Helm`]).
-pub struct BedHelm(testbed::helm::Helm);
+/// helm with the bed's guest admin kubeconfig (see [`testbed::util::helm::Helm`]).
+pub struct BedHelm(testbed::util::helm::Helm);
 
 impl BedHelm {
     pub fn new(bed: &testbed::TestBed) -> Self {
         let home = bed.dir.path().join("helm");
         std::fs::create_dir_all(&home).unwrap_or_else(|e| panic!("{}: {e}", home.display()));
-        BedHelm(testbed::helm::Helm {
+        BedHelm(testbed::util::helm::Helm {
             kubeconfig: bed.guest.kubeconfig.clone(),
             home,
         })

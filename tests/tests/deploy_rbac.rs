@@ -30,7 +30,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 use testbed::sim::GuestVm;
-use testbed::{BedOptions, TestBed, wait};
+use testbed::{BedOptions, TestBed, util::wait};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 

@@ -19,7 +19,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 use testbed::sim::GuestVm;
-use testbed::{BedOptions, TestBed, wait};
+use testbed::{BedOptions, TestBed, util::wait};
 use tokio::sync::oneshot;
 
 const LIMIT: Duration = Duration::from_secs(30);

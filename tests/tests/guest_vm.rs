@@ -25,9 +25,9 @@ use harvester_csi_driver::Mode;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
+use testbed::real::vm::{GUEST_SHARE, HOST_FROM_GUEST, Vm, VmOptions};
 use testbed::sim::GuestVm;
-use testbed::vm::{GUEST_SHARE, HOST_FROM_GUEST, Vm, VmOptions};
-use testbed::{TestBed, wait};
+use testbed::{TestBed, util::wait};
 use tonic::transport::Channel;
 
 /// The node plugin's port in the guest.
@@ -84,8 +84,11 @@ struct GuestPlugin {
 async fn start_plugin(bed: &TestBed, vm: &Vm, run: usize, mode: &str, extra: &str) -> GuestPlugin {
     let bin = vm.share.join("harvester-csi-driver");
     if !bin.exists() {
-        std::fs::copy(testbed::process::built_binary("harvester-csi-driver"), &bin)
-            .expect("copying the driver into the share");
+        std::fs::copy(
+            testbed::util::process::built_binary("harvester-csi-driver"),
+            &bin,
+        )
+        .expect("copying the driver into the share");
     }
     let cloud_config = std::fs::read_to_string(&bed.cloud_config)
         .expect("cloud-config")
@@ -524,7 +527,7 @@ fn path_commands(bed: &TestBed, vm: &Vm) -> PathCommands {
 
 /// csi-sanity with the node plugin in the guest and the controller on the host.
 async fn csi_sanity(bed: &TestBed, vm: &Vm, ctrl: &Driver, access_type: &str) {
-    let bin = testbed::tools::tool("csi-sanity").unwrap_or_else(|e| panic!("{e}"));
+    let bin = testbed::util::tools::tool("csi-sanity").unwrap_or_else(|e| panic!("{e}"));
     let port = vm.host_port(CSI_PORT).expect("port");
     // The staging and target paths are made in the guest (path commands); their parent exists
     // on the host too, where csi-sanity's own code looks.

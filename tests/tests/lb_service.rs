@@ -12,8 +12,8 @@ use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use testbed::service_controller::ServiceController;
-use testbed::{BedOptions, TestBed, wait};
+use testbed::suites::service_controller::ServiceController;
+use testbed::{BedOptions, TestBed, util::wait};
 
 const CLUSTER: &str = "rke2-test";
 const LIMIT: Duration = Duration::from_secs(30);

@@ -14,13 +14,13 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use testbed::process::{Proc, free_port};
+use testbed::util::process::{Proc, free_port};
 
 const UPSTREAM_OK_BODY: &str = "ok";
 const UPSTREAM_FAILED_STATUS: u16 = 500;
 
 async fn get(port: u16, path: &'static str) -> Result<(u16, String), String> {
-    tokio::task::spawn_blocking(move || testbed::scrape::http_get(port, path))
+    tokio::task::spawn_blocking(move || testbed::util::scrape::http_get(port, path))
         .await
         .expect("http_get task")
 }
@@ -55,7 +55,7 @@ async fn wait_health(
         assert!(
             start.elapsed() < Duration::from_secs(20),
             "/healthz never showed {what} within 20s; last: {got:?}; log:\n{}",
-            testbed::process::tail(&probe.log, 20)
+            testbed::util::process::tail(&probe.log, 20)
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -32,9 +32,9 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Service};
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use serde_json::json;
-use testbed::observe::{Seen, observe, seen_now};
-use testbed::process::Proc;
 use testbed::sim::GuestVm;
+use testbed::util::observe::{Seen, observe, seen_now};
+use testbed::util::process::Proc;
 use testbed::{BedOptions, TestBed};
 use tonic::transport::Channel;
 
@@ -948,7 +948,7 @@ async fn volumes(n: usize, report: &mut Report) -> anyhow::Result<()> {
         .await?;
     let dir = bed.dir.path().join("bench-csi");
     std::fs::create_dir_all(&dir)?;
-    let _sweep = testbed::mounts::MountSweeper(dir.clone());
+    let _sweep = testbed::real::mounts::MountSweeper(dir.clone());
     let socket = dir.join("csi.sock");
     let mut config = harvester_csi_driver::Config::new(
         format!("unix://{}", socket.display()),
@@ -1648,13 +1648,13 @@ const BAD_SERVICE: &str = "bench-bad-annotation";
 
 /// `(verb, resource) -> requests` scraped from a provider process's `/metrics`.
 async fn scraped_requests(port: u16) -> anyhow::Result<BTreeMap<(String, String), u64>> {
-    let (code, body) = testbed::scrape::get(port, "/metrics")
+    let (code, body) = testbed::util::scrape::get(port, "/metrics")
         .await
         .map_err(anyhow::Error::msg)?;
     if code != 200 {
         bail!("/metrics answered {code}");
     }
-    let samples = testbed::scrape::parse(&body).map_err(anyhow::Error::msg)?;
+    let samples = testbed::util::scrape::parse(&body).map_err(anyhow::Error::msg)?;
     let mut out = BTreeMap::new();
     for s in samples
         .iter()
@@ -1670,10 +1670,10 @@ async fn scraped_requests(port: u16) -> anyhow::Result<BTreeMap<(String, String)
 /// how much of a latency is the provider's own work (its API round trips included) and how much
 /// is waiting (watch delivery, queue).
 async fn reconcile_figures(port: u16) -> anyhow::Result<String> {
-    let (_, body) = testbed::scrape::get(port, "/metrics")
+    let (_, body) = testbed::util::scrape::get(port, "/metrics")
         .await
         .map_err(anyhow::Error::msg)?;
-    let samples = testbed::scrape::parse(&body).map_err(anyhow::Error::msg)?;
+    let samples = testbed::util::scrape::parse(&body).map_err(anyhow::Error::msg)?;
     let mut per: BTreeMap<String, (f64, f64)> = BTreeMap::new();
     for s in &samples {
         let Some(c) = s.labels.get("controller") else {
@@ -1747,7 +1747,7 @@ async fn scale(level: Level, report: &mut Report) -> anyhow::Result<Scaled> {
     create_pool(&bed).await?;
     let vms = create_vms(&bed, nodes).await?;
     progress(format!("  {nodes} VMs running"));
-    let port = testbed::process::free_port()?;
+    let port = testbed::util::process::free_port()?;
     let mut cmd = Command::new(&ccm_bin);
     cmd.args(provider_args(&bed)).args([
         "--leader-elect=false".to_string(),
@@ -1755,7 +1755,7 @@ async fn scale(level: Level, report: &mut Report) -> anyhow::Result<Scaled> {
         "--secure-port=0".to_string(),
     ]);
     let mut ccm = Proc::spawn("harvester-cloud-provider", cmd, bed.dir.path())?;
-    testbed::scrape::wait_for_200(port, "/readyz", Duration::from_secs(60))
+    testbed::util::scrape::wait_for_200(port, "/readyz", Duration::from_secs(60))
         .await
         .map_err(|e| anyhow::anyhow!("the provider did not get ready: {e}"))?;
     settle_scraped(port, Duration::from_secs(1), Duration::from_secs(20)).await?;

@@ -45,7 +45,7 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let dir = bed.dir.path().join("csi-demo");
     std::fs::create_dir_all(&dir)?;
-    let _sweep = testbed::mounts::MountSweeper(dir.clone());
+    let _sweep = testbed::real::mounts::MountSweeper(dir.clone());
     let socket = dir.join("csi.sock");
     let mut config = Config::new(format!("unix://{}", socket.display()), &bed.cloud_config);
     config.node_id = Some(NODE.into());
