@@ -6,8 +6,7 @@
 //! no address was ever seen on two Services, and nothing is left of the deleted ones (no CR, no
 //! address held in the pool).
 
-#[path = "chaos_common.rs"]
-mod common;
+use testbed::suites::chaos as common;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};

@@ -2,8 +2,7 @@
 //! staged volumes (node plugin). After a restart the CO's retries must converge on what is
 //! already there: no second `addvolume`, no reformat, no stacked mounts, the data intact.
 
-#[path = "csi_common.rs"]
-mod common;
+use testbed::suites::csi as common;
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::time::{Duration, Instant};

@@ -6,8 +6,7 @@
 //! every other Service: when the object arrives in its running watch (passes), and when it is
 //! already there as the provider starts and lists.
 
-#[path = "chaos_common.rs"]
-mod common;
+use testbed::suites::chaos as common;
 
 use std::time::{Duration, Instant};
 

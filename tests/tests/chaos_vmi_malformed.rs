@@ -7,8 +7,7 @@
 //! when the objects are there as the provider starts and lists, and when they arrive in its
 //! running watches.
 
-#[path = "chaos_common.rs"]
-mod common;
+use testbed::suites::chaos as common;
 
 use std::time::Duration;
 

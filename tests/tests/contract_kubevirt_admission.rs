@@ -11,7 +11,7 @@
 //!   webhook, `AdmitHotplugStorage`): the VMI never gets the volume;
 //! - the CSI driver's own publish passes the webhooks under both gate sets.
 
-mod csi_common;
+use testbed::suites::csi as csi_common;
 
 use std::time::Duration;
 

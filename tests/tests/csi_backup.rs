@@ -4,8 +4,7 @@
 //! controllers and copies the loop-device data to and from a backup-target directory, and the
 //! node plugin stages the restored volume with real mkfs/mount. Tests named `_root` need root.
 
-#[path = "csi_common.rs"]
-mod common;
+use testbed::suites::csi as common;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

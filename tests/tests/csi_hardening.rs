@@ -4,8 +4,7 @@
 //! and non-graceful node shutdown. Real loop devices, mkfs and mounts; tests named `_root` need
 //! root.
 
-#[path = "csi_common.rs"]
-mod common;
+use testbed::suites::csi as common;
 
 use std::path::Path;
 use std::process::Command;

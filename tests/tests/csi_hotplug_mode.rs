@@ -5,7 +5,7 @@
 //! spec patch); the driver still requires `server-version` to be readable, as upstream does. The
 //! rest of the CSI suite runs under each gate set from `make test` (`TESTBED_HOTPLUG`).
 
-mod csi_common;
+use testbed::suites::csi as csi_common;
 
 use std::time::{Duration, Instant};
 

@@ -1,8 +1,7 @@
 //! The node plugin against real devices: loop-device volumes hot-plugged by the test bed's
 //! virt-api stand-in, real mkfs/mount, the driver in-process. Tests named `_root` need root.
 
-#[path = "csi_common.rs"]
-mod common;
+use testbed::suites::csi as common;
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -5,8 +5,7 @@
 //! controller runs on the host. One story over two guests (a boot is the expensive part), and the
 //! bad-input checks, which need no guest.
 
-#[path = "csi_common.rs"]
-mod common;
+use testbed::suites::csi as common;
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -5,8 +5,7 @@
 //! the specs that create, stage, publish and expand volumes, with odd sizes (1 byte: the
 //! 10 MiB minimum; 1 GiB + 1 byte: the 2 MiB step) and the whole suite in random order.
 
-#[path = "csi_common.rs"]
-mod common;
+use testbed::suites::csi as common;
 
 use std::io::Write;
 use std::path::Path;

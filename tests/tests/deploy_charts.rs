@@ -2,12 +2,10 @@
 //! rendered objects hold (the upstream-compatible shape and our flags), and a real API server
 //! accepting every rendered object (server-side apply, dryRun=All).
 
-mod deploy_common;
-
 use std::collections::BTreeSet;
 
-use deploy_common::*;
 use serde_json::{Value, json};
+use testbed::suites::deploy::*;
 
 fn strs(v: &Value) -> Vec<String> {
     v.as_array()

@@ -7,12 +7,10 @@
 //!
 //! Needs helm (tests/scripts/tools.sh): `cargo test -p testbed --test deploy_images`.
 
-mod deploy_common;
-
 use std::path::Path;
 
-use deploy_common::*;
 use serde_json::{Value, json};
+use testbed::suites::deploy::*;
 
 /// The value naming our image in each chart.
 const OWN_IMAGE: [(&str, &str); 2] = [

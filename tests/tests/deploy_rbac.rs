@@ -4,8 +4,6 @@
 //! servers' own authorization metrics, so a refusal the program swallowed still counts).
 //! The converse, a missing verb failing with a clear Forbidden: deploy_rbac_forbidden.rs.
 
-mod deploy_common;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -14,7 +12,6 @@ use csi_proto::csi::v1::node_client::NodeClient;
 use csi_proto::csi::v1::volume_capability::access_mode::Mode;
 use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
 use csi_proto::csi::v1::*;
-use deploy_common::*;
 use harvester_cloud_provider::Config;
 use harvester_cloud_provider::node::patch::SHUTDOWN_TAINT;
 use harvester_cloud_provider::service::annotations::{
@@ -30,6 +27,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 use testbed::sim::GuestVm;
+use testbed::suites::deploy::*;
 use testbed::{BedOptions, TestBed, util::wait};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;

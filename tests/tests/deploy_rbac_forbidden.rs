@@ -2,15 +2,12 @@
 //! the documented RBAC and the flow fails, visibly, with a Forbidden that names the resource
 //! and the verb, where an operator looks (an Event on the object, or the CSI error).
 
-mod deploy_common;
-
 use std::time::Duration;
 
 use csi_proto::csi::v1::controller_client::ControllerClient;
 use csi_proto::csi::v1::volume_capability::access_mode::Mode;
 use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
 use csi_proto::csi::v1::*;
-use deploy_common::*;
 use harvester_cloud_provider::Config;
 use harvester_cloud_provider::node::patch::UNINITIALIZED_TAINT;
 use harvester_common::harvester::{HotplugMode, IPPool};
@@ -19,6 +16,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 use testbed::sim::GuestVm;
+use testbed::suites::deploy::*;
 use testbed::{BedOptions, TestBed, util::wait};
 use tokio::sync::oneshot;
 

@@ -13,8 +13,8 @@
 //! with no Lease flags, no metrics flags and the in-cluster guest config (here `KUBECONFIG` in the
 //! environment, which is not a flag) — only the files' paths differ (the bed's cloud-config).
 
-mod chaos_common;
-mod csi_common;
+use testbed::suites::chaos as chaos_common;
+use testbed::suites::csi as csi_common;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;

@@ -6,8 +6,7 @@
 //! One VM per test, each test a story over its VM (a boot is the expensive part); the two tests
 //! take turns so that only one guest runs at a time on the 2-core machine.
 
-#[path = "csi_common.rs"]
-mod common;
+use testbed::suites::csi as common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

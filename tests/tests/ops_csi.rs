@@ -2,8 +2,7 @@
 //! `/readyz` and `/metrics` (CSI RPCs by method and gRPC code with durations, Harvester API
 //! requests), JSON logs with a span per RPC, and SIGTERM that lets an RPC in flight finish.
 
-#[path = "csi_common.rs"]
-mod common;
+use testbed::suites::csi as common;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -2,8 +2,7 @@
 //! on the registration socket gets what the kubelet needs; a failed registration ends the
 //! process with status 1; bad flags and a missing driver are named.
 
-#[path = "csi_common.rs"]
-mod common;
+use testbed::suites::csi as common;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

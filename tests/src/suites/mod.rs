@@ -3,4 +3,7 @@
 //! `tests/tests/*_common.rs` file or a local copy); it may use every other layer, and nothing
 //! else in the library uses it.
 
+pub mod chaos;
+pub mod csi;
+pub mod deploy;
 pub mod service_controller;

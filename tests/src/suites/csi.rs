@@ -1,15 +1,15 @@
-//! Shared by the CSI suites (`csi_sanity.rs`, `csi_node.rs`, `chaos_csi.rs`): the driver started
+//! Shared by the CSI suites (`csi_*.rs`, `chaos_csi.rs`, `guest_vm.rs`, ...): the driver started
 //! in-process or as the `harvester-csi-driver` binary against the test bed, gRPC clients on its
 //! socket, the volume steps the suites share, and mount cleanup that also runs when a test fails.
-//! (Compiled on its own as well, where it holds no tests.)
-
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::sim::GuestVm;
+use crate::util::process::Proc;
+use crate::{BedOptions, TestBed};
 use csi_proto::csi::v1::controller_client::ControllerClient;
 use csi_proto::csi::v1::identity_client::IdentityClient;
 use csi_proto::csi::v1::node_client::NodeClient;
@@ -17,9 +17,6 @@ use csi_proto::csi::v1::volume_capability::access_mode::Mode;
 use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use csi_proto::csi::v1::*;
 use harvester_csi_driver::{Config, ServeError};
-use testbed::sim::GuestVm;
-use testbed::util::process::Proc;
-use testbed::{BedOptions, TestBed};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
@@ -28,7 +25,7 @@ pub const NODE: &str = "worker-1";
 
 pub fn assert_root() {
     assert!(
-        testbed::sim::storage::is_root(),
+        crate::sim::storage::is_root(),
         "this test needs root (loop devices, mkfs, mount); run it as root (`make test` does)"
     );
 }
@@ -44,7 +41,7 @@ pub async fn bed_with(opts: BedOptions) -> TestBed {
     }
 }
 
-/// Harvester's default StorageClass (see [`testbed::sim::Sim::create_default_storage_class`]).
+/// Harvester's default StorageClass (see [`crate::sim::Sim::create_default_storage_class`]).
 pub async fn install_default_storage_class(bed: &TestBed) {
     bed.sim
         .create_default_storage_class()
@@ -209,7 +206,7 @@ impl DriverProc {
         args: &[String],
         env: &[(&str, String)],
     ) -> DriverProc {
-        let mut cmd = Command::new(testbed::util::process::built_binary("harvester-csi-driver"));
+        let mut cmd = Command::new(crate::util::process::built_binary("harvester-csi-driver"));
         cmd.arg(format!("--endpoint=unix://{}", socket.display()))
             .arg(format!("--kubeconfig={}", bed.cloud_config.display()))
             .args(args)
@@ -249,7 +246,7 @@ impl DriverProc {
                 "{name} did not answer on {} within 30s (last: {last}); log {}:\n{}",
                 socket.display(),
                 proc.log.display(),
-                testbed::util::process::tail(&proc.log, 20)
+                crate::util::process::tail(&proc.log, 20)
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -451,5 +448,4 @@ pub fn mount_entries(path: &Path) -> Vec<String> {
         .collect()
 }
 
-#[allow(unused_imports)]
-pub use testbed::real::mounts::MountSweeper;
+pub use crate::real::mounts::MountSweeper;
