@@ -30,7 +30,8 @@ use tonic::Code;
 //   VolumeRemoteBackup / VolumeRemoteRestore, `spec.type` enum `lh`, `spec.source`, `spec.from`,
 //   `status.success`, `status.sourceSpec` (a PersistentVolumeClaimSpec).
 // - harvester/harvester-csi-driver `pkg/csi/controller_server.go` as recorded in
-//   shared/reference/harvester-csi-contract.md §1.4 "Snapshots" and "CreateVolume" step 3:
+//   https://github.com/harvester/harvester-csi-driver/blob/97b6c358/pkg/csi/controller_server.go
+//   (CreateVolume from a snapshot source, CreateSnapshot with `type: backup`):
 //   label `harvesterhci.io/backupSourceVolume=<volume>`, snapshot ID `backup:<ns>/<name>`,
 //   parameter `type: backup`, VRR named like the volume with `from: "<ns>/<name>"`.
 // - harvester/harvester `pkg/volumeremotebackup/longhorn/restore.go` (createPVCFromSnapshot): the

@@ -354,7 +354,8 @@ fn csi_chart_renders_controller_with_driver_node_plugin_csidriver_and_classes() 
     );
     assert_eq!(ctrl["spec"]["replicas"], 3, "upstream's default");
     // Sidecar images no older than upstream's: harvester/charts charts/harvester-csi-driver
-    // values.yaml at master 48a577b7 (../shared/reference/upstream-charts-facts.md).
+    // values.yaml at master 48a577b7
+    // (https://github.com/harvester/charts/blob/48a577b7/charts/harvester-csi-driver/values.yaml).
     for (name, image) in [
         (
             "csi-provisioner",

@@ -31,7 +31,7 @@ const RKE2_SET_STRING: &[&str] = &[
 ];
 
 /// The values Rancher's node driver gives the cloud provider chart (its managed HelmChartConfig
-/// kube-system/harvester-cloud-provider; ../shared/reference/upstream-charts-facts.md), plus an
+/// kube-system/harvester-cloud-provider; docs/install.md, "RKE2 made by Rancher"), plus an
 /// upstream-documented flag in extraArgs (the cluster's spec.rkeConfig.chartValues).
 const RANCHER_CCM_VALUES: &str = "\
 cloudConfigPath: /var/lib/rancher/rke2/etc/config-files/cloud-provider-config

@@ -4,7 +4,7 @@
 //! provider to initialise. Pods get addresses from the CNI bridge of [`crate::real::podnet`];
 //! `crate::bed::guest_cluster` adds the control plane, the images and the charts.
 //!
-//! Pitfalls of `../shared/reference/real-node.md` handled here: containerd runs with
+//! Pitfalls of a real kubelet and containerd on a shared machine (docs/testbed.md) handled here: containerd runs with
 //! `restrict_oom_score_adj = true` (CAP_SYS_RESOURCE is not in the bounding set); the kernel
 //! sysctls the kubelet rewrites are saved before and restored on drop; mounts under the node's
 //! directory are swept, containerd's tasks killed before containerd stops, and the `kubepods`
