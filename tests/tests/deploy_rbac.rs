@@ -367,8 +367,7 @@ fn mount_cap() -> VolumeCapability {
 /// (as the chart's pods run it: `controller` in the Deployment, `node` in the DaemonSet).
 struct Driver {
     channel: Channel,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<Result<(), harvester_csi_driver::ServeError>>,
+    running: harvester_csi_driver::Running,
 }
 
 impl Driver {
@@ -384,13 +383,10 @@ impl Driver {
         config.mode = mode;
         config.node_id = node_id.map(String::from);
         config.disk_by_id_dir = bed.sim.by_id_dir("worker-1");
-        let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(harvester_csi_driver::serve(config, async {
-            let _ = rx.await;
-        }));
+        let running = harvester_csi_driver::spawn(config);
         until("the driver's socket", || {
             let socket = socket.clone();
-            let finished = task.is_finished();
+            let finished = running.is_finished();
             async move {
                 if finished {
                     return Err("the driver ended while starting".to_string());
@@ -402,19 +398,12 @@ impl Driver {
         let channel = harvester_csi_driver::connect(&socket)
             .await
             .expect("connecting to the driver");
-        Driver {
-            channel,
-            stop: Some(tx),
-            task,
-        }
+        Driver { channel, running }
     }
 
-    async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        match tokio::time::timeout(Duration::from_secs(20), &mut self.task).await {
-            Ok(Ok(Ok(()))) => {}
+    async fn stop(self) {
+        match tokio::time::timeout(Duration::from_secs(20), self.running.stop()).await {
+            Ok(Ok(())) => {}
             other => panic!("the driver did not stop cleanly: {other:?}"),
         }
     }

@@ -18,7 +18,6 @@ use serde_json::json;
 use testbed::sim::GuestVm;
 use testbed::suites::deploy::*;
 use testbed::{BedOptions, TestBed, util::wait};
-use tokio::sync::oneshot;
 
 const LIMIT: Duration = Duration::from_secs(30);
 
@@ -240,10 +239,7 @@ async fn publish_fails_without(mode: HotplugMode, revoked: (&str, &str, &str), s
         &accounts.cloud_config,
     );
     config.mode = harvester_csi_driver::Mode::Controller;
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(harvester_csi_driver::serve(config, async {
-        let _ = stopped.await;
-    }));
+    let driver = harvester_csi_driver::spawn(config);
     wait::until("the driver's socket", LIMIT, || {
         let exists = socket.exists();
         async move { Ok(if exists { Ok(()) } else { Err(()) }) }
@@ -302,6 +298,5 @@ async fn publish_fails_without(mode: HotplugMode, revoked: (&str, &str, &str), s
             err.code()
         );
     }
-    let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
+    let _ = tokio::time::timeout(Duration::from_secs(20), driver.stop()).await;
 }

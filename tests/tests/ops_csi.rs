@@ -173,10 +173,7 @@ async fn readiness_follows_harvester_while_probe_stays_ready() {
     config.mode = Mode::Controller;
     config.metrics_address = Some(([127, 0, 0, 1], port).into());
     config.harvester_check_period = Duration::from_millis(200);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let driver = tokio::spawn(harvester_csi_driver::serve(config, async {
-        let _ = stopped.await;
-    }));
+    let driver = harvester_csi_driver::spawn(config);
     scrape::wait_for_200(port, "/readyz", Duration::from_secs(30))
         .await
         .unwrap();
@@ -205,8 +202,7 @@ async fn readiness_follows_harvester_while_probe_stays_ready() {
     scrape::wait_for_200(port, "/readyz", Duration::from_secs(30))
         .await
         .unwrap();
-    let _ = stop.send(());
-    driver.await.unwrap().unwrap();
+    driver.stop().await.unwrap();
     assert!(!socket.exists());
 }
 
@@ -241,10 +237,7 @@ async fn a_node_plugin_refused_its_vmi_lookup_says_so_on_readyz() {
     config.disk_by_id_dir = bed.sim.by_id_dir(NODE);
     config.metrics_address = Some(([127, 0, 0, 1], port).into());
     config.harvester_check_period = Duration::from_millis(200);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let driver = tokio::spawn(harvester_csi_driver::serve(config, async {
-        let _ = stopped.await;
-    }));
+    let driver = harvester_csi_driver::spawn(config);
     let body = wait::until(
         "/readyz 503 for the node check alone",
         Duration::from_secs(30),
@@ -267,6 +260,5 @@ async fn a_node_plugin_refused_its_vmi_lookup_says_so_on_readyz() {
         "names the refusal, the file and the missing permission: {body}"
     );
     assert!(socket.exists(), "it still serves");
-    let _ = stop.send(());
-    driver.await.unwrap().unwrap();
+    driver.stop().await.unwrap();
 }

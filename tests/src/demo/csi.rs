@@ -50,14 +50,14 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
     let mut config = Config::new(format!("unix://{}", socket.display()), &bed.cloud_config);
     config.node_id = Some(NODE.into());
     config.disk_by_id_dir = bed.sim.by_id_dir(NODE);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(harvester_csi_driver::serve(config, async {
-        let _ = stopped.await;
-    }));
+    let server = harvester_csi_driver::spawn(config);
     let start = Instant::now();
     while !socket.exists() {
         if server.is_finished() {
-            bail!("the CSI driver stopped while starting: {:?}", server.await);
+            bail!(
+                "the CSI driver stopped while starting: {:?}",
+                server.join().await
+            );
         }
         if start.elapsed() > Duration::from_secs(30) {
             bail!("the CSI driver socket {} did not appear", socket.display());
@@ -264,11 +264,7 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
         .context("DeleteVolume")?;
     step(8, &format!("DeleteVolume: Harvester PVC {id} deleted"), t0);
 
-    let _ = stop.send(());
-    server
-        .await
-        .context("joining the CSI driver")?
-        .context("the CSI driver")?;
+    server.stop().await.context("the CSI driver")?;
     step(
         9,
         &format!("driver stopped, socket removed: {}", !socket.exists()),

@@ -16,8 +16,7 @@ use csi_proto::csi::v1::node_client::NodeClient;
 use csi_proto::csi::v1::volume_capability::access_mode::Mode;
 use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use csi_proto::csi::v1::*;
-use harvester_csi_driver::{Config, ServeError};
-use tokio::sync::oneshot;
+use harvester_csi_driver::{Config, Running};
 use tonic::transport::Channel;
 
 /// The guest VM (and CSI node ID) the suites use.
@@ -73,8 +72,7 @@ pub async fn bed_with_vm_and(opts: BedOptions) -> TestBed {
 pub struct Driver {
     pub socket: PathBuf,
     pub channel: Channel,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<Result<(), ServeError>>,
+    running: Running,
 }
 
 impl Driver {
@@ -92,16 +90,13 @@ impl Driver {
         tweak(&mut config);
         let socket = harvester_csi_driver::socket_path(&config.endpoint)
             .unwrap_or_else(|e| panic!("test driver endpoint: {e}"));
-        let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(harvester_csi_driver::serve(config, async {
-            let _ = rx.await;
-        }));
+        let running = harvester_csi_driver::spawn(config);
         let start = Instant::now();
         while !socket.exists() {
-            if task.is_finished() {
-                match task.await {
-                    Ok(Err(e)) => panic!("the driver failed to start: {e}"),
-                    other => panic!("the driver stopped while starting: {other:?}"),
+            if running.is_finished() {
+                match running.join().await {
+                    Err(e) => panic!("the driver failed to start: {e}"),
+                    Ok(()) => panic!("the driver stopped while starting"),
                 }
             }
             assert!(
@@ -117,8 +112,7 @@ impl Driver {
         Driver {
             socket,
             channel,
-            stop: Some(tx),
-            task,
+            running,
         }
     }
 
@@ -133,24 +127,12 @@ impl Driver {
     }
 
     /// Stops the driver gracefully and checks it removed its socket.
-    pub async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        let task = &mut self.task;
-        match tokio::time::timeout(Duration::from_secs(20), task).await {
-            Ok(Ok(Ok(()))) => {}
+    pub async fn stop(self) {
+        match tokio::time::timeout(Duration::from_secs(20), self.running.stop()).await {
+            Ok(Ok(())) => {}
             other => panic!("the driver did not stop cleanly: {other:?}"),
         }
         assert!(!self.socket.exists(), "the driver left its socket behind");
-    }
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
     }
 }
 

@@ -190,10 +190,7 @@ pub(crate) async fn volumes(n: usize, report: &mut Report) -> anyhow::Result<()>
     );
     config.node_id = Some(VOLUME_NODE.into());
     config.disk_by_id_dir = bed.sim.by_id_dir(VOLUME_NODE);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(harvester_csi_driver::serve(config, async {
-        let _ = stopped.await;
-    }));
+    let server = harvester_csi_driver::spawn(config);
     wait_for_socket(&socket, || server.is_finished()).await?;
     let channel = harvester_csi_driver::connect(&socket).await?;
     let mut controller = ControllerClient::new(channel.clone());
@@ -227,8 +224,7 @@ pub(crate) async fn volumes(n: usize, report: &mut Report) -> anyhow::Result<()>
         }
     }
     let all_in = t0.elapsed();
-    let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(20), server).await;
+    let _ = tokio::time::timeout(Duration::from_secs(20), server.stop()).await;
     outcome?;
 
     for (s, sample) in per_step.into_iter().enumerate() {
