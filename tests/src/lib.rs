@@ -25,10 +25,12 @@
 //! - [`sim`]: the Harvester stand-in. Uses [`util`], [`bed`]'s parts and [`real::nfs`].
 //! - [`bed`] itself ([`TestBed`], [`bed::guest_cluster`], [`bed::users_cluster`]): composes all of
 //!   the above into a running bed.
+//! - [`csi_client`]: CSI request builders (no layer of its own: it uses only `csi-proto`).
 //! - [`suites`]: fixtures the integration suites in `tests/tests` share (the products running
 //!   in-process against a bed, CSI clients, chart helpers). Uses everything above.
 
 pub mod bed;
+pub mod csi_client;
 pub mod real;
 pub mod sim;
 pub mod suites;

@@ -75,16 +75,7 @@ async fn delete_snapshot(d: &Driver, id: &str) -> Result<(), tonic::Status> {
 }
 
 fn from_snapshot(name: &str, size: u64, snapshot_id: &str) -> CreateVolumeRequest {
-    CreateVolumeRequest {
-        volume_content_source: Some(VolumeContentSource {
-            r#type: Some(volume_content_source::Type::Snapshot(
-                volume_content_source::SnapshotSource {
-                    snapshot_id: snapshot_id.into(),
-                },
-            )),
-        }),
-        ..create_request(name, size, &mount_cap("ext4"))
-    }
+    common::from_snapshot(create_request(name, size, &mount_cap("ext4")), snapshot_id)
 }
 
 fn vrbs(bed: &TestBed) -> Api<DynamicObject> {

@@ -461,16 +461,7 @@ async fn deleting_a_published_volume_fails_naming_the_node() {
 }
 
 fn clone_request(name: &str, size: u64, source: &str) -> CreateVolumeRequest {
-    CreateVolumeRequest {
-        volume_content_source: Some(VolumeContentSource {
-            r#type: Some(volume_content_source::Type::Volume(
-                volume_content_source::VolumeSource {
-                    volume_id: source.into(),
-                },
-            )),
-        }),
-        ..create_request(name, size, &mount_cap("ext4"))
-    }
+    common::from_volume(create_request(name, size, &mount_cap("ext4")), source)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -240,22 +240,10 @@ async fn a_snapshot_restores_the_data_and_mounts_beside_its_xfs_source_root() {
 
     let restored = d
         .controller()
-        .create_volume(CreateVolumeRequest {
-            name: "pvc-snap-restored".into(),
-            capacity_range: Some(CapacityRange {
-                required_bytes: 320 << 20,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![mount_cap("xfs")],
-            volume_content_source: Some(VolumeContentSource {
-                r#type: Some(volume_content_source::Type::Snapshot(
-                    volume_content_source::SnapshotSource {
-                        snapshot_id: snap.snapshot_id.clone(),
-                    },
-                )),
-            }),
-            ..Default::default()
-        })
+        .create_volume(common::from_snapshot(
+            common::create_request("pvc-snap-restored", 320 << 20, &mount_cap("xfs")),
+            &snap.snapshot_id,
+        ))
         .await
         .expect("CreateVolume from the snapshot")
         .into_inner()

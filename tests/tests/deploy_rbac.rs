@@ -26,6 +26,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node, Service};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
+use testbed::csi_client::{create_request, from_snapshot, mount_cap};
 use testbed::sim::GuestVm;
 use testbed::suites::deploy::*;
 use testbed::{BedOptions, TestBed, util::wait};
@@ -351,18 +352,6 @@ async fn cloud_provider_leader_election_fits_the_chart_role() {
     assert_eq!(refusals(&bed).await, before, "no Forbidden answer");
 }
 
-fn mount_cap() -> VolumeCapability {
-    VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: "ext4".into(),
-            ..Default::default()
-        })),
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-    }
-}
-
 /// The CSI driver in-process on a socket in the bed's directory, with `cloud_config`, in `mode`
 /// (as the chart's pods run it: `controller` in the Deployment, `node` in the DaemonSet).
 struct Driver {
@@ -428,22 +417,10 @@ async fn harvester_storage_class(bed: &TestBed) {
 
 /// CreateVolume `name` (128 MiB, mount) from snapshot `snapshot_id`.
 fn restore_request(name: &str, snapshot_id: &str) -> CreateVolumeRequest {
-    CreateVolumeRequest {
-        name: name.into(),
-        capacity_range: Some(CapacityRange {
-            required_bytes: 128 << 20,
-            limit_bytes: 0,
-        }),
-        volume_capabilities: vec![mount_cap()],
-        volume_content_source: Some(VolumeContentSource {
-            r#type: Some(volume_content_source::Type::Snapshot(
-                volume_content_source::SnapshotSource {
-                    snapshot_id: snapshot_id.into(),
-                },
-            )),
-        }),
-        ..Default::default()
-    }
+    from_snapshot(
+        create_request(name, 128 << 20, &mount_cap("ext4")),
+        snapshot_id,
+    )
 }
 
 #[tokio::test]
@@ -478,14 +455,8 @@ async fn csi_controller_runs_the_volume_flow_with_only_the_documented_harvester_
     let params = HashMap::from([("hostStorageClass".to_string(), "harvester-longhorn".into())]);
     let vol = c
         .create_volume(CreateVolumeRequest {
-            name: "pvc-rbac-proof".into(),
-            capacity_range: Some(CapacityRange {
-                required_bytes: 64 << 20,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![mount_cap()],
             parameters: params,
-            ..Default::default()
+            ..create_request("pvc-rbac-proof", 64 << 20, &mount_cap("ext4"))
         })
         .await
         .expect("CreateVolume")
@@ -499,7 +470,7 @@ async fn csi_controller_runs_the_volume_flow_with_only_the_documented_harvester_
         .controller_publish_volume(ControllerPublishVolumeRequest {
             volume_id: id.clone(),
             node_id: "worker-1".into(),
-            volume_capability: Some(mount_cap()),
+            volume_capability: Some(mount_cap("ext4")),
             ..Default::default()
         })
         .await
@@ -517,7 +488,7 @@ async fn csi_controller_runs_the_volume_flow_with_only_the_documented_harvester_
             required_bytes: 128 << 20,
             limit_bytes: 0,
         }),
-        volume_capability: Some(mount_cap()),
+        volume_capability: Some(mount_cap("ext4")),
         ..Default::default()
     })
     .await

@@ -261,15 +261,11 @@ async fn publish_fails_without(mode: HotplugMode, revoked: (&str, &str, &str), s
         }),
     };
     let vol = c
-        .create_volume(CreateVolumeRequest {
-            name: "pvc-forbidden".into(),
-            capacity_range: Some(CapacityRange {
-                required_bytes: 64 << 20,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![cap.clone()],
-            ..Default::default()
-        })
+        .create_volume(testbed::csi_client::create_request(
+            "pvc-forbidden",
+            64 << 20,
+            &cap,
+        ))
         .await
         .expect("CreateVolume is still allowed")
         .into_inner()

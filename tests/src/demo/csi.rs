@@ -10,26 +10,13 @@ use anyhow::{Context as _, bail};
 use csi_proto::csi::v1::controller_client::ControllerClient;
 use csi_proto::csi::v1::identity_client::IdentityClient;
 use csi_proto::csi::v1::node_client::NodeClient;
-use csi_proto::csi::v1::volume_capability::access_mode::Mode;
-use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
 use csi_proto::csi::v1::*;
 use harvester_csi_driver::Config;
 use testbed::TestBed;
+use testbed::csi_client::{create_request, mount_cap};
 
 const NODE: &str = "worker-1";
 const NAME: &str = "pvc-2f0c5d2e-demo-4c1b-9a51-6f7d3c1e0a01";
-
-fn cap() -> VolumeCapability {
-    VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: "ext4".into(),
-            ..Default::default()
-        })),
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-    }
-}
 
 fn step(n: u32, what: &str, t0: Instant) {
     println!(
@@ -93,15 +80,7 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
     );
 
     let volume = controller
-        .create_volume(CreateVolumeRequest {
-            name: NAME.into(),
-            capacity_range: Some(CapacityRange {
-                required_bytes: 64 << 20,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![cap()],
-            ..Default::default()
-        })
+        .create_volume(create_request(NAME, 64 << 20, &mount_cap("ext4")))
         .await
         .context("CreateVolume")?
         .into_inner()
@@ -121,7 +100,7 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
         .controller_publish_volume(ControllerPublishVolumeRequest {
             volume_id: id.clone(),
             node_id: NODE.into(),
-            volume_capability: Some(cap()),
+            volume_capability: Some(mount_cap("ext4")),
             ..Default::default()
         })
         .await
@@ -152,7 +131,7 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
         volume_id: id.clone(),
         publish_context: ctx.clone(),
         staging_target_path: staging.display().to_string(),
-        volume_capability: Some(cap()),
+        volume_capability: Some(mount_cap("ext4")),
         ..Default::default()
     })
     .await
@@ -171,7 +150,7 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
         publish_context: ctx.clone(),
         staging_target_path: staging.display().to_string(),
         target_path: target.display().to_string(),
-        volume_capability: Some(cap()),
+        volume_capability: Some(mount_cap("ext4")),
         ..Default::default()
     })
     .await

@@ -13,10 +13,10 @@ use crate::{BedOptions, TestBed};
 use csi_proto::csi::v1::controller_client::ControllerClient;
 use csi_proto::csi::v1::identity_client::IdentityClient;
 use csi_proto::csi::v1::node_client::NodeClient;
-use csi_proto::csi::v1::volume_capability::access_mode::Mode;
-use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use csi_proto::csi::v1::*;
 use harvester_csi_driver::{Config, Running};
+
+use crate::csi_client;
 use tonic::transport::Channel;
 
 /// The guest VM (and CSI node ID) the suites use.
@@ -253,27 +253,6 @@ impl AsRef<Channel> for DriverProc {
     }
 }
 
-pub fn mount_cap(fs: &str) -> VolumeCapability {
-    VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: fs.into(),
-            ..Default::default()
-        })),
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-    }
-}
-
-pub fn block_cap() -> VolumeCapability {
-    VolumeCapability {
-        access_type: Some(AccessType::Block(BlockVolume {})),
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-    }
-}
-
 /// A created and controller-published volume, with its staging and target paths.
 pub struct Vol {
     pub id: String,
@@ -282,33 +261,14 @@ pub struct Vol {
     pub target: PathBuf,
 }
 
-pub fn create_request(name: &str, size: u64, cap: &VolumeCapability) -> CreateVolumeRequest {
-    CreateVolumeRequest {
-        name: name.into(),
-        capacity_range: Some(CapacityRange {
-            required_bytes: size as i64,
-            limit_bytes: 0,
-        }),
-        volume_capabilities: vec![cap.clone()],
-        ..Default::default()
-    }
-}
-
+/// ControllerPublishVolume of `id` to [`NODE`].
 pub fn publish_request(id: &str, cap: &VolumeCapability) -> ControllerPublishVolumeRequest {
-    ControllerPublishVolumeRequest {
-        volume_id: id.into(),
-        node_id: NODE.into(),
-        volume_capability: Some(cap.clone()),
-        ..Default::default()
-    }
+    csi_client::publish_request(id, NODE, cap)
 }
 
+/// ControllerUnpublishVolume of `id` from [`NODE`].
 pub fn unpublish_request(id: &str) -> ControllerUnpublishVolumeRequest {
-    ControllerUnpublishVolumeRequest {
-        volume_id: id.into(),
-        node_id: NODE.into(),
-        ..Default::default()
-    }
+    csi_client::unpublish_request(id, NODE)
 }
 
 /// CreateVolume and ControllerPublishVolume to [`NODE`] on controller `d`; the staging and
@@ -430,4 +390,5 @@ pub fn mount_entries(path: &Path) -> Vec<String> {
         .collect()
 }
 
+pub use crate::csi_client::{block_cap, create_request, from_snapshot, from_volume, mount_cap};
 pub use crate::real::mounts::MountSweeper;

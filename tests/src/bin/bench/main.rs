@@ -40,8 +40,6 @@ use anyhow::{Context as _, bail};
 use clap::Parser;
 use csi_proto::csi::v1::controller_client::ControllerClient;
 use csi_proto::csi::v1::node_client::NodeClient;
-use csi_proto::csi::v1::volume_capability::access_mode::Mode;
-use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
 use csi_proto::csi::v1::*;
 use futures::{StreamExt, TryStreamExt};
 use harvester_cloud_provider::node::patch::UNINITIALIZED_TAINT;

@@ -1,6 +1,7 @@
 //! Section 3: volumes through the CSI driver (create, publish, stage, publish, and back).
 
 use super::*;
+use testbed::csi_client::{create_request, mount_cap};
 
 pub(crate) const VOLUME_NODE: &str = "worker-1";
 pub(crate) const STEPS: [&str; 8] = [
@@ -13,18 +14,6 @@ pub(crate) const STEPS: [&str; 8] = [
     "ControllerUnpublishVolume",
     "DeleteVolume",
 ];
-
-pub(crate) fn mount_cap() -> VolumeCapability {
-    VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: "ext4".into(),
-            ..Default::default()
-        })),
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-    }
-}
 
 pub(crate) async fn install_default_storage_class(bed: &TestBed) -> anyhow::Result<()> {
     let sc: k8s_openapi::api::storage::v1::StorageClass = serde_json::from_value(json!({
@@ -75,15 +64,7 @@ pub(crate) async fn volume_round_trip(
     let target = dir.join(format!("{name}-target"));
     let t = Instant::now();
     let volume = controller
-        .create_volume(CreateVolumeRequest {
-            name: name.clone(),
-            capacity_range: Some(CapacityRange {
-                required_bytes: 32 << 20,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![mount_cap()],
-            ..Default::default()
-        })
+        .create_volume(create_request(&name, 32 << 20, &mount_cap("ext4")))
         .await
         .context("CreateVolume")?
         .into_inner()
@@ -97,7 +78,7 @@ pub(crate) async fn volume_round_trip(
         .controller_publish_volume(ControllerPublishVolumeRequest {
             volume_id: id.clone(),
             node_id: VOLUME_NODE.into(),
-            volume_capability: Some(mount_cap()),
+            volume_capability: Some(mount_cap("ext4")),
             ..Default::default()
         })
         .await
@@ -110,7 +91,7 @@ pub(crate) async fn volume_round_trip(
         volume_id: id.clone(),
         publish_context: ctx.clone(),
         staging_target_path: staging.display().to_string(),
-        volume_capability: Some(mount_cap()),
+        volume_capability: Some(mount_cap("ext4")),
         ..Default::default()
     })
     .await
@@ -122,7 +103,7 @@ pub(crate) async fn volume_round_trip(
         publish_context: ctx,
         staging_target_path: staging.display().to_string(),
         target_path: target.display().to_string(),
-        volume_capability: Some(mount_cap()),
+        volume_capability: Some(mount_cap("ext4")),
         ..Default::default()
     })
     .await
