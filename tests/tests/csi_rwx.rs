@@ -376,7 +376,7 @@ async fn boot(bed: &TestBed, name: &str) -> Arc<Vm> {
 /// on the host) and the controller; the node plugin is the test's to start.
 async fn one_guest(name: &str) -> (TestBed, Arc<NetworkFs>, Arc<Vm>, Driver) {
     let bed = common::bed().await;
-    common::install_default_storage_class(&bed).await;
+    let bed = bed.with_default_storage_class().await;
     create_class(&bed, RWX_CLASS, upstream::LONGHORN_PROVISIONER, json!({})).await;
     bed.sim
         .create_host("harvester-1", None, None)
@@ -396,7 +396,7 @@ async fn rwx_volume_shared_by_two_guests_root() {
     assert_root();
     let t0 = Instant::now();
     let bed = common::bed().await;
-    common::install_default_storage_class(&bed).await;
+    let bed = bed.with_default_storage_class().await;
     create_class(
         &bed,
         RWX_CLASS,
@@ -747,7 +747,7 @@ async fn rwx_volume_shared_by_two_guests_root() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rwx_bad_input_is_invalid_argument() {
     let bed = common::bed().await;
-    common::install_default_storage_class(&bed).await;
+    let bed = bed.with_default_storage_class().await;
     create_class(&bed, "nfs-other", "nfs.csi.k8s.io", json!({})).await;
     create_class(&bed, RWX_CLASS, upstream::LONGHORN_PROVISIONER, json!({})).await;
     let ctrl = Driver::start(&bed, |c| c.mode = Mode::Controller).await;
@@ -971,7 +971,7 @@ async fn wait_state(bed: &TestBed, pv: &str, state: &str, limit: Duration) {
 /// stand-in (`rwx-a`, `rwx-b`, no guest kernel) and networkfs-manager's part running.
 async fn two_stand_in_vms(class: &str, params: serde_json::Value) -> (TestBed, Arc<NetworkFs>) {
     let bed = common::bed().await;
-    common::install_default_storage_class(&bed).await;
+    let bed = bed.with_default_storage_class().await;
     create_class(&bed, class, upstream::LONGHORN_PROVISIONER, params).await;
     bed.sim
         .create_host("harvester-1", None, None)

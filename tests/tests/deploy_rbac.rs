@@ -29,17 +29,11 @@ use serde_json::json;
 use testbed::csi_client::{create_request, from_snapshot, mount_cap};
 use testbed::sim::GuestVm;
 use testbed::suites::deploy::*;
-use testbed::{BedOptions, TestBed, util::wait};
+use testbed::{TestBed, util::wait};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
 const LIMIT: Duration = Duration::from_secs(30);
-
-async fn bed() -> TestBed {
-    TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("the test bed must start for this test: {e}"))
-}
 
 async fn until<T, S: std::fmt::Debug, F, Fut>(what: &str, probe: F) -> T
 where
@@ -83,7 +77,7 @@ async fn node_until(bed: &TestBed, what: &str, check: impl Fn(Option<&Node>) -> 
 
 #[tokio::test]
 async fn cloud_provider_runs_node_and_load_balancer_flows_with_only_the_documented_rbac() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     bed.sim
         .create_host("harvester-1", Some("region-a"), Some("zone-1"))
         .await
@@ -274,7 +268,7 @@ async fn cloud_provider_runs_node_and_load_balancer_flows_with_only_the_document
 
 #[tokio::test]
 async fn cloud_provider_leader_election_fits_the_chart_role() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     let chart = ccm_chart();
     let harvester_docs = harvester_rbac_of(&bed.vm_namespace, HARVESTER_CCM_ROLES);
     let accounts = accounts(&bed, &chart, Some(CCM_SA), &harvester_docs).await;
@@ -425,7 +419,7 @@ fn restore_request(name: &str, snapshot_id: &str) -> CreateVolumeRequest {
 
 #[tokio::test]
 async fn csi_controller_runs_the_volume_flow_with_only_the_documented_harvester_role() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     harvester_storage_class(&bed).await;
     bed.sim
         .create_host("harvester-1", Some("region-a"), Some("zone-1"))

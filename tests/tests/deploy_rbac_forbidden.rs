@@ -15,30 +15,10 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
-use testbed::sim::GuestVm;
 use testbed::suites::deploy::*;
-use testbed::{BedOptions, TestBed, util::wait};
+use testbed::{TestBed, util::wait};
 
 const LIMIT: Duration = Duration::from_secs(30);
-
-async fn bed_with_vm() -> TestBed {
-    let bed = TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("the test bed must start for this test: {e}"));
-    bed.sim
-        .create_host("harvester-1", Some("region-a"), Some("zone-1"))
-        .await
-        .expect("host");
-    bed.sim
-        .create_vm(
-            &GuestVm::new("worker-1")
-                .on_host("harvester-1")
-                .ip("10.52.0.11"),
-        )
-        .await
-        .expect("vm");
-    bed
-}
 
 /// Waits for a Warning Event with `reason` about `name` (in `namespace`) whose note mentions
 /// `text`, and returns the note.
@@ -83,7 +63,7 @@ async fn warning(bed: &TestBed, namespace: &str, name: &str, reason: &str, text:
 
 #[tokio::test]
 async fn without_patch_on_nodes_the_node_stays_tainted_with_a_forbidden_event() {
-    let bed = bed_with_vm().await;
+    let bed = TestBed::started().await.with_vm("worker-1").await;
     let mut chart = ccm_chart();
     revoke(
         &mut chart,
@@ -125,7 +105,7 @@ async fn without_patch_on_nodes_the_node_stays_tainted_with_a_forbidden_event() 
 
 #[tokio::test]
 async fn without_update_on_loadbalancers_the_service_gets_a_forbidden_event() {
-    let bed = bed_with_vm().await;
+    let bed = TestBed::started().await.with_vm("worker-1").await;
     Api::<IPPool>::all(bed.harvester.client.clone())
         .create(
             &PostParams::default(),
@@ -217,7 +197,7 @@ async fn without_update_on_addvolume_publish_on_harvester_1_8_fails_naming_the_s
 /// On a Harvester whose hot-plug is `mode`, the controller with the documented RBAC minus
 /// `(group, resource, verb)` fails ControllerPublishVolume with PERMISSION_DENIED saying `says`.
 async fn publish_fails_without(mode: HotplugMode, revoked: (&str, &str, &str), says: &str) {
-    let bed = bed_with_vm().await;
+    let bed = TestBed::started().await.with_vm("worker-1").await;
     bed.sim
         .set_hotplug_mode(mode)
         .await

@@ -48,7 +48,7 @@ fn say(line: &str) {
 async fn bed_with_real_vm(opts: VmOptions) -> (TestBed, Arc<Vm>) {
     assert_root();
     let bed = common::bed().await;
-    common::install_default_storage_class(&bed).await;
+    let bed = bed.with_default_storage_class().await;
     bed.sim
         .create_host("harvester-1", Some("region-a"), Some("zone-1"))
         .await

@@ -13,16 +13,10 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testbed::suites::service_controller::ServiceController;
-use testbed::{BedOptions, TestBed, util::wait};
+use testbed::{TestBed, util::wait};
 
 const CLUSTER: &str = "rke2-test";
 const LIMIT: Duration = Duration::from_secs(30);
-
-async fn bed() -> TestBed {
-    TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("the test bed must start for this test: {e}"))
-}
 
 /// The service controller running in this process until stopped.
 fn start_ccm(bed: &TestBed) -> ServiceController {
@@ -169,7 +163,7 @@ async fn wait_event(bed: &TestBed, name: &str, reason: &str, text: &str) -> Stri
 
 #[tokio::test]
 async fn lb_service_gets_a_pool_address_and_gives_it_back_on_delete() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     create_pool(&bed, "pool-1", json!([{"subnet": "192.168.50.0/24", "rangeStart": "192.168.50.10", "rangeEnd": "192.168.50.19"}])).await;
     let ccm = start_ccm(&bed);
     let created = services(&bed)
@@ -286,7 +280,7 @@ async fn lb_service_gets_a_pool_address_and_gives_it_back_on_delete() {
 
 #[tokio::test]
 async fn lb_service_waits_with_an_event_while_the_pool_is_exhausted_then_converges() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     create_pool(&bed, "small", json!([{"subnet": "10.20.0.5/32"}])).await;
     let ccm = start_ccm(&bed);
     let api = services(&bed);
@@ -340,7 +334,7 @@ async fn lb_service_waits_with_an_event_while_the_pool_is_exhausted_then_converg
 
 #[tokio::test]
 async fn lb_secondaries_share_the_primary_address_and_conflicting_ports_are_refused() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     create_pool(&bed, "p", json!([{"subnet": "10.30.0.0/29"}])).await;
     let ccm = start_ccm(&bed);
     let api = services(&bed);
@@ -398,7 +392,7 @@ async fn lb_secondaries_share_the_primary_address_and_conflicting_ports_are_refu
 
 #[tokio::test]
 async fn lb_service_deleted_while_pending_leaves_no_cr() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     let ccm = start_ccm(&bed);
     let api = services(&bed);
     api.create(
@@ -417,7 +411,7 @@ async fn lb_service_deleted_while_pending_leaves_no_cr() {
 
 #[tokio::test]
 async fn lb_service_recreated_with_a_new_uid_replaces_the_old_cr() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     create_pool(&bed, "p", json!([{"subnet": "10.40.0.0/29"}])).await;
     let ccm = start_ccm(&bed);
     let api = services(&bed);
@@ -474,7 +468,7 @@ async fn lb_service_recreated_with_a_new_uid_replaces_the_old_cr() {
 
 #[tokio::test]
 async fn lb_orphaned_crs_of_this_cluster_are_collected_at_start() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     let orphan: LoadBalancer = serde_json::from_value(json!({
         "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
         "metadata": {"name": "orphan", "labels": {
@@ -525,7 +519,7 @@ async fn lb_orphaned_crs_of_this_cluster_are_collected_at_start() {
 
 #[tokio::test]
 async fn lb_bad_annotation_gets_a_warning_and_creates_nothing() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     let ccm = start_ccm(&bed);
     services(&bed)
         .create(
@@ -560,7 +554,7 @@ async fn lb_bad_annotation_gets_a_warning_and_creates_nothing() {
 
 #[tokio::test]
 async fn lb_fifty_services_at_once_with_a_restart_in_the_middle_get_distinct_matching_addresses() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     create_pool(&bed, "big", json!([{"subnet": "10.50.0.0/24"}])).await;
     let ccm = start_ccm(&bed);
     let api = services(&bed);
@@ -610,7 +604,7 @@ async fn contract_a_lost_allocation_is_released_as_a_duplicate_and_the_same_addr
     use kube::runtime::{WatchStreamExt, watcher};
     use testbed::sim::lb::DUPLICATE_ALLOCATION;
 
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     create_pool(&bed, "pool-dup", json!([{"subnet": "10.71.0.0/24"}])).await;
     let ccm = start_ccm(&bed);
     let created = services(&bed)

@@ -16,13 +16,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Ro
 use kube::api::{Api, ObjectMeta, PostParams};
 use testbed::util::process::Proc;
 use testbed::util::scrape::{self, HttpsResponse, https_get};
-use testbed::{BedOptions, TestBed, util::wait};
-
-async fn bed() -> TestBed {
-    TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("the test bed must start for this test (root, bed tools): {e}"))
-}
+use testbed::{TestBed, util::wait};
 
 /// The provider binary against the bed with its HTTPS endpoints on 127.0.0.1:`port`, no plain
 /// HTTP listener; `extra` flags after the bed's.
@@ -146,7 +140,7 @@ async fn account(bed: &TestBed, name: &str, may_scrape: bool) -> String {
 
 #[tokio::test]
 async fn metrics_need_a_token_allowed_to_get_the_path_and_probes_need_none() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     let scraper = account(&bed, "scraper", true).await;
     let stranger = account(&bed, "stranger", false).await;
     let port = testbed::util::process::free_port().unwrap();
@@ -252,7 +246,7 @@ async fn metrics_need_a_token_allowed_to_get_the_path_and_probes_need_none() {
 
 #[tokio::test]
 async fn serves_the_given_certificate_else_a_self_signed_one() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     let dir = tempfile::tempdir().unwrap();
 
     // No files: a self-signed certificate for localhost, made in memory.

@@ -27,10 +27,10 @@ use crate::bed::certs::Pki;
 use crate::bed::cluster::{ApiServer, ApiServerArgs, Etcd, kubeconfig_text};
 use crate::bed::crds::{CRDS, crd_names, install_crds, wait_established};
 use crate::bed::guest_cluster::GuestCluster;
-use crate::sim::Sim;
 use crate::sim::lb_webhook::{LbWebhook, Rules};
 use crate::sim::virt_api::Gates;
 use crate::sim::webhook::WebhookServer;
+use crate::sim::{GuestVm, Sim};
 use crate::{BedError, util::wait};
 
 #[derive(Clone, Debug)]
@@ -110,6 +110,42 @@ pub struct TestBed {
 }
 
 impl TestBed {
+    /// [`TestBed::start`] for a test that cannot run without the bed: a failure panics with why.
+    pub async fn started_with(opts: BedOptions) -> TestBed {
+        match TestBed::start(opts).await {
+            Ok(bed) => bed,
+            Err(e) => panic!("the test bed must start for this test: {e}"),
+        }
+    }
+
+    /// [`TestBed::started_with`] the default options.
+    pub async fn started() -> TestBed {
+        TestBed::started_with(BedOptions::default()).await
+    }
+
+    /// Adds Harvester's default StorageClass ([`Sim::create_default_storage_class`]).
+    pub async fn with_default_storage_class(self) -> TestBed {
+        self.sim
+            .create_default_storage_class()
+            .await
+            .expect("creating the default StorageClass on Harvester");
+        self
+    }
+
+    /// Adds the one-VM setup of the CSI and RBAC suites: host `harvester-1` (region-a, zone-1)
+    /// and the running guest VM `vm` on it with address 10.52.0.11.
+    pub async fn with_vm(self, vm: &str) -> TestBed {
+        self.sim
+            .create_host("harvester-1", Some("region-a"), Some("zone-1"))
+            .await
+            .expect("host");
+        self.sim
+            .create_vm(&GuestVm::new(vm).on_host("harvester-1").ip("10.52.0.11"))
+            .await
+            .expect("guest VM");
+        self
+    }
+
     pub async fn start(opts: BedOptions) -> Result<TestBed, BedError> {
         let t0 = Instant::now();
         let dir = tempfile::Builder::new()

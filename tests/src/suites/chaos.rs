@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::util::process::Proc;
-use crate::{BedOptions, TestBed, util::wait};
+use crate::{TestBed, util::wait};
 use base64::Engine;
 use futures::StreamExt;
 use harvester_cloud_provider::service::name::lb_name;
@@ -27,9 +27,7 @@ pub const CLUSTER: &str = "chaos";
 pub const POOL: &str = "chaos-pool";
 
 pub async fn bed() -> TestBed {
-    TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("the test bed must start for this test: {e}"))
+    TestBed::started().await
 }
 
 /// The binary cargo built next to this test (`cargo test --workspace` builds every binary).

@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::sim::GuestVm;
 use crate::util::process::Proc;
 use crate::{BedOptions, TestBed};
 use csi_proto::csi::v1::controller_client::ControllerClient;
@@ -30,22 +29,11 @@ pub fn assert_root() {
 }
 
 pub async fn bed() -> TestBed {
-    bed_with(BedOptions::default()).await
+    TestBed::started().await
 }
 
 pub async fn bed_with(opts: BedOptions) -> TestBed {
-    match TestBed::start(opts).await {
-        Ok(bed) => bed,
-        Err(e) => panic!("the test bed must start for this test: {e}"),
-    }
-}
-
-/// Harvester's default StorageClass (see [`crate::sim::Sim::create_default_storage_class`]).
-pub async fn install_default_storage_class(bed: &TestBed) {
-    bed.sim
-        .create_default_storage_class()
-        .await
-        .expect("creating the default StorageClass on Harvester");
+    TestBed::started_with(opts).await
 }
 
 /// A bed with Harvester's default StorageClass, a host and the running guest VM [`NODE`].
@@ -55,17 +43,12 @@ pub async fn bed_with_vm() -> TestBed {
 
 /// [`bed_with_vm`] on a bed started with `opts`.
 pub async fn bed_with_vm_and(opts: BedOptions) -> TestBed {
-    let bed = bed_with(opts).await;
-    install_default_storage_class(&bed).await;
-    bed.sim
-        .create_host("harvester-1", Some("region-a"), Some("zone-1"))
+    TestBed::started_with(opts)
         .await
-        .expect("host");
-    bed.sim
-        .create_vm(&GuestVm::new(NODE).on_host("harvester-1").ip("10.52.0.11"))
+        .with_default_storage_class()
         .await
-        .expect("guest VM");
-    bed
+        .with_vm(NODE)
+        .await
 }
 
 /// The driver serving on a socket in the bed's directory, until [`Driver::stop`] or drop.

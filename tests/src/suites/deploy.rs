@@ -507,9 +507,7 @@ pub async fn refusals(bed: &crate::TestBed) -> (u64, u64) {
 
 /// A test bed for the deployment suites; fails the test when it cannot start.
 pub async fn bed() -> crate::TestBed {
-    crate::TestBed::start(crate::BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("the test bed must start for this test: {e}"))
+    crate::TestBed::started().await
 }
 
 /// The guest cluster of RKE2 has the snapshot CRDs (rke2-snapshot-controller-crd); install the
