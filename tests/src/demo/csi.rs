@@ -13,7 +13,7 @@ use csi_proto::csi::v1::node_client::NodeClient;
 use csi_proto::csi::v1::*;
 use harvester_csi_driver::Config;
 use testbed::TestBed;
-use testbed::csi_client::{create_request, mount_cap};
+use testbed::csi_client::{create_request, mount_cap, publish_request, unpublish_request};
 
 const NODE: &str = "worker-1";
 const NAME: &str = "pvc-2f0c5d2e-demo-4c1b-9a51-6f7d3c1e0a01";
@@ -97,12 +97,7 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
     );
 
     let published = controller
-        .controller_publish_volume(ControllerPublishVolumeRequest {
-            volume_id: id.clone(),
-            node_id: NODE.into(),
-            volume_capability: Some(mount_cap("ext4")),
-            ..Default::default()
-        })
+        .controller_publish_volume(publish_request(&id, NODE, &mount_cap("ext4")))
         .await
         .context("ControllerPublishVolume")?
         .into_inner();
@@ -217,11 +212,7 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
     );
 
     controller
-        .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
-            volume_id: id.clone(),
-            node_id: NODE.into(),
-            ..Default::default()
-        })
+        .controller_unpublish_volume(unpublish_request(&id, NODE))
         .await
         .context("ControllerUnpublishVolume")?;
     step(

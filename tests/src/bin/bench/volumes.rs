@@ -1,7 +1,7 @@
 //! Section 3: volumes through the CSI driver (create, publish, stage, publish, and back).
 
 use super::*;
-use testbed::csi_client::{create_request, mount_cap};
+use testbed::csi_client::{create_request, mount_cap, publish_request, unpublish_request};
 
 pub(crate) const VOLUME_NODE: &str = "worker-1";
 pub(crate) const STEPS: [&str; 8] = [
@@ -75,12 +75,7 @@ pub(crate) async fn volume_round_trip(
     let bound = wait_bound(pvcs, &id).await?;
     let t = Instant::now();
     let ctx = controller
-        .controller_publish_volume(ControllerPublishVolumeRequest {
-            volume_id: id.clone(),
-            node_id: VOLUME_NODE.into(),
-            volume_capability: Some(mount_cap("ext4")),
-            ..Default::default()
-        })
+        .controller_publish_volume(publish_request(&id, VOLUME_NODE, &mount_cap("ext4")))
         .await
         .context("ControllerPublishVolume")?
         .into_inner()
@@ -129,11 +124,7 @@ pub(crate) async fn volume_round_trip(
     took[5] = t.elapsed();
     let t = Instant::now();
     controller
-        .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
-            volume_id: id.clone(),
-            node_id: VOLUME_NODE.into(),
-            ..Default::default()
-        })
+        .controller_unpublish_volume(unpublish_request(&id, VOLUME_NODE))
         .await
         .context("ControllerUnpublishVolume")?;
     took[6] = t.elapsed();
