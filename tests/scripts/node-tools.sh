@@ -12,7 +12,8 @@ set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-1.34.4}
 # CSI sidecars at versions the Go module proxy serves here (node-driver-registrar and livenessprobe
-# are not served at all; see ../shared/reference/real-node.md).
+# are not served at all: the bed plays them with its own `registrar` and `livenessprobe` binaries,
+# tests/src/real/{registrar,livenessprobe}.rs).
 PROVISIONER_VERSION=${PROVISIONER_VERSION:-6.4.0}
 ATTACHER_VERSION=${ATTACHER_VERSION:-4.13.0}
 RESIZER_VERSION=${RESIZER_VERSION:-2.3.0}

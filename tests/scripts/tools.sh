@@ -34,7 +34,7 @@ install_debs -- "${DEBS[@]}"
 install_debs --no-install-recommends -- skopeo
 # The NFS server of the RWX tests (the stand-in's networkfs-manager exports volumes with it): a
 # userspace NFSv4 server, since the host kernel has no nfsd. Debian 12: nfs-ganesha 4.3. nfs-common:
-# mount.nfs for the CSI node image (tests/src/images.rs).
+# mount.nfs for the CSI node image (tests/src/real/images/).
 install_debs --no-install-recommends -- nfs-common nfs-ganesha nfs-ganesha-vfs
 
 # --- Go tools ------------------------------------------------------------------------------

@@ -10,31 +10,31 @@
 //! # Ok(()) }
 //! ```
 
-pub mod apply;
+//!
+//! # Layers
+//!
+//! Each folder is a layer; a module uses only the layers listed before its own (and the crate
+//! root's [`BedError`]), so no two modules import each other:
+//! - [`util`]: processes, bounded waits, Go tools, helm, watches, scraping. Uses nothing else.
+//! - [`bed`]'s parts ([`bed::cluster`], [`bed::certs`], [`bed::apply`], [`bed::rbac`],
+//!   [`bed::crds`]): etcd, the API servers and what goes into them. Use [`util`] (and the address
+//!   constants of [`real::podnet`] and [`real::vm`] for the serving certificates).
+//! - [`real`]: real processes, devices and networks (node, images, Pod network, registrar,
+//!   livenessprobe, QEMU guest, NFS server, network namespaces, mounts, pod logs). Use [`util`]
+//!   and [`bed`]'s parts.
+//! - [`sim`]: the Harvester stand-in. Uses [`util`], [`bed`]'s parts and [`real::nfs`].
+//! - [`bed`] itself ([`TestBed`], [`bed::guest_cluster`], [`bed::users_cluster`]): composes all of
+//!   the above into a running bed.
+//! - [`csi_client`]: CSI request builders (no layer of its own: it uses only `csi-proto`).
+//! - [`suites`]: fixtures the integration suites in `tests/tests` share (the products running
+//!   in-process against a bed, CSI clients, chart helpers). Uses everything above.
+
 pub mod bed;
-pub mod certs;
-pub mod cluster;
-pub mod guest_cluster;
-pub mod helm;
-pub mod images;
-pub mod livenessprobe;
-pub mod mounts;
-pub mod netns;
-pub mod nfs;
-pub mod node;
-pub mod observe;
-pub mod pod_logs;
-pub mod podnet;
-pub mod process;
-pub mod rbac;
-pub mod registrar;
-pub mod scrape;
-pub mod service_controller;
+pub mod csi_client;
+pub mod real;
 pub mod sim;
-pub mod tools;
-pub mod users_cluster;
-pub mod vm;
-pub mod wait;
+pub mod suites;
+pub mod util;
 
 use std::path::PathBuf;
 
@@ -63,7 +63,7 @@ pub enum BedError {
     },
     #[error(
         "test bed: timed out waiting for {component}: {what} (log: {log}); its last lines:\n{}",
-        crate::process::tail(.log, 15)
+        crate::util::process::tail(.log, 15)
     )]
     Timeout {
         component: String,

@@ -12,7 +12,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use testbed::sim::GuestVm;
-use testbed::{BedOptions, TestBed, users_cluster};
+use testbed::{BedOptions, TestBed, bed::users_cluster};
 
 #[derive(Parser)]
 #[command(
@@ -41,7 +41,7 @@ enum Cmd {
         #[arg(long)]
         out: Option<PathBuf>,
         /// Repository prefix of the image names (host[:port][/path]).
-        #[arg(long, default_value = testbed::images::release::DEFAULT_PREFIX)]
+        #[arg(long, default_value = testbed::real::images::release::DEFAULT_PREFIX)]
         prefix: String,
     },
 }
@@ -82,7 +82,7 @@ fn images(bin_dir: Option<PathBuf>, out: Option<PathBuf>, prefix: &str) -> anyho
             .join("images"),
     };
     let t0 = Instant::now();
-    let built = testbed::images::release::build(&bin_dir, &out, prefix)?;
+    let built = testbed::real::images::release::build(&bin_dir, &out, prefix)?;
     println!(
         "built {} images from {} in {:.1}s:",
         built.len(),
@@ -202,13 +202,13 @@ kubectl --kubeconfig "$HARVESTER_KUBECONFIG" get ippools,loadbalancers -A
 
 Ctrl-C stops everything and undoes what it changed on this machine."#,
         secs = t0.elapsed().as_secs_f64(),
-        node = testbed::guest_cluster::NODE,
+        node = testbed::bed::guest_cluster::NODE,
         dir = bed.dir.path().display(),
         bin = bin.display(),
         guest = real.kubeconfig.display(),
         harvester = bed.harvester.kubeconfig.display(),
         ns = bed.vm_namespace,
-        workload = testbed::guest_cluster::WORKLOAD,
+        workload = testbed::bed::guest_cluster::WORKLOAD,
         pool = users_cluster::LB_POOL,
         subnet = users_cluster::LB_POOL_SUBNET,
         try_lb = users_cluster::TRY_LB_SERVICE,

@@ -9,14 +9,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 use testbed::sim::GuestVm;
-use testbed::{BedOptions, TestBed, wait};
-
-async fn bed() -> TestBed {
-    match TestBed::start(BedOptions::default()).await {
-        Ok(bed) => bed,
-        Err(e) => panic!("the test bed must start for this test: {e}"),
-    }
-}
+use testbed::{TestBed, util::wait};
 
 fn obj<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
     serde_json::from_value(v).expect("test object literal")
@@ -24,7 +17,7 @@ fn obj<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
 
 #[tokio::test]
 async fn bed_stops_every_process_and_removes_its_dir() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     let pids = bed.pids();
     let dir = bed.dir.path().to_path_buf();
     assert_eq!(pids.len(), 3, "etcd and two kube-apiservers");
@@ -50,7 +43,7 @@ async fn bed_stops_every_process_and_removes_its_dir() {
 
 #[tokio::test]
 async fn crds_are_served_by_the_harvester_api_server() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     let c = &bed.harvester.client;
     let ns = &bed.vm_namespace;
     let lp = ListParams::default();
@@ -108,7 +101,7 @@ async fn crds_are_served_by_the_harvester_api_server() {
 
 #[tokio::test]
 async fn vm_helpers_stop_start_migrate_and_delete() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     let sim = &bed.sim;
     sim.create_host("h1", Some("r1"), Some("z1"))
         .await
@@ -165,7 +158,7 @@ async fn addvolume_through_the_aggregator_makes_a_ready_disk_on_a_loop_device_ro
         testbed::sim::storage::is_root(),
         "this test needs root for loop devices; run it as root (make test does)"
     );
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     let c = bed.harvester.client.clone();
     let ns = bed.vm_namespace.clone();
     bed.sim.create_host("h1", None, None).await.expect("host");
@@ -331,7 +324,7 @@ async fn addvolume_through_the_aggregator_makes_a_ready_disk_on_a_loop_device_ro
 
 #[tokio::test]
 async fn addvolume_is_authorized_by_the_real_api_server() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     bed.sim.create_host("h1", None, None).await.expect("host");
     bed.sim
         .create_vm(&GuestVm::new("w1").on_host("h1"))
@@ -341,14 +334,14 @@ async fn addvolume_is_authorized_by_the_real_api_server() {
         .pki
         .client_cert(bed.dir.path(), "nobody", &[])
         .expect("client cert");
-    let text = testbed::cluster::kubeconfig_text(
+    let text = testbed::bed::cluster::kubeconfig_text(
         &bed.harvester.url,
         &bed.pki,
         &cert,
         "nobody",
         &bed.vm_namespace,
     );
-    let nobody = testbed::cluster::client_from_kubeconfig(&text)
+    let nobody = testbed::bed::cluster::client_from_kubeconfig(&text)
         .await
         .expect("client");
     let err = hotplug::add_volume(
@@ -406,7 +399,7 @@ where
 
 #[tokio::test]
 async fn lb_gets_an_address_from_an_ippool_and_releases_it_on_delete() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     let c = bed.harvester.client.clone();
     let pools = Api::<IPPool>::all(c.clone());
     pools
@@ -471,7 +464,7 @@ async fn lb_gets_an_address_from_an_ippool_and_releases_it_on_delete() {
 
 #[tokio::test]
 async fn pool_exhaustion_and_missing_pools_are_conditions_that_converge() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     let c = bed.harvester.client.clone();
     let lbs = Api::<LoadBalancer>::namespaced(c.clone(), &bed.vm_namespace);
     lbs.create(&PostParams::default(), &lb("lb-a", "pool"))
@@ -546,7 +539,7 @@ async fn pool_exhaustion_and_missing_pools_are_conditions_that_converge() {
 
 #[tokio::test]
 async fn dhcp_lb_records_the_sentinel_address() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     let lbs = Api::<LoadBalancer>::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);
     lbs.create(&PostParams::default(), &lb("lb-d", "dhcp"))
         .await
@@ -564,7 +557,7 @@ async fn dhcp_lb_records_the_sentinel_address() {
 #[test]
 fn a_missing_tool_is_named_with_the_script_that_builds_it() {
     let dir = tempfile::tempdir().unwrap();
-    let err = testbed::tools::tool_in(dir.path(), "kube-apiserver")
+    let err = testbed::util::tools::tool_in(dir.path(), "kube-apiserver")
         .unwrap_err()
         .to_string();
     assert!(
@@ -577,7 +570,7 @@ fn a_missing_tool_is_named_with_the_script_that_builds_it() {
 /// aggregated virt-api reachable again, and the stand-in's LB controller back at work.
 #[tokio::test]
 async fn harvester_api_server_restarts_on_the_same_address_and_the_stand_in_recovers() {
-    let mut bed = bed().await;
+    let mut bed = TestBed::started().await;
     let c = bed.harvester.client.clone();
     bed.sim
         .create_host("harvester-1", None, None)
@@ -639,7 +632,7 @@ async fn harvester_api_server_restarts_on_the_same_address_and_the_stand_in_reco
 #[tokio::test]
 async fn lb_crds_are_upstreams_and_ippool_status_writes_carry_the_required_fields() {
     use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     let c = bed.harvester.client.clone();
     let ar = |version: &str| {
         ApiResource::from_gvk_with_plural(

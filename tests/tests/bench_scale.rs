@@ -19,7 +19,7 @@ const ROWS: [&str; 5] = [
 fn bench_scale_section_smoke_run_reports_every_figure() {
     let bench = env!("CARGO_BIN_EXE_bench");
     // The bench runs the provider binary that cargo built next to it.
-    let provider = testbed::process::built_binary("harvester-cloud-provider");
+    let provider = testbed::util::process::built_binary("harvester-cloud-provider");
     let dir = tempfile::tempdir().expect("temporary directory");
     let out = dir.path().join("benchmarks.md");
     let run = Command::new(bench)

@@ -18,7 +18,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use testbed::sim::GuestVm;
 use testbed::sim::virt_api::update_vmi;
-use testbed::{BedOptions, TestBed, wait};
+use testbed::{BedOptions, TestBed, util::wait};
 
 /// How long any one expected change may take.
 const LIMIT: Duration = Duration::from_secs(20);

@@ -6,8 +6,7 @@
 //! no address was ever seen on two Services, and nothing is left of the deleted ones (no CR, no
 //! address held in the pool).
 
-#[path = "chaos_common.rs"]
-mod common;
+use testbed::suites::chaos as common;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -125,7 +124,7 @@ async fn services_converge_without_double_addresses_or_leaks_across_harvester_re
     assert!(
         log.contains("Harvester API"),
         "the provider's log shows its Harvester calls failing during the outages:\n{}",
-        testbed::process::tail(&ccm.log, 40)
+        testbed::util::process::tail(&ccm.log, 40)
     );
     drop(ccm);
     watch.abort();

@@ -3,8 +3,7 @@
 //! while it is down). Afterwards every remaining Service has its own address, equal to its CR's
 //! allocation and to the pool's record; the deleted ones are gone with their CRs and addresses.
 
-#[path = "chaos_common.rs"]
-mod common;
+use testbed::suites::chaos as common;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -2,8 +2,7 @@
 //! staged volumes (node plugin). After a restart the CO's retries must converge on what is
 //! already there: no second `addvolume`, no reformat, no stacked mounts, the data intact.
 
-#[path = "csi_common.rs"]
-mod common;
+use testbed::suites::csi as common;
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::time::{Duration, Instant};
@@ -19,7 +18,7 @@ use harvester_common::harvester::{VirtualMachine, VirtualMachineInstance};
 use harvester_csi_driver::naming::disk_serial;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::Api;
-use testbed::{BedOptions, TestBed, wait};
+use testbed::{BedOptions, TestBed, util::wait};
 
 /// How often KubeVirt lists volume `id` in each place a hot-plugged disk shows up.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -485,9 +484,9 @@ async fn staged_volumes_survive_a_node_plugin_sigkill_without_reformat_or_stacke
         unpublish_and_unstage(&node, &c.vol).await;
     }
     assert!(
-        testbed::mounts::mounts_under(&dir).is_empty(),
+        testbed::real::mounts::mounts_under(&dir).is_empty(),
         "nothing mounted after unstage: {:?}",
-        testbed::mounts::mounts_under(&dir)
+        testbed::real::mounts::mounts_under(&dir)
     );
     for ((c, _), was) in cases.iter().zip(&before) {
         stage_and_publish(&node, c, "restage").await;
@@ -503,9 +502,9 @@ async fn staged_volumes_survive_a_node_plugin_sigkill_without_reformat_or_stacke
         assert!(!c.vol.target.exists(), "the target is removed");
     }
     assert!(
-        testbed::mounts::mounts_under(&dir).is_empty(),
+        testbed::real::mounts::mounts_under(&dir).is_empty(),
         "nothing mounted at the end: {:?}",
-        testbed::mounts::mounts_under(&dir)
+        testbed::real::mounts::mounts_under(&dir)
     );
 
     for (c, _) in &cases {

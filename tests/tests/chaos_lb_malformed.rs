@@ -6,8 +6,7 @@
 //! every other Service: when the object arrives in its running watch (passes), and when it is
 //! already there as the provider starts and lists.
 
-#[path = "chaos_common.rs"]
-mod common;
+use testbed::suites::chaos as common;
 
 use std::time::{Duration, Instant};
 
@@ -22,7 +21,7 @@ use harvester_common::harvester::LoadBalancer;
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use serde_json::json;
-use testbed::{TestBed, wait};
+use testbed::{TestBed, util::wait};
 
 const BAD: &str = "chaos-default-ghost-0badcafe";
 

@@ -7,8 +7,7 @@
 //! when the objects are there as the provider starts and lists, and when they arrive in its
 //! running watches.
 
-#[path = "chaos_common.rs"]
-mod common;
+use testbed::suites::chaos as common;
 
 use std::time::Duration;
 
@@ -20,7 +19,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::json;
 use testbed::sim::GuestVm;
-use testbed::{TestBed, wait};
+use testbed::{TestBed, util::wait};
 
 const BAD: &str = "bad-1";
 
@@ -155,7 +154,7 @@ fn assert_logged(log: &std::path::Path) {
         assert!(
             text.lines().any(|l| l.contains(kind) && l.contains(BAD)),
             "the provider's log names the {kind}{BAD} it cannot read:\n{}",
-            testbed::process::tail(log, 30)
+            testbed::util::process::tail(log, 30)
         );
     }
 }

@@ -12,15 +12,9 @@ use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
-use testbed::{BedOptions, TestBed, wait};
+use testbed::{TestBed, util::wait};
 
 const RELOAD: Duration = Duration::from_millis(200);
-
-async fn bed() -> TestBed {
-    TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("the test bed must start for this test: {e}"))
-}
 
 fn token_kubeconfig(bed: &TestBed, token: &str) -> String {
     let ca = base64::engine::general_purpose::STANDARD.encode(&bed.pki.ca.cert_pem);
@@ -39,7 +33,13 @@ fn user_kubeconfig(bed: &TestBed, user: &str) -> String {
         .pki
         .client_cert(bed.dir.path(), user, &[])
         .expect("client cert");
-    testbed::cluster::kubeconfig_text(&bed.harvester.url, &bed.pki, &cert, user, &bed.vm_namespace)
+    testbed::bed::cluster::kubeconfig_text(
+        &bed.harvester.url,
+        &bed.pki,
+        &cert,
+        user,
+        &bed.vm_namespace,
+    )
 }
 
 /// Replaces the file atomically, as the kubelet does for a Secret volume.
@@ -73,7 +73,7 @@ async fn until_list_gives(h: &Harvester, want: Result<(), u16>) {
 
 #[tokio::test]
 async fn cloud_config_rotation_switches_credentials_without_a_restart() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     let path = bed.dir.path().join("rotating-cloud-config");
     std::fs::write(&path, std::fs::read_to_string(&bed.cloud_config).unwrap()).unwrap();
     let h = Harvester::load_with(&path, None, RELOAD)
@@ -96,7 +96,7 @@ async fn cloud_config_rotation_switches_credentials_without_a_restart() {
 
 #[tokio::test]
 async fn a_401_from_harvester_marks_the_credentials_bad_naming_the_file() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     let path = bed.dir.path().join("bad-cloud-config");
     std::fs::write(&path, token_kubeconfig(&bed, "not-a-valid-token")).unwrap();
     let h = Harvester::load_with(&path, None, RELOAD)
@@ -124,7 +124,7 @@ async fn a_401_from_harvester_marks_the_credentials_bad_naming_the_file() {
 
 #[tokio::test]
 async fn the_expiry_of_a_service_account_token_is_exported_and_warned_about() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     let c = bed.harvester.client.clone();
     let sas: Api<ServiceAccount> = Api::namespaced(c.clone(), &bed.vm_namespace);
     sas.create(
@@ -192,7 +192,7 @@ subjects: [{{kind: ServiceAccount, name: {name}, namespace: {ns}}}]
 "#,
         ns = bed.vm_namespace
     );
-    testbed::apply::apply_yaml(&bed.harvester.client, &yaml, &bed.vm_namespace)
+    testbed::bed::apply::apply_yaml(&bed.harvester.client, &yaml, &bed.vm_namespace)
         .await
         .expect("service account and RBAC");
     let sas: Api<ServiceAccount> = Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);
@@ -207,7 +207,7 @@ subjects: [{{kind: ServiceAccount, name: {name}, namespace: {ns}}}]
 
 #[tokio::test]
 async fn a_new_service_account_token_is_used_after_the_old_one_is_revoked() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     let old = reader_token(&bed, "ccm-old").await;
     let new = reader_token(&bed, "ccm-new").await;
     let path = bed.dir.path().join("sa-rotation");

@@ -13,16 +13,9 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::Api;
 use testbed::sim::GuestVm;
 use testbed::sim::virt_api::{GUEST_OS_INFO, VMI_NO_AGENT, VMI_NOT_RUNNING};
-use testbed::{BedOptions, TestBed, wait};
+use testbed::{TestBed, util::wait};
 
 const LIMIT: Duration = Duration::from_secs(20);
-
-async fn bed() -> TestBed {
-    match TestBed::start(BedOptions::default()).await {
-        Ok(bed) => bed,
-        Err(e) => panic!("the test bed must start for this test: {e}"),
-    }
-}
 
 fn start_ccm(bed: &TestBed) -> Running {
     let cloud_config = bed.cloud_config.to_string_lossy().to_string();
@@ -117,7 +110,7 @@ async fn warning(bed: &TestBed, node: &str, reason: &str) -> Event {
 
 #[tokio::test]
 async fn contract_guestosinfo_names_the_node_the_guest_agent_reports() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     bed.sim
         .create_host("harvester-1", Some("region-a"), Some("zone-1"))
         .await
@@ -162,7 +155,7 @@ async fn contract_guestosinfo_names_the_node_the_guest_agent_reports() {
 
 #[tokio::test]
 async fn contract_guestosinfo_refusals_are_virt_api_s_and_the_provider_stays_correct() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     bed.sim
         .create_host("harvester-1", Some("region-a"), Some("zone-1"))
         .await
@@ -252,8 +245,8 @@ async fn contract_guestosinfo_refusals_are_virt_api_s_and_the_provider_stays_cor
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contract_guestosinfo_asks_the_real_guest_agent() {
     use std::sync::Arc;
-    use testbed::vm::{Vm, VmOptions};
-    let bed = bed().await;
+    use testbed::real::vm::{Vm, VmOptions};
+    let bed = TestBed::started().await;
     bed.sim
         .create_host("harvester-1", Some("region-a"), Some("zone-1"))
         .await

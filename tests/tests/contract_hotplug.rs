@@ -8,7 +8,7 @@
 //! - under the declarative gate alone, KubeVirt hot-plugs nothing into a VM whose
 //!   `updateVolumesStrategy` is `Migration`: publish must say so, not wait out its bound.
 
-mod csi_common;
+use testbed::suites::csi as csi_common;
 
 use std::time::{Duration, Instant};
 

@@ -11,7 +11,7 @@
 //!   webhook, `AdmitHotplugStorage`): the VMI never gets the volume;
 //! - the CSI driver's own publish passes the webhooks under both gate sets.
 
-mod csi_common;
+use testbed::suites::csi as csi_common;
 
 use std::time::Duration;
 
@@ -22,7 +22,7 @@ use kube::api::Api;
 use serde_json::json;
 use testbed::sim::kubevirt_webhook::{STATUS_WEBHOOK, VM_WEBHOOK, VMI_UPDATE_PATH};
 use testbed::sim::virt_api::Gates;
-use testbed::{BedOptions, TestBed, wait};
+use testbed::{BedOptions, TestBed, util::wait};
 
 fn options(mode: HotplugMode, gates: Gates) -> BedOptions {
     BedOptions {

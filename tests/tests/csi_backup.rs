@@ -4,8 +4,7 @@
 //! controllers and copies the loop-device data to and from a backup-target directory, and the
 //! node plugin stages the restored volume with real mkfs/mount. Tests named `_root` need root.
 
-#[path = "csi_common.rs"]
-mod common;
+use testbed::suites::csi as common;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -31,7 +30,8 @@ use tonic::Code;
 //   VolumeRemoteBackup / VolumeRemoteRestore, `spec.type` enum `lh`, `spec.source`, `spec.from`,
 //   `status.success`, `status.sourceSpec` (a PersistentVolumeClaimSpec).
 // - harvester/harvester-csi-driver `pkg/csi/controller_server.go` as recorded in
-//   shared/reference/harvester-csi-contract.md §1.4 "Snapshots" and "CreateVolume" step 3:
+//   https://github.com/harvester/harvester-csi-driver/blob/97b6c358/pkg/csi/controller_server.go
+//   (CreateVolume from a snapshot source, CreateSnapshot with `type: backup`):
 //   label `harvesterhci.io/backupSourceVolume=<volume>`, snapshot ID `backup:<ns>/<name>`,
 //   parameter `type: backup`, VRR named like the volume with `from: "<ns>/<name>"`.
 // - harvester/harvester `pkg/volumeremotebackup/longhorn/restore.go` (createPVCFromSnapshot): the
@@ -75,16 +75,7 @@ async fn delete_snapshot(d: &Driver, id: &str) -> Result<(), tonic::Status> {
 }
 
 fn from_snapshot(name: &str, size: u64, snapshot_id: &str) -> CreateVolumeRequest {
-    CreateVolumeRequest {
-        volume_content_source: Some(VolumeContentSource {
-            r#type: Some(volume_content_source::Type::Snapshot(
-                volume_content_source::SnapshotSource {
-                    snapshot_id: snapshot_id.into(),
-                },
-            )),
-        }),
-        ..create_request(name, size, &mount_cap("ext4"))
-    }
+    common::from_snapshot(create_request(name, size, &mount_cap("ext4")), snapshot_id)
 }
 
 fn vrbs(bed: &TestBed) -> Api<DynamicObject> {
@@ -127,7 +118,7 @@ async fn gone<K>(what: &str, api: &Api<K>, name: &str)
 where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
 {
-    testbed::wait::until(what, Duration::from_secs(60), || async {
+    testbed::util::wait::until(what, Duration::from_secs(60), || async {
         let o = api.get_opt(name).await.map_err(|e| e.to_string())?;
         Ok(o.map_or(Ok(()), |o| Err(o.meta().deletion_timestamp.clone())))
     })
@@ -362,7 +353,7 @@ async fn a_backup_restores_its_data_into_a_new_volume_root() {
         .await
         .expect("DeleteSnapshot");
     gone("the VRB deleted", &vrbs(&bed), &vrb_name).await;
-    testbed::wait::until("the backup copy removed", Duration::from_secs(30), || {
+    testbed::util::wait::until("the backup copy removed", Duration::from_secs(30), || {
         let copy = copy.clone();
         async move { Ok(if copy.exists() { Err(copy) } else { Ok(()) }) }
     })
@@ -447,7 +438,7 @@ async fn running_backups_and_restores_are_not_ready_then_ready() {
     );
 
     // The external-snapshotter asks again until it is ready.
-    let ready = testbed::wait::until("the backup ready", Duration::from_secs(60), || {
+    let ready = testbed::util::wait::until("the backup ready", Duration::from_secs(60), || {
         let mut c = d.controller();
         let id = vol.volume_id.clone();
         async move {
@@ -489,7 +480,7 @@ async fn running_backups_and_restores_are_not_ready_then_ready() {
         "{}",
         running.message()
     );
-    let restored = testbed::wait::until("the restore done", Duration::from_secs(60), || {
+    let restored = testbed::util::wait::until("the restore done", Duration::from_secs(60), || {
         let mut c = d.controller();
         let id = ready.snapshot_id.clone();
         async move {

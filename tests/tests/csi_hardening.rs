@@ -4,8 +4,7 @@
 //! and non-graceful node shutdown. Real loop devices, mkfs and mounts; tests named `_root` need
 //! root.
 
-#[path = "csi_common.rs"]
-mod common;
+use testbed::suites::csi as common;
 
 use std::path::Path;
 use std::process::Command;
@@ -223,8 +222,8 @@ async fn relative_and_unclean_paths_are_refused_before_anything_is_mounted_root(
         );
     }
     assert!(
-        testbed::mounts::mounts_under(&dir).is_empty()
-            && testbed::mounts::mounts_under(&cwd).is_empty(),
+        testbed::real::mounts::mounts_under(&dir).is_empty()
+            && testbed::real::mounts::mounts_under(&cwd).is_empty(),
         "nothing mounted"
     );
     // A symbolic link as the target would make the plugin mount (or unmount) where it points.
@@ -245,7 +244,7 @@ async fn relative_and_unclean_paths_are_refused_before_anything_is_mounted_root(
     );
     unpublish_and_unstage(&d, &v).await;
     detach_and_delete(&d, &v).await;
-    assert!(testbed::mounts::mounts_under(&dir).is_empty());
+    assert!(testbed::real::mounts::mounts_under(&dir).is_empty());
     d.stop().await;
 }
 
@@ -446,7 +445,7 @@ async fn deleting_a_published_volume_fails_naming_the_node() {
     );
     detach_and_delete(&d, &v).await;
     // Unpublished, the delete goes through: the stand-in's pvc-protection releases the claim.
-    testbed::wait::until("the PVC to go", Duration::from_secs(30), || {
+    testbed::util::wait::until("the PVC to go", Duration::from_secs(30), || {
         let api = pvcs(&bed);
         let id = v.id.clone();
         async move {
@@ -462,16 +461,7 @@ async fn deleting_a_published_volume_fails_naming_the_node() {
 }
 
 fn clone_request(name: &str, size: u64, source: &str) -> CreateVolumeRequest {
-    CreateVolumeRequest {
-        volume_content_source: Some(VolumeContentSource {
-            r#type: Some(volume_content_source::Type::Volume(
-                volume_content_source::VolumeSource {
-                    volume_id: source.into(),
-                },
-            )),
-        }),
-        ..create_request(name, size, &mount_cap("ext4"))
-    }
+    common::from_volume(create_request(name, size, &mount_cap("ext4")), source)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -532,7 +522,7 @@ async fn a_clone_holds_its_sources_data_root() {
         (ds.kind.as_str(), ds.name.as_str(), ds.api_group),
         ("PersistentVolumeClaim", src.id.as_str(), None)
     );
-    testbed::wait::until("the clone copy", Duration::from_secs(60), || {
+    testbed::util::wait::until("the clone copy", Duration::from_secs(60), || {
         let api = pvcs(&bed);
         let id = clone.volume_id.clone();
         async move {

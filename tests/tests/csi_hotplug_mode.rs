@@ -5,7 +5,7 @@
 //! spec patch); the driver still requires `server-version` to be readable, as upstream does. The
 //! rest of the CSI suite runs under each gate set from `make test` (`TESTBED_HOTPLUG`).
 
-mod csi_common;
+use testbed::suites::csi as csi_common;
 
 use std::time::{Duration, Instant};
 
@@ -284,7 +284,7 @@ async fn a_declarative_patch_on_a_changed_vm_is_refused_whole_and_retried_never_
 
 /// `/readyz` of the driver on `port`: (status, body).
 async fn readyz(port: u16) -> (u16, String) {
-    testbed::scrape::get(port, "/readyz")
+    testbed::util::scrape::get(port, "/readyz")
         .await
         .unwrap_or_else(|e| panic!("GET /readyz: {e}"))
 }
@@ -307,7 +307,7 @@ async fn wait_readyz(port: u16, want_ok: bool, what: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_mode_follows_server_version_and_an_unreadable_setting_fails_loudly() {
     let bed = bed_with_vm_and(opts(HotplugMode::Subresource)).await;
-    let port = testbed::process::free_port().expect("a free port");
+    let port = testbed::util::process::free_port().expect("a free port");
     let d = Driver::start(&bed, |c| {
         c.metrics_address = Some(([127, 0, 0, 1], port).into());
     })

@@ -1,8 +1,7 @@
 //! The node plugin against real devices: loop-device volumes hot-plugged by the test bed's
 //! virt-api stand-in, real mkfs/mount, the driver in-process. Tests named `_root` need root.
 
-#[path = "csi_common.rs"]
-mod common;
+use testbed::suites::csi as common;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -43,7 +42,7 @@ async fn data_survives_unstage_and_restage_root() {
     unpublish_and_unstage(&d, &v).await;
     assert!(!v.target.exists(), "NodeUnpublishVolume removes the target");
     assert!(
-        testbed::mounts::mounts_under(&dir).is_empty(),
+        testbed::real::mounts::mounts_under(&dir).is_empty(),
         "nothing mounted after unstage"
     );
 
@@ -241,22 +240,10 @@ async fn a_snapshot_restores_the_data_and_mounts_beside_its_xfs_source_root() {
 
     let restored = d
         .controller()
-        .create_volume(CreateVolumeRequest {
-            name: "pvc-snap-restored".into(),
-            capacity_range: Some(CapacityRange {
-                required_bytes: 320 << 20,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![mount_cap("xfs")],
-            volume_content_source: Some(VolumeContentSource {
-                r#type: Some(volume_content_source::Type::Snapshot(
-                    volume_content_source::SnapshotSource {
-                        snapshot_id: snap.snapshot_id.clone(),
-                    },
-                )),
-            }),
-            ..Default::default()
-        })
+        .create_volume(common::from_snapshot(
+            common::create_request("pvc-snap-restored", 320 << 20, &mount_cap("xfs")),
+            &snap.snapshot_id,
+        ))
         .await
         .expect("CreateVolume from the snapshot")
         .into_inner()
@@ -268,7 +255,7 @@ async fn a_snapshot_restores_the_data_and_mounts_beside_its_xfs_source_root() {
         bed.harvester.client.clone(),
         &bed.vm_namespace,
     );
-    testbed::wait::until("the restore copy", Duration::from_secs(60), || {
+    testbed::util::wait::until("the restore copy", Duration::from_secs(60), || {
         let pvcs = pvcs.clone();
         let id = restored.volume_id.clone();
         async move {

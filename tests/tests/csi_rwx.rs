@@ -1,12 +1,11 @@
 //! RWX filesystem volumes through Longhorn's share manager, end to end on real kernels: the
 //! stand-in plays networkfs-manager with a real NFS server (nfs-ganesha on the host's loopback,
-//! `testbed::nfs`), and the NFS mounts run in two QEMU guests (the host kernel has no NFS
+//! `testbed::real::nfs`), and the NFS mounts run in two QEMU guests (the host kernel has no NFS
 //! client), each running our node plugin (binary through 9p, reached over a forwarded port); the
 //! controller runs on the host. One story over two guests (a boot is the expensive part), and the
 //! bad-input checks, which need no guest.
 
-#[path = "csi_common.rs"]
-mod common;
+use testbed::suites::csi as common;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -26,10 +25,10 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use kube::Api;
 use serde_json::json;
+use testbed::real::vm::{GUEST_SHARE, HOST_FROM_GUEST, Vm, VmOptions};
 use testbed::sim::GuestVm;
 use testbed::sim::networkfs::{self, NetworkFs};
-use testbed::vm::{GUEST_SHARE, HOST_FROM_GUEST, Vm, VmOptions};
-use testbed::{TestBed, wait};
+use testbed::{TestBed, util::wait};
 use tonic::transport::Channel;
 
 /// The node plugin's port in each guest.
@@ -127,7 +126,7 @@ impl AsRef<Channel> for GuestPlugin {
 /// reaches it) into the guest's 9p share.
 fn share_plugin(bed: &TestBed, vm: &Vm) {
     std::fs::copy(
-        testbed::process::built_binary("harvester-csi-driver"),
+        testbed::util::process::built_binary("harvester-csi-driver"),
         vm.share.join("harvester-csi-driver"),
     )
     .expect("copying the driver into the share");
@@ -377,7 +376,7 @@ async fn boot(bed: &TestBed, name: &str) -> Arc<Vm> {
 /// on the host) and the controller; the node plugin is the test's to start.
 async fn one_guest(name: &str) -> (TestBed, Arc<NetworkFs>, Arc<Vm>, Driver) {
     let bed = common::bed().await;
-    common::install_default_storage_class(&bed).await;
+    let bed = bed.with_default_storage_class().await;
     create_class(&bed, RWX_CLASS, upstream::LONGHORN_PROVISIONER, json!({})).await;
     bed.sim
         .create_host("harvester-1", None, None)
@@ -397,7 +396,7 @@ async fn rwx_volume_shared_by_two_guests_root() {
     assert_root();
     let t0 = Instant::now();
     let bed = common::bed().await;
-    common::install_default_storage_class(&bed).await;
+    let bed = bed.with_default_storage_class().await;
     create_class(
         &bed,
         RWX_CLASS,
@@ -487,7 +486,8 @@ async fn rwx_volume_shared_by_two_guests_root() {
         fs.nfs.exports()
     );
     assert!(
-        !a.is_plugged(&testbed::vm::device_id(&id)) && !b.is_plugged(&testbed::vm::device_id(&id)),
+        !a.is_plugged(&testbed::real::vm::device_id(&id))
+            && !b.is_plugged(&testbed::real::vm::device_id(&id)),
         "an RWX volume is never hot-plugged"
     );
 
@@ -747,7 +747,7 @@ async fn rwx_volume_shared_by_two_guests_root() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rwx_bad_input_is_invalid_argument() {
     let bed = common::bed().await;
-    common::install_default_storage_class(&bed).await;
+    let bed = bed.with_default_storage_class().await;
     create_class(&bed, "nfs-other", "nfs.csi.k8s.io", json!({})).await;
     create_class(&bed, RWX_CLASS, upstream::LONGHORN_PROVISIONER, json!({})).await;
     let ctrl = Driver::start(&bed, |c| c.mode = Mode::Controller).await;
@@ -971,7 +971,7 @@ async fn wait_state(bed: &TestBed, pv: &str, state: &str, limit: Duration) {
 /// stand-in (`rwx-a`, `rwx-b`, no guest kernel) and networkfs-manager's part running.
 async fn two_stand_in_vms(class: &str, params: serde_json::Value) -> (TestBed, Arc<NetworkFs>) {
     let bed = common::bed().await;
-    common::install_default_storage_class(&bed).await;
+    let bed = bed.with_default_storage_class().await;
     create_class(&bed, class, upstream::LONGHORN_PROVISIONER, params).await;
     bed.sim
         .create_host("harvester-1", None, None)

@@ -5,8 +5,7 @@
 //! the specs that create, stage, publish and expand volumes, with odd sizes (1 byte: the
 //! 10 MiB minimum; 1 GiB + 1 byte: the 2 MiB step) and the whole suite in random order.
 
-#[path = "csi_common.rs"]
-mod common;
+use testbed::suites::csi as common;
 
 use std::io::Write;
 use std::path::Path;
@@ -51,7 +50,7 @@ const EXACT_SIZE_SKIP: &str = "--ginkgo.skip=already existing name and different
 
 /// Runs csi-sanity and returns (exit success, full output).
 async fn csi_sanity(socket: &Path, work: &Path, v: &Variant) -> (bool, String) {
-    let bin = testbed::tools::tool("csi-sanity").unwrap_or_else(|e| panic!("{e}"));
+    let bin = testbed::util::tools::tool("csi-sanity").unwrap_or_else(|e| panic!("{e}"));
     let out = tokio::process::Command::new(&bin)
         .arg(format!("--csi.endpoint={}", socket.display()))
         .arg(format!(

@@ -2,12 +2,10 @@
 //! rendered objects hold (the upstream-compatible shape and our flags), and a real API server
 //! accepting every rendered object (server-side apply, dryRun=All).
 
-mod deploy_common;
-
 use std::collections::BTreeSet;
 
-use deploy_common::*;
 use serde_json::{Value, json};
+use testbed::suites::deploy::*;
 
 fn strs(v: &Value) -> Vec<String> {
     v.as_array()
@@ -357,7 +355,8 @@ fn csi_chart_renders_controller_with_driver_node_plugin_csidriver_and_classes() 
     );
     assert_eq!(ctrl["spec"]["replicas"], 3, "upstream's default");
     // Sidecar images no older than upstream's: harvester/charts charts/harvester-csi-driver
-    // values.yaml at master 48a577b7 (../shared/reference/upstream-charts-facts.md).
+    // values.yaml at master 48a577b7
+    // (https://github.com/harvester/charts/blob/48a577b7/charts/harvester-csi-driver/values.yaml).
     for (name, image) in [
         (
             "csi-provisioner",

@@ -7,12 +7,10 @@
 //!
 //! Needs helm (tests/scripts/tools.sh): `cargo test -p testbed --test deploy_images`.
 
-mod deploy_common;
-
 use std::path::Path;
 
-use deploy_common::*;
 use serde_json::{Value, json};
+use testbed::suites::deploy::*;
 
 /// The value naming our image in each chart.
 const OWN_IMAGE: [(&str, &str); 2] = [
@@ -166,7 +164,7 @@ fn system_default_registry_prefixes_every_image() {
         for i in &ours {
             assert_eq!(
                 *i,
-                format!("team/{chart}:{}", testbed::images::release::VERSION),
+                format!("team/{chart}:{}", testbed::real::images::release::VERSION),
                 "{chart}"
             );
         }
@@ -258,7 +256,7 @@ fn the_default_tag_is_the_version_make_images_tags() {
         let app: Value = serde_saphyr::from_str(&text).expect("Chart.yaml YAML");
         assert_eq!(
             app["appVersion"],
-            testbed::images::release::VERSION,
+            testbed::real::images::release::VERSION,
             "{chart}: appVersion and the workspace version (the tag of `make images`) differ"
         );
     }

@@ -4,8 +4,6 @@
 //! servers' own authorization metrics, so a refusal the program swallowed still counts).
 //! The converse, a missing verb failing with a clear Forbidden: deploy_rbac_forbidden.rs.
 
-mod deploy_common;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -14,7 +12,6 @@ use csi_proto::csi::v1::node_client::NodeClient;
 use csi_proto::csi::v1::volume_capability::access_mode::Mode;
 use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
 use csi_proto::csi::v1::*;
-use deploy_common::*;
 use harvester_cloud_provider::Config;
 use harvester_cloud_provider::leader::{LeaderConfig, run_as_leader};
 use harvester_cloud_provider::node::patch::SHUTDOWN_TAINT;
@@ -29,18 +26,14 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node, Service};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
+use testbed::csi_client::{create_request, from_snapshot, mount_cap};
 use testbed::sim::GuestVm;
-use testbed::{BedOptions, TestBed, wait};
+use testbed::suites::deploy::*;
+use testbed::{TestBed, util::wait};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
 const LIMIT: Duration = Duration::from_secs(30);
-
-async fn bed() -> TestBed {
-    TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("the test bed must start for this test: {e}"))
-}
 
 async fn until<T, S: std::fmt::Debug, F, Fut>(what: &str, probe: F) -> T
 where
@@ -84,7 +77,7 @@ async fn node_until(bed: &TestBed, what: &str, check: impl Fn(Option<&Node>) -> 
 
 #[tokio::test]
 async fn cloud_provider_runs_node_and_load_balancer_flows_with_only_the_documented_rbac() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     bed.sim
         .create_host("harvester-1", Some("region-a"), Some("zone-1"))
         .await
@@ -275,7 +268,7 @@ async fn cloud_provider_runs_node_and_load_balancer_flows_with_only_the_document
 
 #[tokio::test]
 async fn cloud_provider_leader_election_fits_the_chart_role() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     let chart = ccm_chart();
     let harvester_docs = harvester_rbac_of(&bed.vm_namespace, HARVESTER_CCM_ROLES);
     let accounts = accounts(&bed, &chart, Some(CCM_SA), &harvester_docs).await;
@@ -353,24 +346,11 @@ async fn cloud_provider_leader_election_fits_the_chart_role() {
     assert_eq!(refusals(&bed).await, before, "no Forbidden answer");
 }
 
-fn mount_cap() -> VolumeCapability {
-    VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: "ext4".into(),
-            ..Default::default()
-        })),
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-    }
-}
-
 /// The CSI driver in-process on a socket in the bed's directory, with `cloud_config`, in `mode`
 /// (as the chart's pods run it: `controller` in the Deployment, `node` in the DaemonSet).
 struct Driver {
     channel: Channel,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<Result<(), harvester_csi_driver::ServeError>>,
+    running: harvester_csi_driver::Running,
 }
 
 impl Driver {
@@ -386,13 +366,10 @@ impl Driver {
         config.mode = mode;
         config.node_id = node_id.map(String::from);
         config.disk_by_id_dir = bed.sim.by_id_dir("worker-1");
-        let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(harvester_csi_driver::serve(config, async {
-            let _ = rx.await;
-        }));
+        let running = harvester_csi_driver::spawn(config);
         until("the driver's socket", || {
             let socket = socket.clone();
-            let finished = task.is_finished();
+            let finished = running.is_finished();
             async move {
                 if finished {
                     return Err("the driver ended while starting".to_string());
@@ -404,19 +381,12 @@ impl Driver {
         let channel = harvester_csi_driver::connect(&socket)
             .await
             .expect("connecting to the driver");
-        Driver {
-            channel,
-            stop: Some(tx),
-            task,
-        }
+        Driver { channel, running }
     }
 
-    async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        match tokio::time::timeout(Duration::from_secs(20), &mut self.task).await {
-            Ok(Ok(Ok(()))) => {}
+    async fn stop(self) {
+        match tokio::time::timeout(Duration::from_secs(20), self.running.stop()).await {
+            Ok(Ok(())) => {}
             other => panic!("the driver did not stop cleanly: {other:?}"),
         }
     }
@@ -441,27 +411,15 @@ async fn harvester_storage_class(bed: &TestBed) {
 
 /// CreateVolume `name` (128 MiB, mount) from snapshot `snapshot_id`.
 fn restore_request(name: &str, snapshot_id: &str) -> CreateVolumeRequest {
-    CreateVolumeRequest {
-        name: name.into(),
-        capacity_range: Some(CapacityRange {
-            required_bytes: 128 << 20,
-            limit_bytes: 0,
-        }),
-        volume_capabilities: vec![mount_cap()],
-        volume_content_source: Some(VolumeContentSource {
-            r#type: Some(volume_content_source::Type::Snapshot(
-                volume_content_source::SnapshotSource {
-                    snapshot_id: snapshot_id.into(),
-                },
-            )),
-        }),
-        ..Default::default()
-    }
+    from_snapshot(
+        create_request(name, 128 << 20, &mount_cap("ext4")),
+        snapshot_id,
+    )
 }
 
 #[tokio::test]
 async fn csi_controller_runs_the_volume_flow_with_only_the_documented_harvester_role() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     harvester_storage_class(&bed).await;
     bed.sim
         .create_host("harvester-1", Some("region-a"), Some("zone-1"))
@@ -491,14 +449,8 @@ async fn csi_controller_runs_the_volume_flow_with_only_the_documented_harvester_
     let params = HashMap::from([("hostStorageClass".to_string(), "harvester-longhorn".into())]);
     let vol = c
         .create_volume(CreateVolumeRequest {
-            name: "pvc-rbac-proof".into(),
-            capacity_range: Some(CapacityRange {
-                required_bytes: 64 << 20,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![mount_cap()],
             parameters: params,
-            ..Default::default()
+            ..create_request("pvc-rbac-proof", 64 << 20, &mount_cap("ext4"))
         })
         .await
         .expect("CreateVolume")
@@ -512,7 +464,7 @@ async fn csi_controller_runs_the_volume_flow_with_only_the_documented_harvester_
         .controller_publish_volume(ControllerPublishVolumeRequest {
             volume_id: id.clone(),
             node_id: "worker-1".into(),
-            volume_capability: Some(mount_cap()),
+            volume_capability: Some(mount_cap("ext4")),
             ..Default::default()
         })
         .await
@@ -530,7 +482,7 @@ async fn csi_controller_runs_the_volume_flow_with_only_the_documented_harvester_
             required_bytes: 128 << 20,
             limit_bytes: 0,
         }),
-        volume_capability: Some(mount_cap()),
+        volume_capability: Some(mount_cap("ext4")),
         ..Default::default()
     })
     .await

@@ -2,15 +2,12 @@
 //! the documented RBAC and the flow fails, visibly, with a Forbidden that names the resource
 //! and the verb, where an operator looks (an Event on the object, or the CSI error).
 
-mod deploy_common;
-
 use std::time::Duration;
 
 use csi_proto::csi::v1::controller_client::ControllerClient;
 use csi_proto::csi::v1::volume_capability::access_mode::Mode;
 use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
 use csi_proto::csi::v1::*;
-use deploy_common::*;
 use harvester_cloud_provider::Config;
 use harvester_cloud_provider::node::patch::UNINITIALIZED_TAINT;
 use harvester_common::harvester::{HotplugMode, IPPool};
@@ -18,30 +15,10 @@ use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
-use testbed::sim::GuestVm;
-use testbed::{BedOptions, TestBed, wait};
-use tokio::sync::oneshot;
+use testbed::suites::deploy::*;
+use testbed::{TestBed, util::wait};
 
 const LIMIT: Duration = Duration::from_secs(30);
-
-async fn bed_with_vm() -> TestBed {
-    let bed = TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("the test bed must start for this test: {e}"));
-    bed.sim
-        .create_host("harvester-1", Some("region-a"), Some("zone-1"))
-        .await
-        .expect("host");
-    bed.sim
-        .create_vm(
-            &GuestVm::new("worker-1")
-                .on_host("harvester-1")
-                .ip("10.52.0.11"),
-        )
-        .await
-        .expect("vm");
-    bed
-}
 
 /// Waits for a Warning Event with `reason` about `name` (in `namespace`) whose note mentions
 /// `text`, and returns the note.
@@ -86,7 +63,7 @@ async fn warning(bed: &TestBed, namespace: &str, name: &str, reason: &str, text:
 
 #[tokio::test]
 async fn without_patch_on_nodes_the_node_stays_tainted_with_a_forbidden_event() {
-    let bed = bed_with_vm().await;
+    let bed = TestBed::started().await.with_vm("worker-1").await;
     let mut chart = ccm_chart();
     revoke(
         &mut chart,
@@ -128,7 +105,7 @@ async fn without_patch_on_nodes_the_node_stays_tainted_with_a_forbidden_event() 
 
 #[tokio::test]
 async fn without_update_on_loadbalancers_the_service_gets_a_forbidden_event() {
-    let bed = bed_with_vm().await;
+    let bed = TestBed::started().await.with_vm("worker-1").await;
     Api::<IPPool>::all(bed.harvester.client.clone())
         .create(
             &PostParams::default(),
@@ -220,7 +197,7 @@ async fn without_update_on_addvolume_publish_on_harvester_1_8_fails_naming_the_s
 /// On a Harvester whose hot-plug is `mode`, the controller with the documented RBAC minus
 /// `(group, resource, verb)` fails ControllerPublishVolume with PERMISSION_DENIED saying `says`.
 async fn publish_fails_without(mode: HotplugMode, revoked: (&str, &str, &str), says: &str) {
-    let bed = bed_with_vm().await;
+    let bed = TestBed::started().await.with_vm("worker-1").await;
     bed.sim
         .set_hotplug_mode(mode)
         .await
@@ -242,10 +219,7 @@ async fn publish_fails_without(mode: HotplugMode, revoked: (&str, &str, &str), s
         &accounts.cloud_config,
     );
     config.mode = harvester_csi_driver::Mode::Controller;
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(harvester_csi_driver::serve(config, async {
-        let _ = stopped.await;
-    }));
+    let driver = harvester_csi_driver::spawn(config);
     wait::until("the driver's socket", LIMIT, || {
         let exists = socket.exists();
         async move { Ok(if exists { Ok(()) } else { Err(()) }) }
@@ -267,15 +241,11 @@ async fn publish_fails_without(mode: HotplugMode, revoked: (&str, &str, &str), s
         }),
     };
     let vol = c
-        .create_volume(CreateVolumeRequest {
-            name: "pvc-forbidden".into(),
-            capacity_range: Some(CapacityRange {
-                required_bytes: 64 << 20,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![cap.clone()],
-            ..Default::default()
-        })
+        .create_volume(testbed::csi_client::create_request(
+            "pvc-forbidden",
+            64 << 20,
+            &cap,
+        ))
         .await
         .expect("CreateVolume is still allowed")
         .into_inner()
@@ -304,6 +274,5 @@ async fn publish_fails_without(mode: HotplugMode, revoked: (&str, &str, &str), s
             err.code()
         );
     }
-    let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(20), task).await;
+    let _ = tokio::time::timeout(Duration::from_secs(20), driver.stop()).await;
 }

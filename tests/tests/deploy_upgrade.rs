@@ -5,16 +5,14 @@
 //! our charts add renders the same when absent (what --reuse-values gives the templates), the
 //! values schema, and a Secret as the cloud-config source.
 
-mod deploy_common;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use deploy_common::*;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use kube::api::Api;
 use serde_json::{Value, json};
+use testbed::suites::deploy::*;
 
 /// What RKE2 sets on every chart it bundles, through helm-controller's `--set-string`
 /// (rancher/rke2 pkg/bootstrap/bootstrap.go, setChartValues, read at 71633512).
@@ -33,7 +31,7 @@ const RKE2_SET_STRING: &[&str] = &[
 ];
 
 /// The values Rancher's node driver gives the cloud provider chart (its managed HelmChartConfig
-/// kube-system/harvester-cloud-provider; ../shared/reference/upstream-charts-facts.md), plus an
+/// kube-system/harvester-cloud-provider; docs/install.md, "RKE2 made by Rancher"), plus an
 /// upstream-documented flag in extraArgs (the cluster's spec.rkeConfig.chartValues).
 const RANCHER_CCM_VALUES: &str = "\
 cloudConfigPath: /var/lib/rancher/rke2/etc/config-files/cloud-provider-config

@@ -1,6 +1,6 @@
 //! `harvester_dhcp` against a real dnsmasq in a network namespace (root).
 //!
-//! Each test makes its own pair of namespaces (see `testbed::netns`), leases addresses for
+//! Each test makes its own pair of namespaces (see `testbed::real::netns`), leases addresses for
 //! synthetic MACs that no interface has, and checks dnsmasq's lease file and log.
 
 use std::net::Ipv4Addr;
@@ -11,7 +11,7 @@ use harvester_dhcp::{
     self as dhcp, Backoff, DhcpError, DhcpOptions, Lease, LeaseEvent, Maintainer, format_mac,
     mac_for,
 };
-use testbed::netns::{DhcpNet, LEASE_SECS, LeaseLine, RANGE, SERVER_IP};
+use testbed::real::netns::{DhcpNet, LEASE_SECS, LeaseLine, RANGE, SERVER_IP};
 
 fn assert_root() {
     assert!(

@@ -13,8 +13,8 @@
 //! with no Lease flags, no metrics flags and the in-cluster guest config (here `KUBECONFIG` in the
 //! environment, which is not a flag) — only the files' paths differ (the bed's cloud-config).
 
-mod chaos_common;
-mod csi_common;
+use testbed::suites::chaos as chaos_common;
+use testbed::suites::csi as csi_common;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -28,7 +28,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testbed::sim::GuestVm;
-use testbed::{TestBed, scrape, wait};
+use testbed::{TestBed, util::scrape, util::wait};
 
 /// Upstream's HTTPS port (k8s.io/cloud-provider `--secure-port` default; no flag in upstream's
 /// chart), where `/readyz` is open without a token: one provider at a time in this file.
@@ -50,14 +50,16 @@ struct Provider {
 
 impl Provider {
     fn start(bed: &TestBed, args: &[String]) -> Provider {
-        let mut child = Command::new(testbed::process::built_binary("harvester-cloud-provider"))
-            .args(args)
-            .env("KUBECONFIG", &bed.guest.kubeconfig)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start the binary");
-        let logs = testbed::process::collect_lines(child.stderr.take().unwrap());
+        let mut child = Command::new(testbed::util::process::built_binary(
+            "harvester-cloud-provider",
+        ))
+        .args(args)
+        .env("KUBECONFIG", &bed.guest.kubeconfig)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the binary");
+        let logs = testbed::util::process::collect_lines(child.stderr.take().unwrap());
         Provider { child, logs }
     }
 

@@ -6,8 +6,7 @@
 //! One VM per test, each test a story over its VM (a boot is the expensive part); the two tests
 //! take turns so that only one guest runs at a time on the 2-core machine.
 
-#[path = "csi_common.rs"]
-mod common;
+use testbed::suites::csi as common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,9 +24,9 @@ use harvester_csi_driver::Mode;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
+use testbed::real::vm::{GUEST_SHARE, HOST_FROM_GUEST, Vm, VmOptions};
 use testbed::sim::GuestVm;
-use testbed::vm::{GUEST_SHARE, HOST_FROM_GUEST, Vm, VmOptions};
-use testbed::{TestBed, wait};
+use testbed::{TestBed, util::wait};
 use tonic::transport::Channel;
 
 /// The node plugin's port in the guest.
@@ -49,7 +48,7 @@ fn say(line: &str) {
 async fn bed_with_real_vm(opts: VmOptions) -> (TestBed, Arc<Vm>) {
     assert_root();
     let bed = common::bed().await;
-    common::install_default_storage_class(&bed).await;
+    let bed = bed.with_default_storage_class().await;
     bed.sim
         .create_host("harvester-1", Some("region-a"), Some("zone-1"))
         .await
@@ -84,8 +83,11 @@ struct GuestPlugin {
 async fn start_plugin(bed: &TestBed, vm: &Vm, run: usize, mode: &str, extra: &str) -> GuestPlugin {
     let bin = vm.share.join("harvester-csi-driver");
     if !bin.exists() {
-        std::fs::copy(testbed::process::built_binary("harvester-csi-driver"), &bin)
-            .expect("copying the driver into the share");
+        std::fs::copy(
+            testbed::util::process::built_binary("harvester-csi-driver"),
+            &bin,
+        )
+        .expect("copying the driver into the share");
     }
     let cloud_config = std::fs::read_to_string(&bed.cloud_config)
         .expect("cloud-config")
@@ -524,7 +526,7 @@ fn path_commands(bed: &TestBed, vm: &Vm) -> PathCommands {
 
 /// csi-sanity with the node plugin in the guest and the controller on the host.
 async fn csi_sanity(bed: &TestBed, vm: &Vm, ctrl: &Driver, access_type: &str) {
-    let bin = testbed::tools::tool("csi-sanity").unwrap_or_else(|e| panic!("{e}"));
+    let bin = testbed::util::tools::tool("csi-sanity").unwrap_or_else(|e| panic!("{e}"));
     let port = vm.host_port(CSI_PORT).expect("port");
     // The staging and target paths are made in the guest (path commands); their parent exists
     // on the host too, where csi-sanity's own code looks.

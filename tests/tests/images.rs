@@ -1,9 +1,9 @@
-//! The real node's images (`testbed::images`): every image is built as an OCI image layout
+//! The real node's images (`testbed::real::images`): every image is built as an OCI image layout
 //! archive with the right name, entrypoint and layer; a containerd of its own imports them all; and the
 //! images run: each program in its image prints what the same program prints on the host (so
 //! every library it loads is in the image), and the pause image exits 0 on SIGTERM as PID 1.
 //!
-//! The release images of `make images` (`testbed::images::release`, built here from the debug
+//! The release images of `make images` (`testbed::real::images::release`, built here from the debug
 //! binaries: the same code) are reproducible OCI archives skopeo copies, and containerd imports
 //! and runs them too.
 //!
@@ -16,10 +16,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use testbed::images::{self, Image, release};
-use testbed::mounts::MountSweeper;
-use testbed::node::{NodeDirs, containerd_config};
-use testbed::process::Proc;
+use testbed::real::images::{self, Image, release};
+use testbed::real::mounts::MountSweeper;
+use testbed::real::node::{NodeDirs, containerd_config};
+use testbed::util::process::Proc;
 
 /// A containerd of the test's own (the real node's config), stopped as pitfall 4 of
 /// `real-node.md` says: tasks killed first, containers removed, then mounts and cgroups swept.
@@ -59,7 +59,7 @@ impl Containerd {
                 start.elapsed() < Duration::from_secs(30),
                 "containerd's socket did not appear within 30s; log {}:\n{}",
                 proc.log.display(),
-                testbed::process::tail(&proc.log, 20)
+                testbed::util::process::tail(&proc.log, 20)
             );
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -452,9 +452,9 @@ fn images_build_import_and_run_root() {
 
     // Each program prints in its image what it prints on the host: same status, same output.
     // A library missing from the image would make the loader fail instead (status 127).
-    let ccm = testbed::process::built_binary("harvester-cloud-provider");
-    let csi = testbed::process::built_binary("harvester-csi-driver");
-    let tools = testbed::node::node_tools_dir().expect("node tools dir");
+    let ccm = testbed::util::process::built_binary("harvester-cloud-provider");
+    let csi = testbed::util::process::built_binary("harvester-csi-driver");
+    let tools = testbed::real::node::node_tools_dir().expect("node tools dir");
     let host = |p: &Path| p.display().to_string();
     let runs: Vec<(&Image, String, &str, Vec<&str>)> = vec![
         (
@@ -544,13 +544,13 @@ fn images_build_import_and_run_root() {
         ),
         (
             &set.registrar,
-            host(&testbed::process::built_binary("registrar")),
+            host(&testbed::util::process::built_binary("registrar")),
             "registrar",
             vec!["--version"],
         ),
         (
             &set.livenessprobe,
-            host(&testbed::process::built_binary("livenessprobe")),
+            host(&testbed::util::process::built_binary("livenessprobe")),
             "livenessprobe",
             vec!["--version"],
         ),
@@ -670,7 +670,7 @@ fn images_build_import_and_run_root() {
     let node_root: PathBuf = containerd.dirs.root.clone();
     drop(containerd);
     assert!(
-        testbed::mounts::mounts_under(&node_root).is_empty(),
+        testbed::real::mounts::mounts_under(&node_root).is_empty(),
         "mounts left under {}",
         node_root.display()
     );
@@ -678,7 +678,7 @@ fn images_build_import_and_run_root() {
 
 /// Where `cargo build --bins` put this profile's binaries (target/debug under `cargo test`).
 fn bin_dir() -> PathBuf {
-    testbed::process::built_binary("harvester-cloud-provider")
+    testbed::util::process::built_binary("harvester-cloud-provider")
         .parent()
         .expect("target/<profile>")
         .to_path_buf()
@@ -696,7 +696,7 @@ fn skopeo() -> Command {
     c
 }
 
-/// `make images` (`testbed images` -> `testbed::images::release`) from the debug binaries (the
+/// `make images` (`testbed images` -> `testbed::real::images::release`) from the debug binaries (the
 /// release build takes the same path), twice into two directories: the same archives byte for
 /// byte and the same digests; each a valid OCI layout with a gzip layer, named
 /// `<prefix>/<program>:<workspace version>`; skopeo (how docs/install.md pushes them) copies

@@ -28,11 +28,11 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, S
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use testbed::guest_cluster::{
+use testbed::bed::guest_cluster::{
     self, CCM_RELEASE, CSI_RELEASE, GuestCluster, HOST_BY_ID, NAMESPACE, WORKLOAD,
 };
-use testbed::images;
-use testbed::{BedOptions, TestBed, wait};
+use testbed::real::images;
+use testbed::{BedOptions, TestBed, util::wait};
 
 const DOC: &str = "docs/install.md";
 /// The info string of a runnable block: ```` ```sh install-test:<step> ````.
@@ -138,9 +138,10 @@ impl Doc {
 fn bed_tools(dir: &Path) -> PathBuf {
     let bin = dir.join("docs-bin");
     std::fs::create_dir_all(&bin).expect("docs-bin");
-    let kubectl = testbed::node::node_tool("kubectl")
+    let kubectl = testbed::real::node::node_tool("kubectl")
         .unwrap_or_else(|e| panic!("kubectl of the bed (tests/scripts/node-tools.sh): {e}"));
-    let helm = testbed::tools::tool("helm").unwrap_or_else(|e| panic!("helm of the bed: {e}"));
+    let helm =
+        testbed::util::tools::tool("helm").unwrap_or_else(|e| panic!("helm of the bed: {e}"));
     for (name, target) in [("kubectl", kubectl), ("helm", helm)] {
         std::os::unix::fs::symlink(target, bin.join(name)).expect("link a tool");
     }

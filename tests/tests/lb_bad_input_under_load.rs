@@ -17,9 +17,9 @@ use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
-use testbed::observe::{observe, seen_now};
-use testbed::service_controller::service_context;
-use testbed::{BedOptions, TestBed, wait};
+use testbed::suites::service_controller::service_context;
+use testbed::util::observe::{observe, seen_now};
+use testbed::{BedOptions, TestBed, util::wait};
 
 const CLUSTER: &str = "rke2-load";
 const N: usize = 200;

@@ -12,8 +12,8 @@ use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
-use testbed::netns::{DhcpNet, Forward};
-use testbed::{BedError, BedOptions, TestBed, wait};
+use testbed::real::netns::{DhcpNet, Forward};
+use testbed::{BedError, BedOptions, TestBed, util::wait};
 use tokio::sync::oneshot;
 
 const LIMIT: Duration = Duration::from_secs(40);

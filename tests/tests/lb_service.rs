@@ -15,17 +15,11 @@ use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use testbed::service_controller::ServiceController;
-use testbed::{BedOptions, TestBed, wait};
+use testbed::suites::service_controller::ServiceController;
+use testbed::{TestBed, util::wait};
 
 const CLUSTER: &str = "rke2-test";
 const LIMIT: Duration = Duration::from_secs(30);
-
-async fn bed() -> TestBed {
-    TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("the test bed must start for this test: {e}"))
-}
 
 /// The service controller running in this process until stopped.
 fn start_ccm(bed: &TestBed) -> ServiceController {
@@ -172,7 +166,7 @@ async fn wait_event(bed: &TestBed, name: &str, reason: &str, text: &str) -> Stri
 
 #[tokio::test]
 async fn lb_service_gets_a_pool_address_and_gives_it_back_on_delete() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     create_pool(&bed, "pool-1", json!([{"subnet": "192.168.50.0/24", "rangeStart": "192.168.50.10", "rangeEnd": "192.168.50.19"}])).await;
     let ccm = start_ccm(&bed);
     let created = services(&bed)
@@ -289,7 +283,7 @@ async fn lb_service_gets_a_pool_address_and_gives_it_back_on_delete() {
 
 #[tokio::test]
 async fn lb_service_waits_with_an_event_while_the_pool_is_exhausted_then_converges() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     create_pool(&bed, "small", json!([{"subnet": "10.20.0.5/32"}])).await;
     let ccm = start_ccm(&bed);
     let api = services(&bed);
@@ -343,7 +337,7 @@ async fn lb_service_waits_with_an_event_while_the_pool_is_exhausted_then_converg
 
 #[tokio::test]
 async fn lb_secondaries_share_the_primary_address_and_conflicting_ports_are_refused() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     create_pool(&bed, "p", json!([{"subnet": "10.30.0.0/29"}])).await;
     let ccm = start_ccm(&bed);
     let api = services(&bed);
@@ -401,7 +395,7 @@ async fn lb_secondaries_share_the_primary_address_and_conflicting_ports_are_refu
 
 #[tokio::test]
 async fn lb_service_deleted_while_pending_leaves_no_cr() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     let ccm = start_ccm(&bed);
     let api = services(&bed);
     api.create(
@@ -420,7 +414,7 @@ async fn lb_service_deleted_while_pending_leaves_no_cr() {
 
 #[tokio::test]
 async fn lb_service_recreated_with_a_new_uid_replaces_the_old_cr() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     create_pool(&bed, "p", json!([{"subnet": "10.40.0.0/29"}])).await;
     let ccm = start_ccm(&bed);
     let api = services(&bed);
@@ -477,7 +471,7 @@ async fn lb_service_recreated_with_a_new_uid_replaces_the_old_cr() {
 
 #[tokio::test]
 async fn lb_orphaned_crs_of_this_cluster_are_collected_at_start() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     let orphan: LoadBalancer = serde_json::from_value(json!({
         "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
         "metadata": {"name": "orphan", "labels": {
@@ -528,7 +522,7 @@ async fn lb_orphaned_crs_of_this_cluster_are_collected_at_start() {
 
 #[tokio::test]
 async fn lb_bad_annotation_gets_a_warning_and_creates_nothing() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     let ccm = start_ccm(&bed);
     services(&bed)
         .create(
@@ -563,7 +557,7 @@ async fn lb_bad_annotation_gets_a_warning_and_creates_nothing() {
 
 #[tokio::test]
 async fn lb_fifty_services_at_once_with_a_restart_in_the_middle_get_distinct_matching_addresses() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     create_pool(&bed, "big", json!([{"subnet": "10.50.0.0/24"}])).await;
     let ccm = start_ccm(&bed);
     let api = services(&bed);
@@ -613,7 +607,7 @@ async fn contract_a_lost_allocation_is_released_as_a_duplicate_and_the_same_addr
     use kube::runtime::{WatchStreamExt, watcher};
     use testbed::sim::lb::DUPLICATE_ALLOCATION;
 
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     create_pool(&bed, "pool-dup", json!([{"subnet": "10.71.0.0/24"}])).await;
     let ccm = start_ccm(&bed);
     let created = services(&bed)
@@ -714,7 +708,7 @@ async fn contract_a_lost_allocation_is_released_as_a_duplicate_and_the_same_addr
 /// 60 s resync (the limit here is 30 s), so the watch, not the resync, carried it.
 #[tokio::test]
 async fn lb_nad_mapping_changes_reach_the_services_naming_a_network() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     create_pool(&bed, "pool-nad", json!([{"subnet": "192.168.52.0/24", "rangeStart": "192.168.52.10", "rangeEnd": "192.168.52.19"}])).await;
     let ccm = start_ccm(&bed);
     services(&bed)

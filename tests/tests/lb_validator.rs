@@ -12,9 +12,9 @@ use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use testbed::service_controller::ServiceController;
 use testbed::sim::lb_validator::{ANN_ON_REMOVE, LABEL_CLUSTER_ON_VM, LABEL_CREATOR, WEBHOOK_NAME};
-use testbed::{BedOptions, TestBed, wait};
+use testbed::suites::service_controller::ServiceController;
+use testbed::{BedOptions, TestBed, util::wait};
 
 const CLUSTER: &str = "rke2-going";
 const LIMIT: Duration = Duration::from_secs(30);
@@ -38,7 +38,7 @@ async fn guest_cluster_vm(bed: &TestBed, name: &str, removing: bool) {
         "spec": {"running": false, "template": {"spec": {"domain": {"devices": {}}}}}
     })
     .to_string();
-    testbed::apply::apply_yaml(&bed.harvester.client, &yaml, &bed.vm_namespace)
+    testbed::bed::apply::apply_yaml(&bed.harvester.client, &yaml, &bed.vm_namespace)
         .await
         .expect("guest cluster VM");
 }

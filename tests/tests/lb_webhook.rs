@@ -12,13 +12,13 @@ use k8s_openapi::api::core::v1::{Namespace, Service};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
-use testbed::service_controller::ServiceController;
 use testbed::sim::lb::UNMANAGED;
 use testbed::sim::lb_webhook::{
     ANN_CLUSTER, ANN_MANAGEMENT_NETWORK, ANN_NAMESPACE, ANN_NETWORK, ANN_PROJECT, ANN_PROJECT_ID,
     Rules,
 };
-use testbed::{BedOptions, TestBed, wait};
+use testbed::suites::service_controller::ServiceController;
+use testbed::{BedOptions, TestBed, util::wait};
 
 const CLUSTER: &str = "rke2-hook";
 const LIMIT: Duration = Duration::from_secs(30);

@@ -9,7 +9,7 @@ use harvester_cloud_provider::leader::{LeaderConfig, LeaderError, run_as_leader}
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
-use testbed::{BedOptions, TestBed, wait};
+use testbed::{BedOptions, TestBed, util::wait};
 use tokio::sync::oneshot;
 
 /// The Lease the candidates compete for.

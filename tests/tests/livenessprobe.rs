@@ -7,20 +7,19 @@
 //! f3b0982dcec9e3293a7549c25d7266ca028fac01): the healthy body is `ok`, a failed check is HTTP
 //! 500 with the error's text, and the two flag conflicts are refused with status 1.
 
-#[path = "csi_common.rs"]
-mod common;
+use testbed::suites::csi as common;
 
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use testbed::process::{Proc, free_port};
+use testbed::util::process::{Proc, free_port};
 
 const UPSTREAM_OK_BODY: &str = "ok";
 const UPSTREAM_FAILED_STATUS: u16 = 500;
 
 async fn get(port: u16, path: &'static str) -> Result<(u16, String), String> {
-    tokio::task::spawn_blocking(move || testbed::scrape::http_get(port, path))
+    tokio::task::spawn_blocking(move || testbed::util::scrape::http_get(port, path))
         .await
         .expect("http_get task")
 }
@@ -55,7 +54,7 @@ async fn wait_health(
         assert!(
             start.elapsed() < Duration::from_secs(20),
             "/healthz never showed {what} within 20s; last: {got:?}; log:\n{}",
-            testbed::process::tail(&probe.log, 20)
+            testbed::util::process::tail(&probe.log, 20)
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -7,9 +7,9 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
-use testbed::scrape::{self, http_get};
 use testbed::sim::GuestVm;
-use testbed::{BedOptions, TestBed, wait};
+use testbed::util::scrape::{self, http_get};
+use testbed::{BedOptions, TestBed, util::wait};
 
 #[tokio::test]
 async fn the_binary_serves_probes_and_metrics_leads_with_a_lease_and_stops_on_sigterm() {
@@ -24,21 +24,23 @@ async fn the_binary_serves_probes_and_metrics_leads_with_a_lease_and_stops_on_si
         .create_vm(&GuestVm::new("w1").on_host("h1").ip("10.0.0.7"))
         .await
         .unwrap();
-    let port = testbed::process::free_port().unwrap();
-    let mut child = Command::new(testbed::process::built_binary("harvester-cloud-provider"))
-        .args(["--cloud-config", &bed.cloud_config.to_string_lossy()])
-        .args(["--kubeconfig", &bed.guest.kubeconfig.to_string_lossy()])
-        .args(["--cluster-name", "ops", "--log-format", "json"])
-        .args(["--metrics-address", &format!("127.0.0.1:{port}")])
-        // Plain HTTP only: two providers of one test would both want the HTTPS default 10258.
-        .arg("--secure-port=0")
-        .args(["--leader-elect-resource-namespace", "kube-system"])
-        .env("POD_NAME", "ccm-0")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the binary");
-    let logs = testbed::process::collect_lines(child.stderr.take().unwrap());
+    let port = testbed::util::process::free_port().unwrap();
+    let mut child = Command::new(testbed::util::process::built_binary(
+        "harvester-cloud-provider",
+    ))
+    .args(["--cloud-config", &bed.cloud_config.to_string_lossy()])
+    .args(["--kubeconfig", &bed.guest.kubeconfig.to_string_lossy()])
+    .args(["--cluster-name", "ops", "--log-format", "json"])
+    .args(["--metrics-address", &format!("127.0.0.1:{port}")])
+    // Plain HTTP only: two providers of one test would both want the HTTPS default 10258.
+    .arg("--secure-port=0")
+    .args(["--leader-elect-resource-namespace", "kube-system"])
+    .env("POD_NAME", "ccm-0")
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("start the binary");
+    let logs = testbed::util::process::collect_lines(child.stderr.take().unwrap());
     scrape::wait_for_200(port, "/readyz", Duration::from_secs(30))
         .await
         .unwrap();
@@ -109,7 +111,7 @@ async fn the_binary_serves_probes_and_metrics_leads_with_a_lease_and_stops_on_si
         "lease released on SIGTERM"
     );
     let credentials = std::fs::read_to_string(&bed.cloud_config).unwrap();
-    testbed::process::json_log(&logs.join().unwrap(), &credentials);
+    testbed::util::process::json_log(&logs.join().unwrap(), &credentials);
 }
 
 /// The provider's Lease (`--leader-elect-resource-name`'s default): upstream's, so that upstream
@@ -118,21 +120,23 @@ const LEASE: &str = "cloud-controller-manager";
 
 /// A provider binary with a short lease, for the hand-over test.
 fn provider(bed: &TestBed, name: &str, port: u16) -> std::process::Child {
-    Command::new(testbed::process::built_binary("harvester-cloud-provider"))
-        .args(["--cloud-config", &bed.cloud_config.to_string_lossy()])
-        .args(["--kubeconfig", &bed.guest.kubeconfig.to_string_lossy()])
-        .args(["--cluster-name", "ops", "--v", "4"])
-        .args(["--metrics-address", &format!("127.0.0.1:{port}")])
-        // Plain HTTP only: two providers of one test would both want the HTTPS default 10258.
-        .arg("--secure-port=0")
-        .args(["--leader-elect-lease-duration", "4s"])
-        .args(["--leader-elect-renew-deadline", "3s"])
-        .args(["--leader-elect-retry-period", "500ms"])
-        .env("POD_NAME", name)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the binary")
+    Command::new(testbed::util::process::built_binary(
+        "harvester-cloud-provider",
+    ))
+    .args(["--cloud-config", &bed.cloud_config.to_string_lossy()])
+    .args(["--kubeconfig", &bed.guest.kubeconfig.to_string_lossy()])
+    .args(["--cluster-name", "ops", "--v", "4"])
+    .args(["--metrics-address", &format!("127.0.0.1:{port}")])
+    // Plain HTTP only: two providers of one test would both want the HTTPS default 10258.
+    .arg("--secure-port=0")
+    .args(["--leader-elect-lease-duration", "4s"])
+    .args(["--leader-elect-renew-deadline", "3s"])
+    .args(["--leader-elect-retry-period", "500ms"])
+    .env("POD_NAME", name)
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("start the binary")
 }
 
 /// Write requests (create, update, patch, delete) a provider made, but for its Lease.
@@ -172,15 +176,15 @@ async fn two_providers_have_one_writer_and_kill_9_hands_over_within_the_lease() 
         .unwrap();
     let leases: Api<Lease> = Api::namespaced(bed.guest.client.clone(), "kube-system");
     let (pa, pb) = (
-        testbed::process::free_port().unwrap(),
-        testbed::process::free_port().unwrap(),
+        testbed::util::process::free_port().unwrap(),
+        testbed::util::process::free_port().unwrap(),
     );
     let mut a = provider(&bed, "ccm-a", pa);
     wait::lease_held_by(&leases, LEASE, "ccm-a", Duration::from_secs(30))
         .await
         .unwrap();
     let mut b = provider(&bed, "ccm-b", pb);
-    let b_logs = testbed::process::collect_lines(b.stderr.take().unwrap());
+    let b_logs = testbed::util::process::collect_lines(b.stderr.take().unwrap());
     // The standby is ready (it can take over) although its controllers do not run.
     scrape::wait_for_200(pb, "/readyz", Duration::from_secs(30))
         .await
@@ -256,11 +260,11 @@ subjects: [{{kind: ServiceAccount, name: ccm-expiring, namespace: {ns}}}]
 "#,
         ns = bed.vm_namespace
     );
-    testbed::apply::apply_yaml(&bed.harvester.client, &yaml, &bed.vm_namespace)
+    testbed::bed::apply::apply_yaml(&bed.harvester.client, &yaml, &bed.vm_namespace)
         .await
         .unwrap();
     let two_days = 2 * 86_400;
-    let token = testbed::rbac::token_for(
+    let token = testbed::bed::rbac::token_for(
         &bed.harvester.client,
         &bed.vm_namespace,
         "ccm-expiring",
@@ -271,7 +275,7 @@ subjects: [{{kind: ServiceAccount, name: ccm-expiring, namespace: {ns}}}]
     let cloud_config = bed.dir.path().join("expiring-cloud-config");
     std::fs::write(
         &cloud_config,
-        testbed::rbac::token_kubeconfig_text(
+        testbed::bed::rbac::token_kubeconfig_text(
             &bed.harvester.url,
             &bed.pki,
             &token,
@@ -280,21 +284,23 @@ subjects: [{{kind: ServiceAccount, name: ccm-expiring, namespace: {ns}}}]
     )
     .unwrap();
 
-    let port = testbed::process::free_port().unwrap();
-    let mut child = Command::new(testbed::process::built_binary("harvester-cloud-provider"))
-        .args(["--cloud-config", &cloud_config.to_string_lossy()])
-        .args(["--kubeconfig", &bed.guest.kubeconfig.to_string_lossy()])
-        .args(["--cluster-name", "ops", "--token-expiry-warning-days", "7"])
-        .args(["--metrics-address", &format!("127.0.0.1:{port}")])
-        // Plain HTTP only: two providers of one test would both want the HTTPS default 10258.
-        .arg("--secure-port=0")
-        .args(["--leader-elect-resource-namespace", "kube-system"])
-        .env("POD_NAME", "ccm-expiring-0")
-        .env("POD_NAMESPACE", "kube-system")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the binary");
+    let port = testbed::util::process::free_port().unwrap();
+    let mut child = Command::new(testbed::util::process::built_binary(
+        "harvester-cloud-provider",
+    ))
+    .args(["--cloud-config", &cloud_config.to_string_lossy()])
+    .args(["--kubeconfig", &bed.guest.kubeconfig.to_string_lossy()])
+    .args(["--cluster-name", "ops", "--token-expiry-warning-days", "7"])
+    .args(["--metrics-address", &format!("127.0.0.1:{port}")])
+    // Plain HTTP only: two providers of one test would both want the HTTPS default 10258.
+    .arg("--secure-port=0")
+    .args(["--leader-elect-resource-namespace", "kube-system"])
+    .env("POD_NAME", "ccm-expiring-0")
+    .env("POD_NAMESPACE", "kube-system")
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("start the binary");
 
     let events: Api<k8s_openapi::api::events::v1::Event> =
         Api::namespaced(bed.guest.client.clone(), "kube-system");
@@ -400,19 +406,21 @@ async fn a_lease_held_by_upstream_keeps_ours_standby_until_it_expires() {
     });
 
     // Upstream's chart args: no Lease flags at all, so the default Lease is the one above.
-    let port = testbed::process::free_port().unwrap();
-    let mut ours = Command::new(testbed::process::built_binary("harvester-cloud-provider"))
-        .args(["--cloud-config", &bed.cloud_config.to_string_lossy()])
-        .args(["--kubeconfig", &bed.guest.kubeconfig.to_string_lossy()])
-        .args(["--cluster-name=switch", "--leader-elect"])
-        .args(["--metrics-address", &format!("127.0.0.1:{port}")])
-        // Plain HTTP only: two providers of one test would both want the HTTPS default 10258.
-        .arg("--secure-port=0")
-        .env("POD_NAME", "ours-0")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the binary");
+    let port = testbed::util::process::free_port().unwrap();
+    let mut ours = Command::new(testbed::util::process::built_binary(
+        "harvester-cloud-provider",
+    ))
+    .args(["--cloud-config", &bed.cloud_config.to_string_lossy()])
+    .args(["--kubeconfig", &bed.guest.kubeconfig.to_string_lossy()])
+    .args(["--cluster-name=switch", "--leader-elect"])
+    .args(["--metrics-address", &format!("127.0.0.1:{port}")])
+    // Plain HTTP only: two providers of one test would both want the HTTPS default 10258.
+    .arg("--secure-port=0")
+    .env("POD_NAME", "ours-0")
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("start the binary");
     scrape::wait_for_200(port, "/readyz", Duration::from_secs(30))
         .await
         .unwrap();

@@ -2,8 +2,7 @@
 //! `/readyz` and `/metrics` (CSI RPCs by method and gRPC code with durations, Harvester API
 //! requests), JSON logs with a span per RPC, and SIGTERM that lets an RPC in flight finish.
 
-#[path = "csi_common.rs"]
-mod common;
+use testbed::suites::csi as common;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -13,8 +12,8 @@ use csi_proto::csi::v1::controller_client::ControllerClient;
 use csi_proto::csi::v1::identity_client::IdentityClient;
 use csi_proto::csi::v1::{CreateVolumeRequest, ProbeRequest};
 use harvester_csi_driver::{Config, Mode};
-use testbed::scrape::{self, http_get};
-use testbed::{BedOptions, wait};
+use testbed::util::scrape::{self, http_get};
+use testbed::{BedOptions, util::wait};
 
 /// How long the stand-in takes from `addvolume` to the volume's Ready: the window in which the
 /// test stops the driver.
@@ -29,8 +28,8 @@ async fn the_binary_serves_probes_counts_rpcs_and_finishes_an_rpc_in_flight_on_s
     .await;
 
     let socket = bed.dir.path().join("ops-csi.sock");
-    let port = testbed::process::free_port().unwrap();
-    let mut child = Command::new(testbed::process::built_binary("harvester-csi-driver"))
+    let port = testbed::util::process::free_port().unwrap();
+    let mut child = Command::new(testbed::util::process::built_binary("harvester-csi-driver"))
         .args(["--endpoint", &format!("unix://{}", socket.display())])
         .args(["--nodeid", NODE, "--mode", "all", "--debug"])
         .args(["--kubeconfig", &bed.cloud_config.to_string_lossy()])
@@ -44,7 +43,7 @@ async fn the_binary_serves_probes_counts_rpcs_and_finishes_an_rpc_in_flight_on_s
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the driver binary");
-    let logs = testbed::process::collect_lines(child.stderr.take().unwrap());
+    let logs = testbed::util::process::collect_lines(child.stderr.take().unwrap());
 
     // Ready once Harvester answered and the socket serves.
     scrape::wait_for_200(port, "/readyz", Duration::from_secs(30))
@@ -151,7 +150,7 @@ async fn the_binary_serves_probes_counts_rpcs_and_finishes_an_rpc_in_flight_on_s
 
     let lines = logs.join().unwrap();
     let credentials = std::fs::read_to_string(&bed.cloud_config).unwrap();
-    let create_span_seen = testbed::process::json_log(&lines, &credentials)
+    let create_span_seen = testbed::util::process::json_log(&lines, &credentials)
         .iter()
         .filter_map(|v| v.get("spans").map(|s| s.to_string()))
         .any(|spans| spans.contains(r#""method":"CreateVolume""#) && spans.contains("pvc-ops"));
@@ -169,15 +168,12 @@ async fn the_binary_serves_probes_counts_rpcs_and_finishes_an_rpc_in_flight_on_s
 async fn readiness_follows_harvester_while_probe_stays_ready() {
     let mut bed = bed_with_vm_and(BedOptions::default()).await;
     let socket = bed.dir.path().join("ready-csi.sock");
-    let port = testbed::process::free_port().unwrap();
+    let port = testbed::util::process::free_port().unwrap();
     let mut config = Config::new(format!("unix://{}", socket.display()), &bed.cloud_config);
     config.mode = Mode::Controller;
     config.metrics_address = Some(([127, 0, 0, 1], port).into());
     config.harvester_check_period = Duration::from_millis(200);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let driver = tokio::spawn(harvester_csi_driver::serve(config, async {
-        let _ = stopped.await;
-    }));
+    let driver = harvester_csi_driver::spawn(config);
     scrape::wait_for_200(port, "/readyz", Duration::from_secs(30))
         .await
         .unwrap();
@@ -206,8 +202,7 @@ async fn readiness_follows_harvester_while_probe_stays_ready() {
     scrape::wait_for_200(port, "/readyz", Duration::from_secs(30))
         .await
         .unwrap();
-    let _ = stop.send(());
-    driver.await.unwrap().unwrap();
+    driver.stop().await.unwrap();
     assert!(!socket.exists());
 }
 
@@ -220,11 +215,11 @@ async fn a_node_plugin_refused_its_vmi_lookup_says_so_on_readyz() {
         "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: csi-blind, namespace: {}}}\n",
         bed.vm_namespace
     );
-    testbed::apply::apply_yaml(&bed.harvester.client, &yaml, &bed.vm_namespace)
+    testbed::bed::apply::apply_yaml(&bed.harvester.client, &yaml, &bed.vm_namespace)
         .await
         .unwrap();
     let cloud_config = bed.dir.path().join("blind-cloud-config");
-    testbed::rbac::account_kubeconfig(
+    testbed::bed::rbac::account_kubeconfig(
         &bed.harvester.client,
         &bed.harvester.url,
         &bed.pki,
@@ -235,17 +230,14 @@ async fn a_node_plugin_refused_its_vmi_lookup_says_so_on_readyz() {
     .await
     .unwrap();
     let socket = bed.dir.path().join("blind-csi.sock");
-    let port = testbed::process::free_port().unwrap();
+    let port = testbed::util::process::free_port().unwrap();
     let mut config = Config::new(format!("unix://{}", socket.display()), &cloud_config);
     config.mode = Mode::Node;
     config.node_id = Some(NODE.into());
     config.disk_by_id_dir = bed.sim.by_id_dir(NODE);
     config.metrics_address = Some(([127, 0, 0, 1], port).into());
     config.harvester_check_period = Duration::from_millis(200);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let driver = tokio::spawn(harvester_csi_driver::serve(config, async {
-        let _ = stopped.await;
-    }));
+    let driver = harvester_csi_driver::spawn(config);
     let body = wait::until(
         "/readyz 503 for the node check alone",
         Duration::from_secs(30),
@@ -268,6 +260,5 @@ async fn a_node_plugin_refused_its_vmi_lookup_says_so_on_readyz() {
         "names the refusal, the file and the missing permission: {body}"
     );
     assert!(socket.exists(), "it still serves");
-    let _ = stop.send(());
-    driver.await.unwrap().unwrap();
+    driver.stop().await.unwrap();
 }

@@ -14,20 +14,16 @@ use k8s_openapi::api::authorization::v1::{
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
 use kube::api::{Api, ObjectMeta, PostParams};
-use testbed::process::Proc;
-use testbed::scrape::{self, HttpsResponse, https_get};
-use testbed::{BedOptions, TestBed, wait};
-
-async fn bed() -> TestBed {
-    TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("the test bed must start for this test (root, bed tools): {e}"))
-}
+use testbed::util::process::Proc;
+use testbed::util::scrape::{self, HttpsResponse, https_get};
+use testbed::{TestBed, util::wait};
 
 /// The provider binary against the bed with its HTTPS endpoints on 127.0.0.1:`port`, no plain
 /// HTTP listener; `extra` flags after the bed's.
 fn provider(bed: &TestBed, name: &str, port: u16, extra: &[&str]) -> Proc {
-    let mut cmd = Command::new(testbed::process::built_binary("harvester-cloud-provider"));
+    let mut cmd = Command::new(testbed::util::process::built_binary(
+        "harvester-cloud-provider",
+    ));
     cmd.args(["--cloud-config", &bed.cloud_config.to_string_lossy()])
         .args(["--kubeconfig", &bed.guest.kubeconfig.to_string_lossy()])
         .args(["--cluster-name", "secure", "--leader-elect=false"])
@@ -137,17 +133,17 @@ async fn account(bed: &TestBed, name: &str, may_scrape: bool) -> String {
         .await
         .unwrap();
     }
-    testbed::rbac::token(&admin, "default", name)
+    testbed::bed::rbac::token(&admin, "default", name)
         .await
         .expect("token")
 }
 
 #[tokio::test]
 async fn metrics_need_a_token_allowed_to_get_the_path_and_probes_need_none() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     let scraper = account(&bed, "scraper", true).await;
     let stranger = account(&bed, "stranger", false).await;
-    let port = testbed::process::free_port().unwrap();
+    let port = testbed::util::process::free_port().unwrap();
     let mut p = provider(&bed, "provider", port, &[]);
     up(&mut p, port).await;
 
@@ -214,7 +210,7 @@ async fn metrics_need_a_token_allowed_to_get_the_path_and_probes_need_none() {
         );
         async move {
             let path = dir.join(format!("{who}.kubeconfig"));
-            testbed::rbac::account_kubeconfig(
+            testbed::bed::rbac::account_kubeconfig(
                 &admin,
                 &url,
                 pki,
@@ -232,7 +228,7 @@ async fn metrics_need_a_token_allowed_to_get_the_path_and_probes_need_none() {
         ("--authentication-kubeconfig", 401),
         ("--authorization-kubeconfig", 500),
     ] {
-        let port = testbed::process::free_port().unwrap();
+        let port = testbed::util::process::free_port().unwrap();
         let mut p = provider(
             &bed,
             "reviews-elsewhere",
@@ -250,11 +246,11 @@ async fn metrics_need_a_token_allowed_to_get_the_path_and_probes_need_none() {
 
 #[tokio::test]
 async fn serves_the_given_certificate_else_a_self_signed_one() {
-    let bed = bed().await;
+    let bed = TestBed::started().await;
     let dir = tempfile::tempdir().unwrap();
 
     // No files: a self-signed certificate for localhost, made in memory.
-    let port = testbed::process::free_port().unwrap();
+    let port = testbed::util::process::free_port().unwrap();
     let mut p = provider(&bed, "self-signed", port, &[]);
     up(&mut p, port).await;
     let generated = get(port, "/healthz", None).await.server_cert;
@@ -274,7 +270,7 @@ async fn serves_the_given_certificate_else_a_self_signed_one() {
     let (cert_file, key_file) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
     std::fs::write(&cert_file, cert.pem()).unwrap();
     std::fs::write(&key_file, key.serialize_pem()).unwrap();
-    let port = testbed::process::free_port().unwrap();
+    let port = testbed::util::process::free_port().unwrap();
     let mut p = provider(
         &bed,
         "given",
@@ -293,7 +289,7 @@ async fn serves_the_given_certificate_else_a_self_signed_one() {
 
     // --cert-dir: the generated pair is written there and served.
     let cert_dir = dir.path().join("certs");
-    let port = testbed::process::free_port().unwrap();
+    let port = testbed::util::process::free_port().unwrap();
     let mut p = provider(
         &bed,
         "cert-dir",

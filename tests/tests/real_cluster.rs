@@ -14,14 +14,14 @@ use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
-use testbed::guest_cluster::{
+use testbed::bed::guest_cluster::{
     self, CLUSTER_NAME, CSI_RELEASE, GuestCluster, HOST_BY_ID, NAMESPACE, NODE, REGION, WORKLOAD,
     ZONE, events_of, wait_daemonset, wait_pod_ready, workload_command,
 };
-use testbed::node::{KUBELET_SYSCTLS, SysctlSnapshot, kubepods_cgroups};
-use testbed::pod_logs::LogWatch;
-use testbed::users_cluster::{self, LB_POOL_SUBNET, TRY_LB_SERVICE, TRY_LB_SERVICE_NAME};
-use testbed::{TestBed, wait};
+use testbed::bed::users_cluster::{self, LB_POOL_SUBNET, TRY_LB_SERVICE, TRY_LB_SERVICE_NAME};
+use testbed::real::node::{KUBELET_SYSCTLS, SysctlSnapshot, kubepods_cgroups};
+use testbed::real::pod_logs::LogWatch;
+use testbed::{TestBed, util::wait};
 
 const DRIVER: &str = "driver.harvesterhci.io";
 const POD_READY: Duration = Duration::from_secs(150);
@@ -80,7 +80,7 @@ async fn a_users_day_on_a_real_guest_cluster_root() {
         "the kernel tunables the kubelet changed were not restored"
     );
     assert!(
-        testbed::mounts::mounts_under(&dir).is_empty(),
+        testbed::real::mounts::mounts_under(&dir).is_empty(),
         "mounts left under the bed's directory"
     );
     assert!(
@@ -89,7 +89,7 @@ async fn a_users_day_on_a_real_guest_cluster_root() {
     );
     assert!(
         !std::path::Path::new("/sys/class/net")
-            .join(testbed::podnet::BRIDGE)
+            .join(testbed::real::podnet::BRIDGE)
             .exists(),
         "the Pod bridge is left behind"
     );
@@ -132,7 +132,7 @@ async fn node_is_initialised_by_the_cloud_provider_pod(bed: &TestBed) {
         .map(|a| (a.type_, a.address))
         .collect();
     assert!(
-        addresses.contains(&("InternalIP".into(), testbed::podnet::GATEWAY.into())),
+        addresses.contains(&("InternalIP".into(), testbed::real::podnet::GATEWAY.into())),
         "addresses of {NODE}: {addresses:?}"
     );
     let node = wait::until(
@@ -147,7 +147,7 @@ async fn node_is_initialised_by_the_cloud_provider_pod(bed: &TestBed) {
             Ok(
                 if taints
                     .iter()
-                    .any(|t| t.key == testbed::node::TAINT_UNINITIALIZED)
+                    .any(|t| t.key == testbed::real::node::TAINT_UNINITIALIZED)
                 {
                     Err(taints)
                 } else {
@@ -845,7 +845,7 @@ async fn everything_deleted_leaves_nothing(bed: &TestBed, real: &GuestCluster) {
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
-    let csi_mounts: Vec<_> = testbed::mounts::mounts_under(&real.node.dirs.kubelet_root)
+    let csi_mounts: Vec<_> = testbed::real::mounts::mounts_under(&real.node.dirs.kubelet_root)
         .into_iter()
         .filter(|m| {
             let m = m.to_string_lossy();

@@ -2,8 +2,7 @@
 //! on the registration socket gets what the kubelet needs; a failed registration ends the
 //! process with status 1; bad flags and a missing driver are named.
 
-#[path = "csi_common.rs"]
-mod common;
+use testbed::suites::csi as common;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -18,7 +17,7 @@ use tokio::process::{Child, Command};
 /// - kubernetes-csi/node-driver-registrar `cmd/csi-node-driver-registrar/main.go` (commit
 ///   0d8021d270bb1c98bea5348be2669ae5f2474d66): `supportedVersions = []string{"1.0.0"}`, socket
 ///   `<plugin-registration-path>/<driver>-reg.sock` (ours: `<driver>@reg.sock`, see
-///   `testbed::registrar::socket_name`), probe file `registration` beside the host socket.
+///   `testbed::real::registrar::socket_name`), probe file `registration` beside the host socket.
 /// - harvester/harvester-csi-driver: the driver's name `driver.harvesterhci.io`.
 const UPSTREAM_PLUGIN_TYPE: &str = "CSIPlugin";
 const UPSTREAM_SUPPORTED_VERSIONS: &[&str] = &["1.0.0"];
@@ -115,7 +114,7 @@ async fn registrar_answers_get_info_and_exits_1_on_failed_registration() {
     let mut child = registrar(&args, &log);
     let socket = d
         .registry
-        .join(testbed::registrar::socket_name(UPSTREAM_DRIVER_NAME));
+        .join(testbed::real::registrar::socket_name(UPSTREAM_DRIVER_NAME));
     wait_socket(&mut child, &socket, &log).await;
 
     let channel = harvester_csi_driver::connect(&socket)
@@ -196,7 +195,7 @@ async fn registrar_sigterm_removes_its_socket() {
     );
     let socket = d
         .registry
-        .join(testbed::registrar::socket_name(UPSTREAM_DRIVER_NAME));
+        .join(testbed::real::registrar::socket_name(UPSTREAM_DRIVER_NAME));
     wait_socket(&mut child, &socket, &log).await;
     let pid = rustix::process::Pid::from_raw(child.id().expect("pid") as i32).expect("pid");
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
@@ -278,7 +277,7 @@ async fn registrar_waits_for_a_driver_that_starts_later() {
     let _driver = common::Driver::start(&bed, |c| c.endpoint = endpoint).await;
     let socket = d
         .registry
-        .join(testbed::registrar::socket_name(UPSTREAM_DRIVER_NAME));
+        .join(testbed::real::registrar::socket_name(UPSTREAM_DRIVER_NAME));
     wait_socket(&mut child, &socket, &log).await;
     let _ = child.kill().await;
 }

@@ -5,7 +5,7 @@
 use std::process::{Command, Output};
 
 fn run(binary: &str, args: &[&str]) -> Output {
-    Command::new(testbed::process::built_binary(binary))
+    Command::new(testbed::util::process::built_binary(binary))
         .args(args)
         .env_remove("RUST_LOG")
         .output()

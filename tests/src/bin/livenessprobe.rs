@@ -1,13 +1,13 @@
 //! `livenessprobe`: serves `/healthz` by calling the CSI driver's `Probe`, like
 //! kubernetes-csi/livenessprobe (which the Go module proxy does not serve here). See
-//! `testbed::livenessprobe`.
+//! `testbed::real::livenessprobe`.
 
 use std::process::ExitCode;
 
 use clap::Parser;
 use harvester_common::flags::{Syntax, normalize_args};
 use harvester_common::telemetry::{LogFormat, init_logging, shutdown_signal};
-use testbed::livenessprobe::{self, Flags, LivenessError};
+use testbed::real::livenessprobe::{self, Flags, LivenessError};
 
 #[tokio::main]
 async fn main() -> ExitCode {

@@ -1,5 +1,5 @@
 //! `pause`: the sandbox process of every Pod on the bed's real node (the local pause image,
-//! `testbed::node::SANDBOX_IMAGE`). It holds the Pod's namespaces open and does nothing else:
+//! `testbed::real::node::SANDBOX_IMAGE`). It holds the Pod's namespaces open and does nothing else:
 //! waits forever, reaps any child that is re-parented to it (SIGCHLD) and exits 0 on SIGTERM or
 //! SIGINT, like kubernetes' `build/pause/linux/pause.c`. It runs as PID 1 of its PID namespace,
 //! where a signal without a handler does nothing, so the handlers are what make it stoppable.

@@ -1,10 +1,10 @@
 //! `registrar`: registers a CSI driver with the kubelet, like node-driver-registrar (which the
-//! Go module proxy does not serve here). See `testbed::registrar`.
+//! Go module proxy does not serve here). See `testbed::real::registrar`.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use testbed::registrar::{self, Flags, RegistrarMode};
+use testbed::real::registrar::{self, Flags, RegistrarMode};
 
 #[tokio::main]
 async fn main() -> ExitCode {

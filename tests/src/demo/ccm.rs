@@ -10,7 +10,7 @@ use harvester_common::harvester::{TOPOLOGY_REGION, TOPOLOGY_ZONE};
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::Api;
-use testbed::{TestBed, wait};
+use testbed::{TestBed, util::wait};
 
 const NODE: &str = "worker-1";
 

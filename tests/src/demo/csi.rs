@@ -10,26 +10,13 @@ use anyhow::{Context as _, bail};
 use csi_proto::csi::v1::controller_client::ControllerClient;
 use csi_proto::csi::v1::identity_client::IdentityClient;
 use csi_proto::csi::v1::node_client::NodeClient;
-use csi_proto::csi::v1::volume_capability::access_mode::Mode;
-use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
 use csi_proto::csi::v1::*;
 use harvester_csi_driver::Config;
 use testbed::TestBed;
+use testbed::csi_client::{create_request, mount_cap, publish_request, unpublish_request};
 
 const NODE: &str = "worker-1";
 const NAME: &str = "pvc-2f0c5d2e-demo-4c1b-9a51-6f7d3c1e0a01";
-
-fn cap() -> VolumeCapability {
-    VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: "ext4".into(),
-            ..Default::default()
-        })),
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-    }
-}
 
 fn step(n: u32, what: &str, t0: Instant) {
     println!(
@@ -45,19 +32,19 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
     let t0 = Instant::now();
     let dir = bed.dir.path().join("csi-demo");
     std::fs::create_dir_all(&dir)?;
-    let _sweep = testbed::mounts::MountSweeper(dir.clone());
+    let _sweep = testbed::real::mounts::MountSweeper(dir.clone());
     let socket = dir.join("csi.sock");
     let mut config = Config::new(format!("unix://{}", socket.display()), &bed.cloud_config);
     config.node_id = Some(NODE.into());
     config.disk_by_id_dir = bed.sim.by_id_dir(NODE);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(harvester_csi_driver::serve(config, async {
-        let _ = stopped.await;
-    }));
+    let server = harvester_csi_driver::spawn(config);
     let start = Instant::now();
     while !socket.exists() {
         if server.is_finished() {
-            bail!("the CSI driver stopped while starting: {:?}", server.await);
+            bail!(
+                "the CSI driver stopped while starting: {:?}",
+                server.join().await
+            );
         }
         if start.elapsed() > Duration::from_secs(30) {
             bail!("the CSI driver socket {} did not appear", socket.display());
@@ -93,15 +80,7 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
     );
 
     let volume = controller
-        .create_volume(CreateVolumeRequest {
-            name: NAME.into(),
-            capacity_range: Some(CapacityRange {
-                required_bytes: 64 << 20,
-                limit_bytes: 0,
-            }),
-            volume_capabilities: vec![cap()],
-            ..Default::default()
-        })
+        .create_volume(create_request(NAME, 64 << 20, &mount_cap("ext4")))
         .await
         .context("CreateVolume")?
         .into_inner()
@@ -118,12 +97,7 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
     );
 
     let published = controller
-        .controller_publish_volume(ControllerPublishVolumeRequest {
-            volume_id: id.clone(),
-            node_id: NODE.into(),
-            volume_capability: Some(cap()),
-            ..Default::default()
-        })
+        .controller_publish_volume(publish_request(&id, NODE, &mount_cap("ext4")))
         .await
         .context("ControllerPublishVolume")?
         .into_inner();
@@ -152,7 +126,7 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
         volume_id: id.clone(),
         publish_context: ctx.clone(),
         staging_target_path: staging.display().to_string(),
-        volume_capability: Some(cap()),
+        volume_capability: Some(mount_cap("ext4")),
         ..Default::default()
     })
     .await
@@ -171,7 +145,7 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
         publish_context: ctx.clone(),
         staging_target_path: staging.display().to_string(),
         target_path: target.display().to_string(),
-        volume_capability: Some(cap()),
+        volume_capability: Some(mount_cap("ext4")),
         ..Default::default()
     })
     .await
@@ -238,11 +212,7 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
     );
 
     controller
-        .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
-            volume_id: id.clone(),
-            node_id: NODE.into(),
-            ..Default::default()
-        })
+        .controller_unpublish_volume(unpublish_request(&id, NODE))
         .await
         .context("ControllerUnpublishVolume")?;
     step(
@@ -264,11 +234,7 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
         .context("DeleteVolume")?;
     step(8, &format!("DeleteVolume: Harvester PVC {id} deleted"), t0);
 
-    let _ = stop.send(());
-    server
-        .await
-        .context("joining the CSI driver")?
-        .context("the CSI driver")?;
+    server.stop().await.context("the CSI driver")?;
     step(
         9,
         &format!("driver stopped, socket removed: {}", !socket.exists()),

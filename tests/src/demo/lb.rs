@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
-use testbed::{TestBed, wait};
+use testbed::{TestBed, util::wait};
 
 const LIMIT: Duration = Duration::from_secs(30);
 
@@ -145,11 +145,11 @@ pub async fn run_dhcp(bed: &TestBed) -> anyhow::Result<()> {
         println!("--- DHCP demo skipped: dnsmasq in a network namespace needs root");
         return Ok(());
     }
-    let net = testbed::netns::DhcpNet::start_host_client()?;
+    let net = testbed::real::netns::DhcpNet::start_host_client()?;
     println!(
         "--- dnsmasq serving {}-{} on a veth; the cloud provider leases on {}",
-        testbed::netns::RANGE.0,
-        testbed::netns::RANGE.1,
+        testbed::real::netns::RANGE.0,
+        testbed::real::netns::RANGE.1,
         net.client_if
     );
     let config = super::ccm_config(bed, &["--dhcp-interface", &net.client_if])?;

@@ -30,7 +30,7 @@ use serde_json::Value;
 use super::backup::backup_resource;
 use super::webhook::{Refusal, Registration, Rule, Verdict, WebhookServer, handler};
 use crate::BedError;
-use crate::certs::Pki;
+use crate::bed::certs::Pki;
 
 pub const PATH: &str = "/harvester-webhook/v1/webhook/validation";
 pub const CONFIG_NAME: &str = "harvester-validator";

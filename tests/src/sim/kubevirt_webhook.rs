@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 
 use super::webhook::{Refusal, Registration, Rule, Verdict, WebhookServer, handler};
 use crate::BedError;
-use crate::certs::Pki;
+use crate::bed::certs::Pki;
 
 pub const CONFIG_NAME: &str = "virt-api-validator";
 pub const VM_WEBHOOK: &str = "virtualmachine-validator.kubevirt.io";
@@ -150,7 +150,7 @@ pub async fn install(
         .filter_map(|r| r.object(server.port, &ca)["webhooks"].get(0).cloned())
         .collect();
     object["webhooks"] = Value::Array(webhooks);
-    crate::apply::apply_yaml(client, &object.to_string(), "default")
+    crate::bed::apply::apply_yaml(client, &object.to_string(), "default")
         .await
         .map(|_| ())?;
     Ok(refusals)

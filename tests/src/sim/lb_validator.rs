@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use super::webhook::{Refusal, Registration, Rule, Verdict, WebhookServer, handler};
 use crate::BedError;
-use crate::certs::Pki;
+use crate::bed::certs::Pki;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 
 /// Where upstream's webhook server serves its validators (harvester/webhook `server.go`).

@@ -25,8 +25,8 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, P
 use serde_json::{Value, json};
 
 use super::webhook::{Refusal, Registration, Rule, Verdict, WebhookServer, handler};
-use crate::certs::Pki;
-use crate::{BedError, wait};
+use crate::bed::certs::Pki;
+use crate::{BedError, util::wait};
 
 /// Where upstream's webhook server serves its mutators (harvester/webhook `server.go`).
 pub const PATH: &str = "/v1/webhook/mutation";

@@ -26,7 +26,7 @@ use tokio::task::JoinSet;
 use harvester_common::harvester::HotplugMode;
 
 use crate::BedError;
-use crate::certs::Pki;
+use crate::bed::certs::Pki;
 use storage::Storage;
 use virt_api::{HotplugCtx, VirtApi};
 
@@ -138,7 +138,7 @@ impl Sim {
             .await?)
     }
 
-    /// Starts the NFS server (nfs-ganesha, [`crate::nfs`]) and networkfs-manager's part
+    /// Starts the NFS server (nfs-ganesha, [`crate::real::nfs`]) and networkfs-manager's part
     /// ([`networkfs`]), reporting `endpoint` as the address clients mount (10.0.2.2 for QEMU
     /// guests). Idempotent: a second call returns the running one. Only RWX tests need it.
     pub fn start_networkfs(&self, endpoint: &str) -> Result<Arc<networkfs::NetworkFs>, BedError> {
@@ -146,7 +146,7 @@ impl Sim {
         if let Some((fs, _)) = slot.as_ref() {
             return Ok(fs.clone());
         }
-        let nfs = Arc::new(crate::nfs::NfsServer::start(&self.dir)?);
+        let nfs = Arc::new(crate::real::nfs::NfsServer::start(&self.dir)?);
         let fs = Arc::new(networkfs::NetworkFs::new(nfs, endpoint));
         let task = tokio::spawn(networkfs::run(
             self.harvester.clone(),
@@ -172,10 +172,10 @@ impl Sim {
     ) -> Result<(), BedError> {
         let yaml = format!(
             "apiVersion: harvesterhci.io/v1beta1\nkind: Setting\nmetadata: {{name: server-version}}\nvalue: {}\n",
-            crate::bed::server_version_for(mode)
+            crate::bed::crds::server_version_for(mode)
         );
         self.hotplug.set_gates(gates);
-        crate::apply::apply_yaml(&self.harvester, &yaml, "default")
+        crate::bed::apply::apply_yaml(&self.harvester, &yaml, "default")
             .await
             .map(|_| ())
     }

@@ -2,7 +2,7 @@
 //! NetworkFilesystems. `desiredState: Enabled` -> the volume's backing device (the storage
 //! stand-in's loop device of the host PVC whose `spec.volumeName` is the CR's name) is formatted
 //! once (ext4, as the share manager formats a new RWX volume), mounted on the host and exported by
-//! the real NFS server ([`crate::nfs::NfsServer`]) as `/<name>`; the status goes
+//! the real NFS server ([`crate::real::nfs::NfsServer`]) as `/<name>`; the status goes
 //! `Enabling` -> `Enabled` with `status: Ready`, `endpoint` and `mountOpts` (field names and
 //! values as upstream's `pkg/controller/networkfilesystem/controller.go`). A new CR first gets
 //! upstream's initial status (`Disabled`, `Unknown`, `NFS`).
@@ -57,7 +57,7 @@ use serde_json::json;
 
 use super::storage::{Storage, backing, capacity_bytes, requested_quantity};
 use crate::BedError;
-use crate::nfs::NfsServer;
+use crate::real::nfs::NfsServer;
 
 /// Longhorn's share manager of one volume, as networkfs-manager sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -18,7 +18,7 @@ use kube::runtime::watcher::{self, Event};
 use serde_json::json;
 
 use crate::BedError;
-use crate::vm::Vm;
+use crate::real::vm::Vm;
 
 #[derive(Clone, Debug)]
 pub struct Backing {

@@ -35,8 +35,8 @@ use tokio::task::JoinSet;
 
 use super::storage::Storage;
 use crate::BedError;
-use crate::certs::Pki;
-use crate::vm::{Vm, device_id};
+use crate::bed::certs::Pki;
+use crate::real::vm::{Vm, device_id};
 
 pub const GROUP_VERSION: &str = "subresources.kubevirt.io/v1";
 /// Prefix of the by-id name QEMU gives a SCSI disk with a serial.

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use super::Sim;
 use super::virt_api::update_vmi;
 use crate::BedError;
-use crate::vm::{GUEST_MAC, Vm};
+use crate::real::vm::{GUEST_MAC, Vm};
 
 /// Label Harvester's VMI controller requires before it copies host topology (node driver VMs).
 pub const CREATOR_LABEL: (&str, &str) =

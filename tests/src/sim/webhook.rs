@@ -44,7 +44,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
 use crate::BedError;
-use crate::certs::Pki;
+use crate::bed::certs::Pki;
 
 /// What a webhook answers.
 #[derive(Clone, Debug, PartialEq)]
@@ -263,7 +263,7 @@ impl WebhookServer {
         reg: &Registration,
     ) -> Result<(), BedError> {
         let ca = base64::engine::general_purpose::STANDARD.encode(&pki.lb_webhook_ca.cert_pem);
-        crate::apply::apply_yaml(client, &reg.object(self.port, &ca).to_string(), "default")
+        crate::bed::apply::apply_yaml(client, &reg.object(self.port, &ca).to_string(), "default")
             .await
             .map(|_| ())
     }
@@ -464,7 +464,7 @@ where
         dry_run: true,
         ..Default::default()
     };
-    crate::wait::until(what, std::time::Duration::from_secs(30), || {
+    crate::util::wait::until(what, std::time::Duration::from_secs(30), || {
         let (api, probe, params) = (api.clone(), probe.clone(), params.clone());
         async move {
             Ok(match api.create(&params, &probe).await {

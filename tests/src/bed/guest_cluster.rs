@@ -19,15 +19,15 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 
 use crate::BedError;
-use crate::certs::Pki;
-use crate::cluster::{ApiServer, kubeconfig_text};
-use crate::helm::Helm;
-use crate::images::{self, Image, ImageSet, Program, Recipe};
-use crate::node::{RealNode, node_tool};
-use crate::podnet::{GATEWAY, PodNetwork};
-use crate::process::{Proc, free_port};
+use crate::bed::certs::Pki;
+use crate::bed::cluster::{ApiServer, kubeconfig_text};
+use crate::real::images::{self, Image, ImageSet, Program, Recipe};
+use crate::real::node::{RealNode, node_tool};
+use crate::real::podnet::{GATEWAY, PodNetwork};
 use crate::sim::{GuestVm, Sim};
-use crate::wait;
+use crate::util::helm::Helm;
+use crate::util::process::{Proc, free_port};
+use crate::util::wait;
 
 /// The real node's name: its Node in the guest cluster and its VM in Harvester.
 pub const NODE: &str = "guest-1";
@@ -125,10 +125,10 @@ impl GuestCluster {
         charts: bool,
     ) -> Result<GuestCluster, BedError> {
         let net = PodNetwork::start(socket_addr(guest)?, socket_addr(harvester)?).await?;
-        crate::bed::install_crd_yaml(
+        crate::bed::crds::install_crd_yaml(
             &guest.client,
             "snapshot.yaml",
-            include_str!("../crds/snapshot.yaml"),
+            include_str!("../../crds/snapshot.yaml"),
         )
         .await?;
         let control_plane = start_control_plane(dir, pki, &guest.kubeconfig)?;

@@ -1,4 +1,18 @@
 //! `TestBed::start`: the whole bed, up and ready; dropping it stops everything it started.
+//!
+//! The layer of the API servers and of the bed composed from all layers. Its parts
+//! ([`cluster`]: etcd and kube-apiserver, [`certs`], [`apply`], [`rbac`], [`crds`]) use only
+//! `util` (and the address constants of `real::podnet` and `real::vm`); the stand-in and the
+//! real node build on them. This file ([`TestBed`]), [`guest_cluster`] and [`users_cluster`]
+//! compose everything into a running bed, so nothing below imports them.
+
+pub mod apply;
+pub mod certs;
+pub mod cluster;
+pub mod crds;
+pub mod guest_cluster;
+pub mod rbac;
+pub mod users_cluster;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -6,30 +20,18 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use harvester_common::harvester::HotplugMode;
 
-use crate::sim::virt_api::Gates;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::Api;
 
-use crate::apply::apply_yaml;
-use crate::certs::Pki;
-use crate::cluster::{ApiServer, ApiServerArgs, Etcd, kubeconfig_text};
-use crate::guest_cluster::GuestCluster;
-use crate::sim::Sim;
+use crate::bed::apply::apply_yaml;
+use crate::bed::certs::Pki;
+use crate::bed::cluster::{ApiServer, ApiServerArgs, Etcd, kubeconfig_text};
+use crate::bed::crds::{CRDS, crd_names, install_crds, wait_established};
+use crate::bed::guest_cluster::GuestCluster;
 use crate::sim::lb_webhook::{LbWebhook, Rules};
+use crate::sim::virt_api::Gates;
 use crate::sim::webhook::WebhookServer;
-use crate::{BedError, wait};
-
-const CRDS: [(&str, &str); 6] = [
-    ("kubevirt.yaml", include_str!("../crds/kubevirt.yaml")),
-    (
-        "loadbalancer.yaml",
-        include_str!("../crds/loadbalancer.yaml"),
-    ),
-    ("snapshot.yaml", include_str!("../crds/snapshot.yaml")),
-    ("backup.yaml", include_str!("../crds/backup.yaml")),
-    ("settings.yaml", include_str!("../crds/settings.yaml")),
-    ("networkfs.yaml", include_str!("../crds/networkfs.yaml")),
-];
+use crate::sim::{GuestVm, Sim};
+use crate::{BedError, util::wait};
 
 #[derive(Clone, Debug)]
 pub struct BedOptions {
@@ -55,14 +57,6 @@ pub struct BedOptions {
     /// Which release of Harvester's LoadBalancer mutating webhook the bed registers (always
     /// registered): `TESTBED_LB_WEBHOOK=v1.8|v1.9`, default v1.9.
     pub lb_webhook: Rules,
-}
-
-/// `server-version` the bed gives Harvester for each hot-plug mode.
-pub fn server_version_for(mode: HotplugMode) -> &'static str {
-    match mode {
-        HotplugMode::Subresource => "v1.7.1",
-        HotplugMode::Declarative => "v1.8.0",
-    }
 }
 
 /// The Harvester release and KubeVirt gates `TESTBED_HOTPLUG` asks for (`make test` runs the CSI
@@ -116,6 +110,42 @@ pub struct TestBed {
 }
 
 impl TestBed {
+    /// [`TestBed::start`] for a test that cannot run without the bed: a failure panics with why.
+    pub async fn started_with(opts: BedOptions) -> TestBed {
+        match TestBed::start(opts).await {
+            Ok(bed) => bed,
+            Err(e) => panic!("the test bed must start for this test: {e}"),
+        }
+    }
+
+    /// [`TestBed::started_with`] the default options.
+    pub async fn started() -> TestBed {
+        TestBed::started_with(BedOptions::default()).await
+    }
+
+    /// Adds Harvester's default StorageClass ([`Sim::create_default_storage_class`]).
+    pub async fn with_default_storage_class(self) -> TestBed {
+        self.sim
+            .create_default_storage_class()
+            .await
+            .expect("creating the default StorageClass on Harvester");
+        self
+    }
+
+    /// Adds the one-VM setup of the CSI and RBAC suites: host `harvester-1` (region-a, zone-1)
+    /// and the running guest VM `vm` on it with address 10.52.0.11.
+    pub async fn with_vm(self, vm: &str) -> TestBed {
+        self.sim
+            .create_host("harvester-1", Some("region-a"), Some("zone-1"))
+            .await
+            .expect("host");
+        self.sim
+            .create_vm(&GuestVm::new(vm).on_host("harvester-1").ip("10.52.0.11"))
+            .await
+            .expect("guest VM");
+        self
+    }
+
     pub async fn start(opts: BedOptions) -> Result<TestBed, BedError> {
         let t0 = Instant::now();
         let dir = tempfile::Builder::new()
@@ -133,7 +163,7 @@ impl TestBed {
                 ApiServerArgs {
                     name: "guest",
                     etcd_url: &etcd.url,
-                    service_cidr: crate::podnet::GUEST_SERVICE_CIDR,
+                    service_cidr: crate::real::podnet::GUEST_SERVICE_CIDR,
                     namespace: "default",
                 },
             ),
@@ -169,7 +199,7 @@ impl TestBed {
         apply_yaml(&harvester.client, &namespaces, "default").await?;
         apply_yaml(
             &harvester.client,
-            include_str!("../crds/harvester-authenticated.yaml"),
+            include_str!("../../crds/harvester-authenticated.yaml"),
             "default",
         )
         .await?;
@@ -250,7 +280,7 @@ impl TestBed {
         self.wait_harvester_serving().await
     }
 
-    /// After [`ApiServer::start_again`](crate::cluster::ApiServer::start_again) of the Harvester
+    /// After [`ApiServer::start_again`](crate::bed::cluster::ApiServer::start_again) of the Harvester
     /// server: every CRD Established and the virt-api APIService Available.
     pub async fn wait_harvester_serving(&self) -> Result<(), BedError> {
         let names: Vec<String> = CRDS.iter().flat_map(|(_, yaml)| crd_names(yaml)).collect();
@@ -280,69 +310,6 @@ impl TestBed {
             "this bed has no real guest cluster: start it with BedOptions { real_node: true, .. }",
         )
     }
-}
-
-async fn install_crds(client: &kube::Client) -> Result<(), BedError> {
-    for (file, yaml) in CRDS {
-        install_crd_yaml(client, file, yaml).await?;
-    }
-    Ok(())
-}
-
-/// Applies the CRDs of `yaml` (from `file`) and waits until each is Established.
-pub(crate) async fn install_crd_yaml(
-    client: &kube::Client,
-    file: &str,
-    yaml: &str,
-) -> Result<(), BedError> {
-    let mut names = Vec::new();
-    for obj in apply_yaml(client, yaml, "default")
-        .await
-        .map_err(|e| BedError::Setup(format!("installing {file}: {e}")))?
-    {
-        names.extend(obj.metadata.name);
-    }
-    wait_established(client, names).await
-}
-
-/// The `metadata.name`s of the CRDs in a multi-document YAML.
-fn crd_names(yaml: &str) -> Vec<String> {
-    serde_saphyr::from_multiple::<serde_json::Value>(yaml)
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|doc| doc["metadata"]["name"].as_str().map(str::to_string))
-        .collect()
-}
-
-async fn wait_established(client: &kube::Client, names: Vec<String>) -> Result<(), BedError> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for name in names {
-        wait::until(
-            &format!("CRD {name} Established"),
-            Duration::from_secs(30),
-            || {
-                let crds = crds.clone();
-                let name = name.clone();
-                async move {
-                    let crd = crds.get(&name).await.map_err(|e| e.to_string())?;
-                    let conditions = crd.status.and_then(|s| s.conditions).unwrap_or_default();
-                    Ok(
-                        if conditions
-                            .iter()
-                            .any(|c| c.type_ == "Established" && c.status == "True")
-                        {
-                            Ok(())
-                        } else {
-                            Err(conditions)
-                        },
-                    )
-                }
-            },
-        )
-        .await
-        .map_err(BedError::Setup)?;
-    }
-    Ok(())
 }
 
 /// APIService `v1.subresources.kubevirt.io` -> ExternalName Service `kubevirt/virt-api` ->

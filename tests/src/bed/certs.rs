@@ -127,9 +127,9 @@ impl Pki {
                 "127.0.0.1",
                 "localhost",
                 "kubernetes.default.svc",
-                crate::vm::HOST_FROM_GUEST,
-                crate::podnet::KUBERNETES_VIP,
-                crate::podnet::GATEWAY,
+                crate::real::vm::HOST_FROM_GUEST,
+                crate::real::podnet::KUBERNETES_VIP,
+                crate::real::podnet::GATEWAY,
             ],
             ServerAuth,
         )?;

@@ -1,8 +1,5 @@
 //! Shared by the fault tests (`chaos_*.rs`): the `harvester-cloud-provider` binary as a child
 //! process of the test bed, LoadBalancer Services, and the Harvester side to check them against.
-//! (Compiled on its own as well, where it holds no tests.)
-
-#![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -11,6 +8,8 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::util::process::Proc;
+use crate::{TestBed, util::wait};
 use base64::Engine;
 use futures::StreamExt;
 use harvester_cloud_provider::service::name::lb_name;
@@ -23,21 +22,17 @@ use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use serde_json::json;
-use testbed::process::Proc;
-use testbed::{BedOptions, TestBed, wait};
 
 pub const CLUSTER: &str = "chaos";
 pub const POOL: &str = "chaos-pool";
 
 pub async fn bed() -> TestBed {
-    TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("the test bed must start for this test: {e}"))
+    TestBed::started().await
 }
 
 /// The binary cargo built next to this test (`cargo test --workspace` builds every binary).
 pub fn binary() -> PathBuf {
-    testbed::process::built_binary("harvester-cloud-provider")
+    crate::util::process::built_binary("harvester-cloud-provider")
 }
 
 /// The provider binary against the bed, logging to `<bed dir>/<name>.log`; dropping or

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::BedError;
-use crate::process::{Proc, free_port, tail};
+use crate::util::process::{Proc, free_port, tail};
 use qmp::Qmp;
 
 /// The guest port of the command channel (`guest.shell=` on the kernel command line).
@@ -114,7 +114,7 @@ pub struct HotplugStats {
 
 /// The guest image directory (`tests/scripts/guest.sh --print-dir`), or `$HARVESTER_TESTBED_GUEST`.
 pub fn guest_dir() -> Result<PathBuf, BedError> {
-    crate::tools::print_dir("HARVESTER_TESTBED_GUEST", &guest_script())
+    crate::util::tools::print_dir("HARVESTER_TESTBED_GUEST", &guest_script())
 }
 
 fn guest_script() -> PathBuf {

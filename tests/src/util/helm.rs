@@ -14,7 +14,7 @@ pub struct Helm {
 impl Helm {
     /// Runs helm with `args`; Ok(stdout) or Err(the command and helm's output).
     pub fn run(&self, args: &[&str]) -> Result<String, String> {
-        let helm = crate::tools::tool("helm").map_err(|e| e.to_string())?;
+        let helm = crate::util::tools::tool("helm").map_err(|e| e.to_string())?;
         let out = Command::new(helm)
             .args(args)
             .env("KUBECONFIG", &self.kubeconfig)

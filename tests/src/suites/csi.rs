@@ -1,26 +1,21 @@
-//! Shared by the CSI suites (`csi_sanity.rs`, `csi_node.rs`, `chaos_csi.rs`): the driver started
+//! Shared by the CSI suites (`csi_*.rs`, `chaos_csi.rs`, `guest_vm.rs`, ...): the driver started
 //! in-process or as the `harvester-csi-driver` binary against the test bed, gRPC clients on its
 //! socket, the volume steps the suites share, and mount cleanup that also runs when a test fails.
-//! (Compiled on its own as well, where it holds no tests.)
-
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::util::process::Proc;
+use crate::{BedOptions, TestBed};
 use csi_proto::csi::v1::controller_client::ControllerClient;
 use csi_proto::csi::v1::identity_client::IdentityClient;
 use csi_proto::csi::v1::node_client::NodeClient;
-use csi_proto::csi::v1::volume_capability::access_mode::Mode;
-use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use csi_proto::csi::v1::*;
-use harvester_csi_driver::{Config, ServeError};
-use testbed::process::Proc;
-use testbed::sim::GuestVm;
-use testbed::{BedOptions, TestBed};
-use tokio::sync::oneshot;
+use harvester_csi_driver::{Config, Running};
+
+use crate::csi_client;
 use tonic::transport::Channel;
 
 /// The guest VM (and CSI node ID) the suites use.
@@ -28,28 +23,17 @@ pub const NODE: &str = "worker-1";
 
 pub fn assert_root() {
     assert!(
-        testbed::sim::storage::is_root(),
+        crate::sim::storage::is_root(),
         "this test needs root (loop devices, mkfs, mount); run it as root (`make test` does)"
     );
 }
 
 pub async fn bed() -> TestBed {
-    bed_with(BedOptions::default()).await
+    TestBed::started().await
 }
 
 pub async fn bed_with(opts: BedOptions) -> TestBed {
-    match TestBed::start(opts).await {
-        Ok(bed) => bed,
-        Err(e) => panic!("the test bed must start for this test: {e}"),
-    }
-}
-
-/// Harvester's default StorageClass (see [`testbed::sim::Sim::create_default_storage_class`]).
-pub async fn install_default_storage_class(bed: &TestBed) {
-    bed.sim
-        .create_default_storage_class()
-        .await
-        .expect("creating the default StorageClass on Harvester");
+    TestBed::started_with(opts).await
 }
 
 /// A bed with Harvester's default StorageClass, a host and the running guest VM [`NODE`].
@@ -59,25 +43,19 @@ pub async fn bed_with_vm() -> TestBed {
 
 /// [`bed_with_vm`] on a bed started with `opts`.
 pub async fn bed_with_vm_and(opts: BedOptions) -> TestBed {
-    let bed = bed_with(opts).await;
-    install_default_storage_class(&bed).await;
-    bed.sim
-        .create_host("harvester-1", Some("region-a"), Some("zone-1"))
+    TestBed::started_with(opts)
         .await
-        .expect("host");
-    bed.sim
-        .create_vm(&GuestVm::new(NODE).on_host("harvester-1").ip("10.52.0.11"))
+        .with_default_storage_class()
         .await
-        .expect("guest VM");
-    bed
+        .with_vm(NODE)
+        .await
 }
 
 /// The driver serving on a socket in the bed's directory, until [`Driver::stop`] or drop.
 pub struct Driver {
     pub socket: PathBuf,
     pub channel: Channel,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<Result<(), ServeError>>,
+    running: Running,
 }
 
 impl Driver {
@@ -95,16 +73,13 @@ impl Driver {
         tweak(&mut config);
         let socket = harvester_csi_driver::socket_path(&config.endpoint)
             .unwrap_or_else(|e| panic!("test driver endpoint: {e}"));
-        let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(harvester_csi_driver::serve(config, async {
-            let _ = rx.await;
-        }));
+        let running = harvester_csi_driver::spawn(config);
         let start = Instant::now();
         while !socket.exists() {
-            if task.is_finished() {
-                match task.await {
-                    Ok(Err(e)) => panic!("the driver failed to start: {e}"),
-                    other => panic!("the driver stopped while starting: {other:?}"),
+            if running.is_finished() {
+                match running.join().await {
+                    Err(e) => panic!("the driver failed to start: {e}"),
+                    Ok(()) => panic!("the driver stopped while starting"),
                 }
             }
             assert!(
@@ -120,8 +95,7 @@ impl Driver {
         Driver {
             socket,
             channel,
-            stop: Some(tx),
-            task,
+            running,
         }
     }
 
@@ -136,24 +110,12 @@ impl Driver {
     }
 
     /// Stops the driver gracefully and checks it removed its socket.
-    pub async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        let task = &mut self.task;
-        match tokio::time::timeout(Duration::from_secs(20), task).await {
-            Ok(Ok(Ok(()))) => {}
+    pub async fn stop(self) {
+        match tokio::time::timeout(Duration::from_secs(20), self.running.stop()).await {
+            Ok(Ok(())) => {}
             other => panic!("the driver did not stop cleanly: {other:?}"),
         }
         assert!(!self.socket.exists(), "the driver left its socket behind");
-    }
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
     }
 }
 
@@ -209,7 +171,7 @@ impl DriverProc {
         args: &[String],
         env: &[(&str, String)],
     ) -> DriverProc {
-        let mut cmd = Command::new(testbed::process::built_binary("harvester-csi-driver"));
+        let mut cmd = Command::new(crate::util::process::built_binary("harvester-csi-driver"));
         cmd.arg(format!("--endpoint=unix://{}", socket.display()))
             .arg(format!("--kubeconfig={}", bed.cloud_config.display()))
             .args(args)
@@ -249,7 +211,7 @@ impl DriverProc {
                 "{name} did not answer on {} within 30s (last: {last}); log {}:\n{}",
                 socket.display(),
                 proc.log.display(),
-                testbed::process::tail(&proc.log, 20)
+                crate::util::process::tail(&proc.log, 20)
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -274,27 +236,6 @@ impl AsRef<Channel> for DriverProc {
     }
 }
 
-pub fn mount_cap(fs: &str) -> VolumeCapability {
-    VolumeCapability {
-        access_type: Some(AccessType::Mount(MountVolume {
-            fs_type: fs.into(),
-            ..Default::default()
-        })),
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-    }
-}
-
-pub fn block_cap() -> VolumeCapability {
-    VolumeCapability {
-        access_type: Some(AccessType::Block(BlockVolume {})),
-        access_mode: Some(AccessMode {
-            mode: Mode::SingleNodeWriter as i32,
-        }),
-    }
-}
-
 /// A created and controller-published volume, with its staging and target paths.
 pub struct Vol {
     pub id: String,
@@ -303,33 +244,14 @@ pub struct Vol {
     pub target: PathBuf,
 }
 
-pub fn create_request(name: &str, size: u64, cap: &VolumeCapability) -> CreateVolumeRequest {
-    CreateVolumeRequest {
-        name: name.into(),
-        capacity_range: Some(CapacityRange {
-            required_bytes: size as i64,
-            limit_bytes: 0,
-        }),
-        volume_capabilities: vec![cap.clone()],
-        ..Default::default()
-    }
-}
-
+/// ControllerPublishVolume of `id` to [`NODE`].
 pub fn publish_request(id: &str, cap: &VolumeCapability) -> ControllerPublishVolumeRequest {
-    ControllerPublishVolumeRequest {
-        volume_id: id.into(),
-        node_id: NODE.into(),
-        volume_capability: Some(cap.clone()),
-        ..Default::default()
-    }
+    csi_client::publish_request(id, NODE, cap)
 }
 
+/// ControllerUnpublishVolume of `id` from [`NODE`].
 pub fn unpublish_request(id: &str) -> ControllerUnpublishVolumeRequest {
-    ControllerUnpublishVolumeRequest {
-        volume_id: id.into(),
-        node_id: NODE.into(),
-        ..Default::default()
-    }
+    csi_client::unpublish_request(id, NODE)
 }
 
 /// CreateVolume and ControllerPublishVolume to [`NODE`] on controller `d`; the staging and
@@ -451,5 +373,5 @@ pub fn mount_entries(path: &Path) -> Vec<String> {
         .collect()
 }
 
-#[allow(unused_imports)]
-pub use testbed::mounts::MountSweeper;
+pub use crate::csi_client::{block_cap, create_request, from_snapshot, from_volume, mount_cap};
+pub use crate::real::mounts::MountSweeper;

@@ -66,7 +66,7 @@ pub fn config_json(entrypoint: &[String], diff_id: &str) -> Value {
             "WorkingDir": "/",
         },
         "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{diff_id}")]},
-        "history": [{"created": CREATED, "created_by": "testbed::images"}],
+        "history": [{"created": CREATED, "created_by": "testbed::real::images"}],
     })
 }
 

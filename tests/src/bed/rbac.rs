@@ -13,8 +13,8 @@ use k8s_openapi::api::authorization::v1::{
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, PostParams};
 
-use crate::cluster::client_from_kubeconfig;
-use crate::{BedError, certs::Pki, wait};
+use crate::bed::cluster::client_from_kubeconfig;
+use crate::{BedError, bed::certs::Pki, util::wait};
 
 /// Lifetime asked for every token (the API server may shorten it; tests are far shorter).
 const TOKEN_SECONDS: i64 = 3600;

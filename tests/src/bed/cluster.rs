@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
-use crate::certs::{CertFiles, Pki};
-use crate::process::{Proc, free_port};
-use crate::{BedError, tools};
+use crate::bed::certs::{CertFiles, Pki};
+use crate::util::process::{Proc, free_port};
+use crate::{BedError, util::tools};
 
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 

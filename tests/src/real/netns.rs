@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::BedError;
-use crate::process::{Proc, tail};
+use crate::util::process::{Proc, tail};
 
 /// Address of the server's interface.
 pub const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
@@ -317,7 +317,9 @@ impl DhcpNet {
             .map_err(|e| {
                 BedError::Setup(format!("listening on {addr} in {}: {e}", self.client_ns))
             })?;
-        Ok(Forward(tokio::spawn(crate::podnet::splice(listener, addr))))
+        Ok(Forward(tokio::spawn(crate::real::podnet::splice(
+            listener, addr,
+        ))))
     }
 
     /// Runs `work` in a thread that has entered the client namespace and waits for it.

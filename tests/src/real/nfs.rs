@@ -19,7 +19,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::BedError;
-use crate::process::{Proc, tail};
+use crate::util::process::{Proc, tail};
 
 /// The server binary, from Debian's `nfs-ganesha`.
 pub const GANESHA: &str = "ganesha.nfsd";

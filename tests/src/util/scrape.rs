@@ -95,7 +95,7 @@ pub fn https_get(port: u16, path: &str, token: Option<&str>) -> Result<HttpsResp
 
 /// Polls `https_get(port, path, None)` until it answers 200, up to `within`.
 pub async fn wait_for_https_200(port: u16, path: &str, within: Duration) -> Result<(), String> {
-    crate::wait::until(&format!("https {path} 200"), within, || async {
+    crate::util::wait::until(&format!("https {path} 200"), within, || async {
         let p = path.to_string();
         let got = tokio::task::spawn_blocking(move || https_get(port, &p, None))
             .await
@@ -269,7 +269,7 @@ pub async fn get(port: u16, path: &str) -> Result<(u16, String), String> {
 
 /// Waits until `GET path` on `port` answers 200.
 pub async fn wait_for_200(port: u16, path: &str, within: Duration) -> Result<(), String> {
-    crate::wait::until(&format!("{path} 200"), within, || async {
+    crate::util::wait::until(&format!("{path} 200"), within, || async {
         Ok(match get(port, path).await {
             Ok((200, _)) => Ok(()),
             other => Err(other),

@@ -1,5 +1,5 @@
 //! The bed of `make cluster` and of the user's-day test (`tests/tests/real_cluster.rs`), started
-//! by the same code: the real guest cluster with both charts ([`crate::guest_cluster`]), an IP
+//! by the same code: the real guest cluster with both charts ([`crate::bed::guest_cluster`]), an IP
 //! pool on the Harvester side so LoadBalancer Services get an address, and a directory with the
 //! `kubectl` and `helm` the bed built, for the commands `make cluster` prints.
 
@@ -36,8 +36,8 @@ pub fn tools_bin(bed: &TestBed) -> Result<PathBuf, BedError> {
     std::fs::create_dir_all(&bin)
         .map_err(|e| BedError::Setup(format!("creating {}: {e}", bin.display())))?;
     for (name, target) in [
-        ("kubectl", crate::node::node_tool("kubectl")?),
-        ("helm", crate::tools::tool("helm")?),
+        ("kubectl", crate::real::node::node_tool("kubectl")?),
+        ("helm", crate::util::tools::tool("helm")?),
     ] {
         let link = bin.join(name);
         let _ = std::fs::remove_file(&link);

@@ -4,7 +4,7 @@
 //! images of `make images` ([`release`]).
 //!
 //! The bed's images (issue 15), for the real guest node:
-//! - the pause image containerd runs in every sandbox ([`crate::node::SANDBOX_IMAGE`]): the
+//! - the pause image containerd runs in every sandbox ([`crate::real::node::SANDBOX_IMAGE`]): the
 //!   `pause` binary of this crate;
 //! - our two programs (`harvester-cloud-provider`, `harvester-csi-driver`: the debug build
 //!   `cargo test` makes), the CSI driver with every program its node plugin runs (mkfs, blkid,
@@ -321,7 +321,7 @@ fn program(host: &Path, at: &Path) -> Result<Program, BedError> {
 
 /// A binary of this workspace (`target/<profile>/<name>`), or an error naming the build step.
 fn workspace_binary(name: &str) -> Result<PathBuf, BedError> {
-    crate::process::find_built_binary(name).map_err(BedError::Setup)
+    crate::util::process::find_built_binary(name).map_err(BedError::Setup)
 }
 
 /// A CSI sidecar from `make node-tools`, or an error saying to run it.
@@ -376,7 +376,7 @@ pub fn csi_driver(name: String, binary: &Path) -> Result<Recipe, BedError> {
 
 /// Every recipe of the bed, with the host's files found (I/O: `ldd`, the binaries' paths).
 pub fn recipes() -> Result<Vec<(&'static str, Recipe)>, BedError> {
-    let tools = crate::node::node_tools_dir()?;
+    let tools = crate::real::node::node_tools_dir()?;
     let pause = workspace_binary("pause")?;
     let csi = csi_driver(
         name(CSI_DRIVER_REPO),
@@ -386,7 +386,7 @@ pub fn recipes() -> Result<Vec<(&'static str, Recipe)>, BedError> {
         (
             "pause",
             Recipe {
-                name: crate::node::SANDBOX_IMAGE.to_string(),
+                name: crate::real::node::SANDBOX_IMAGE.to_string(),
                 entrypoint: vec!["/pause".to_string()],
                 programs: vec![program(&pause, Path::new("/pause"))?],
                 files: Vec::new(),

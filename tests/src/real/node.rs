@@ -1,10 +1,10 @@
 //! A real guest node for the bed (issue 15): containerd (Debian) and a kubelet 1.34.4
 //! (`tests/scripts/node-tools.sh`) registering against the bed's guest API server with
 //! `--cloud-provider=external`, so the Node appears tainted `uninitialized` for the cloud
-//! provider to initialise. Pods get addresses from the CNI bridge of [`crate::podnet`];
-//! `crate::guest_cluster` adds the control plane, the images and the charts.
+//! provider to initialise. Pods get addresses from the CNI bridge of [`crate::real::podnet`];
+//! `crate::bed::guest_cluster` adds the control plane, the images and the charts.
 //!
-//! Pitfalls of `../shared/reference/real-node.md` handled here: containerd runs with
+//! Pitfalls of a real kubelet and containerd on a shared machine (docs/testbed.md) handled here: containerd runs with
 //! `restrict_oom_score_adj = true` (CAP_SYS_RESOURCE is not in the bounding set); the kernel
 //! sysctls the kubelet rewrites are saved before and restored on drop; mounts under the node's
 //! directory are swept, containerd's tasks killed before containerd stops, and the `kubepods`
@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Node;
 
 use crate::BedError;
-use crate::mounts::MountSweeper;
-use crate::process::{Proc, free_port};
+use crate::real::mounts::MountSweeper;
+use crate::util::process::{Proc, free_port};
 
 /// The taint the kubelet puts on a Node with `--cloud-provider=external`
 /// (k8s.io/cloud-provider v0.34.4 `api/well_known_taints.go`, `TaintExternalCloudProvider`).
@@ -40,7 +40,7 @@ pub const SANDBOX_IMAGE: &str = "localhost/pause:3.10";
 
 /// Where the node tools are: `$HARVESTER_TESTBED_NODE_TOOLS` or `node-tools.sh --print-dir`.
 pub fn node_tools_dir() -> Result<PathBuf, BedError> {
-    crate::tools::print_dir("HARVESTER_TESTBED_NODE_TOOLS", &node_tools_script())
+    crate::util::tools::print_dir("HARVESTER_TESTBED_NODE_TOOLS", &node_tools_script())
 }
 
 fn node_tools_script() -> PathBuf {
@@ -77,7 +77,7 @@ pub struct NodeDirs {
     pub kubelet_root: PathBuf,
     /// The kubelet's `podLogsDir` (`<ns>_<pod>_<uid>/<container>/<n>.log`): in the bed's
     /// directory rather than the host's /var/log/pods, so a run leaves none behind and reads
-    /// only its own ([`crate::pod_logs`]).
+    /// only its own ([`crate::real::pod_logs`]).
     pub pod_logs: PathBuf,
 }
 
@@ -286,7 +286,7 @@ impl RealNode {
 
         write(
             dirs.cni_conf.join("10-testbed.conflist"),
-            crate::podnet::cni_conflist(&dirs.root.join("cni/ipam")),
+            crate::real::podnet::cni_conflist(&dirs.root.join("cni/ipam")),
         )?;
         let config = write(dirs.root.join("containerd.toml"), containerd_config(&dirs))?;
         let mut cmd = Command::new(containerd_bin);

@@ -1,8 +1,6 @@
 //! Shared by the deployment suites (`deploy_charts.rs`, `deploy_rbac*.rs`): helm (built by
 //! tests/scripts/tools.sh), the charts and value sets in deploy/, rendered documents, and
-//! server-side apply of them. (Compiled on its own as well, where it holds no tests.)
-
-#![allow(dead_code)]
+//! server-side apply of them.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,7 +29,7 @@ pub fn chart_dir(chart: &str) -> PathBuf {
 
 /// helm, or a panic that says how to build it.
 pub fn helm() -> PathBuf {
-    testbed::tools::tool("helm")
+    crate::util::tools::tool("helm")
         .unwrap_or_else(|e| panic!("this test needs helm: {e} (`make test` builds it)"))
 }
 
@@ -220,7 +218,7 @@ pub async fn apply(
             &resource,
         ),
     };
-    let mut params = PatchParams::apply(testbed::apply::FIELD_MANAGER).force();
+    let mut params = PatchParams::apply(crate::bed::apply::FIELD_MANAGER).force();
     if dry_run {
         params = params.dry_run();
     }
@@ -355,13 +353,13 @@ pub async fn wait_bindings(client: &kube::Client, docs: &[Value], namespace: &st
         let role_name = binding["roleRef"]["name"].as_str().expect("roleRef.name");
         if role_name == AUTH_DELEGATOR {
             // Built in (bootstrap RBAC policy), not in the chart: its first rule.
-            let access = testbed::rbac::Access {
+            let access = crate::bed::rbac::Access {
                 verb: "create",
                 group: "authentication.k8s.io",
                 resource: "tokenreviews",
                 ..Default::default()
             };
-            testbed::rbac::wait_allowed(client, &access)
+            crate::bed::rbac::wait_allowed(client, &access)
                 .await
                 .unwrap_or_else(|e| panic!("binding {role_name}: {e}"));
             continue;
@@ -380,7 +378,7 @@ pub async fn wait_bindings(client: &kube::Client, docs: &[Value], namespace: &st
             Some((r, s)) => (r, Some(s)),
             None => (resource, None),
         };
-        let access = testbed::rbac::Access {
+        let access = crate::bed::rbac::Access {
             verb: rule["verbs"][0].as_str().expect("verb"),
             group: rule["apiGroups"][0].as_str().expect("group"),
             resource,
@@ -392,7 +390,7 @@ pub async fn wait_bindings(client: &kube::Client, docs: &[Value], namespace: &st
             }),
             name: rule["resourceNames"][0].as_str(),
         };
-        testbed::rbac::wait_allowed(client, &access)
+        crate::bed::rbac::wait_allowed(client, &access)
             .await
             .unwrap_or_else(|e| panic!("binding {role_name}: {e}"));
     }
@@ -412,7 +410,7 @@ pub struct Accounts {
 /// `guest_sa` (in kube-system) and for the Harvester ServiceAccount [`CLUSTER`] in the VM
 /// namespace, writes them as kubeconfigs, and waits until every binding is in force.
 pub async fn accounts(
-    bed: &testbed::TestBed,
+    bed: &crate::TestBed,
     guest_docs: &[Value],
     guest_sa: Option<&str>,
     harvester_docs: &[Value],
@@ -423,7 +421,7 @@ pub async fn accounts(
     let guest_kubeconfig = dir.join("guest-sa.kubeconfig");
     let guest = match guest_sa {
         Some(sa) => {
-            let access = testbed::rbac::account_kubeconfig(
+            let access = crate::bed::rbac::account_kubeconfig(
                 &bed.guest.client,
                 &bed.guest.url,
                 &bed.pki,
@@ -439,7 +437,7 @@ pub async fn accounts(
         None => None,
     };
     let cloud_config = dir.join("cloud-config-sa");
-    let harvester = testbed::rbac::account_kubeconfig(
+    let harvester = crate::bed::rbac::account_kubeconfig(
         &bed.harvester.client,
         &bed.harvester.url,
         &bed.pki,
@@ -494,12 +492,12 @@ pub fn ccm_args(chart: &[Value], accounts: &Accounts) -> Vec<String> {
     argv
 }
 
-/// Forbidden answers so far on both API servers (see `testbed::rbac::refusals`).
-pub async fn refusals(bed: &testbed::TestBed) -> (u64, u64) {
-    let guest = testbed::rbac::refusals(&bed.guest.client)
+/// Forbidden answers so far on both API servers (see `crate::bed::rbac::refusals`).
+pub async fn refusals(bed: &crate::TestBed) -> (u64, u64) {
+    let guest = crate::bed::rbac::refusals(&bed.guest.client)
         .await
         .unwrap_or_else(|e| panic!("guest metrics: {e}"));
-    let harvester = testbed::rbac::refusals(&bed.harvester.client)
+    let harvester = crate::bed::rbac::refusals(&bed.harvester.client)
         .await
         .unwrap_or_else(|e| panic!("Harvester metrics: {e}"));
     (guest, harvester)
@@ -508,10 +506,8 @@ pub async fn refusals(bed: &testbed::TestBed) -> (u64, u64) {
 // ---- helm against the test bed's guest API server ----
 
 /// A test bed for the deployment suites; fails the test when it cannot start.
-pub async fn bed() -> testbed::TestBed {
-    testbed::TestBed::start(testbed::BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("the test bed must start for this test: {e}"))
+pub async fn bed() -> crate::TestBed {
+    crate::TestBed::started().await
 }
 
 /// The guest cluster of RKE2 has the snapshot CRDs (rke2-snapshot-controller-crd); install the
@@ -529,7 +525,7 @@ pub async fn install_snapshot_crds(client: &kube::Client) {
     }
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for name in names {
-        testbed::wait::until(
+        crate::util::wait::until(
             &format!("CRD {name} established"),
             std::time::Duration::from_secs(30),
             || {
@@ -552,14 +548,14 @@ pub async fn install_snapshot_crds(client: &kube::Client) {
     }
 }
 
-/// helm with the bed's guest admin kubeconfig (see [`testbed::helm::Helm`]).
-pub struct BedHelm(testbed::helm::Helm);
+/// helm with the bed's guest admin kubeconfig (see [`crate::util::helm::Helm`]).
+pub struct BedHelm(crate::util::helm::Helm);
 
 impl BedHelm {
-    pub fn new(bed: &testbed::TestBed) -> Self {
+    pub fn new(bed: &crate::TestBed) -> Self {
         let home = bed.dir.path().join("helm");
         std::fs::create_dir_all(&home).unwrap_or_else(|e| panic!("{}: {e}", home.display()));
-        BedHelm(testbed::helm::Helm {
+        BedHelm(crate::util::helm::Helm {
             kubeconfig: bed.guest.kubeconfig.clone(),
             home,
         })

@@ -1,0 +1,452 @@
+//! Section 6: scale, many Services and Nodes on one bed with the release binary of the provider.
+
+use super::*;
+
+/// One scale level: this many LoadBalancer Services and tainted Nodes on one fresh bed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Level {
+    pub(crate) services: usize,
+    pub(crate) nodes: usize,
+}
+
+/// The figures of one level, for its rows and the growth table.
+pub(crate) struct Scaled {
+    pub(crate) level: Level,
+    pub(crate) svc_to_cr: Stats,
+    pub(crate) alloc_to_address: Stats,
+    pub(crate) standin: Option<Stats>,
+    pub(crate) node_init: Stats,
+    pub(crate) per_service: f64,
+    pub(crate) per_node: f64,
+    pub(crate) hwm_kib: u64,
+    pub(crate) cpu_s: f64,
+}
+
+/// The Service with a malformed annotation among the others.
+pub(crate) const BAD_SERVICE: &str = "bench-bad-annotation";
+
+/// `(verb, resource) -> requests` scraped from a provider process's `/metrics`.
+pub(crate) async fn scraped_requests(port: u16) -> anyhow::Result<BTreeMap<(String, String), u64>> {
+    let (code, body) = testbed::util::scrape::get(port, "/metrics")
+        .await
+        .map_err(anyhow::Error::msg)?;
+    if code != 200 {
+        bail!("/metrics answered {code}");
+    }
+    let samples = testbed::util::scrape::parse(&body).map_err(anyhow::Error::msg)?;
+    let mut out = BTreeMap::new();
+    for s in samples
+        .iter()
+        .filter(|s| s.name == "harvester_kube_api_requests_total")
+    {
+        let label = |k: &str| s.labels.get(k).cloned().unwrap_or_default();
+        *out.entry((label("verb"), label("resource"))).or_insert(0) += s.value as u64;
+    }
+    Ok(out)
+}
+
+/// Reconciles and their mean duration per controller, from a provider process's `/metrics`:
+/// how much of a latency is the provider's own work (its API round trips included) and how much
+/// is waiting (watch delivery, queue).
+pub(crate) async fn reconcile_figures(port: u16) -> anyhow::Result<String> {
+    let (_, body) = testbed::util::scrape::get(port, "/metrics")
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let samples = testbed::util::scrape::parse(&body).map_err(anyhow::Error::msg)?;
+    let mut per: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for s in &samples {
+        let Some(c) = s.labels.get("controller") else {
+            continue;
+        };
+        let e = per.entry(c.clone()).or_default();
+        match s.name.as_str() {
+            "harvester_reconcile_duration_seconds_sum" => e.0 += s.value,
+            "harvester_reconcile_duration_seconds_count" => e.1 += s.value,
+            _ => {}
+        }
+    }
+    Ok(per
+        .iter()
+        .filter(|(_, (_, n))| *n > 0.0)
+        .map(|(c, (sum, n))| format!("{c} {n:.0} × {}", secs(Duration::from_secs_f64(sum / n))))
+        .collect::<Vec<_>>()
+        .join(", "))
+}
+
+/// Waits until the process's request counter has not moved for `quiet` (at most `limit`).
+pub(crate) async fn settle_scraped(
+    port: u16,
+    quiet: Duration,
+    limit: Duration,
+) -> anyhow::Result<()> {
+    let start = Instant::now();
+    let mut last: u64 = scraped_requests(port).await?.values().sum();
+    let mut since = Instant::now();
+    while start.elapsed() < limit {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now: u64 = scraped_requests(port).await?.values().sum();
+        if now != last {
+            last = now;
+            since = Instant::now();
+        } else if since.elapsed() >= quiet {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// User + system CPU time of a process, from `/proc/<pid>/stat` (fields 14 and 15, clock ticks).
+pub(crate) fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    // The command name (field 2) may hold spaces: count from the closing parenthesis.
+    let rest = text
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .context("no ')' in /proc/<pid>/stat")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After ')': field 3 is index 0, so utime (14) is 11 and stime (15) is 12.
+    let tick = |i: usize| -> anyhow::Result<u64> {
+        fields
+            .get(i)
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("field {} of /proc/{pid}/stat", i + 3))
+    };
+    // The kernel reports these in USER_HZ, which is 100 on x86_64 and aarch64.
+    Ok((tick(11)? + tick(12)?) as f64 / 100.0)
+}
+
+pub(crate) fn stats_cell(s: &Stats) -> String {
+    format!("{} / {} / {}", secs(s.p50), secs(s.p99), secs(s.max))
+}
+
+pub(crate) async fn scale(level: Level, report: &mut Report) -> anyhow::Result<Scaled> {
+    let Level { services, nodes } = level;
+    progress(format!(
+        "6. Scale: {services} LoadBalancer Services and {nodes} tainted Nodes on one bed"
+    ));
+    let ccm_bin = sibling_binary("harvester-cloud-provider")?;
+    let bed = bed(None).await?;
+    create_pool(&bed).await?;
+    let vms = create_vms(&bed, nodes).await?;
+    progress(format!("  {nodes} VMs running"));
+    let port = testbed::util::process::free_port()?;
+    let mut cmd = Command::new(&ccm_bin);
+    cmd.args(provider_args(&bed)).args([
+        "--leader-elect=false".to_string(),
+        format!("--metrics-address=127.0.0.1:{port}"),
+        "--secure-port=0".to_string(),
+    ]);
+    let mut ccm = Proc::spawn("harvester-cloud-provider", cmd, bed.dir.path())?;
+    testbed::util::scrape::wait_for_200(port, "/readyz", Duration::from_secs(60))
+        .await
+        .map_err(|e| anyhow::anyhow!("the provider did not get ready: {e}"))?;
+    settle_scraped(port, Duration::from_secs(1), Duration::from_secs(20)).await?;
+    ccm.check_alive()?;
+    let cpu_start = cpu_seconds(ccm.pid())?;
+
+    // Nodes first, on their own, so each request is counted against the right kind of object.
+    let (node_seen, node_watch) =
+        observe(Api::<Node>::all(bed.guest.client.clone()), node_initialised);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = scraped_requests(port).await?;
+    let node_sent = create_nodes(&bed, &vms).await?;
+    let node_result = wait_all(
+        "Nodes initialised",
+        &node_seen,
+        &vms,
+        Duration::from_secs(60 + nodes as u64 / 2),
+    )
+    .await;
+    settle_scraped(port, Duration::from_secs(2), Duration::from_secs(30)).await?;
+    let after_nodes = scraped_requests(port).await?;
+    node_watch.abort();
+    let node_seen = node_result.map_err(anyhow::Error::msg)?;
+    let node_req = delta(&after_nodes, &before);
+    let node_init = Stats::of(latencies(&node_sent, &node_seen)).context("no Node latencies")?;
+    progress(format!(
+        "  {nodes} Nodes initialised: p50 {}, p99 {}",
+        secs(node_init.p50),
+        secs(node_init.p99)
+    ));
+
+    // Then the Services, 16 creates in flight, one of them with a malformed annotation.
+    let svc_api: Api<Service> = Api::namespaced(bed.guest.client.clone(), "default");
+    let crs: Api<LoadBalancer> = Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);
+    let (seen, watch) = observe(svc_api.clone(), service_address);
+    let (cr_seen, cr_watch) = observe(crs.clone(), cr_created);
+    let (alloc_seen, alloc_watch) = observe(crs, cr_allocated);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let t0 = Instant::now();
+    let sent = create_all(services, |i| {
+        let api = svc_api.clone();
+        async move {
+            let name = format!("bench-lb-{i:05}");
+            api.create(&PostParams::default(), &lb_service(&name)?)
+                .await
+                .with_context(|| format!("creating Service {name}"))?;
+            Ok(name)
+        }
+    })
+    .await?;
+    let mut bad = lb_service(BAD_SERVICE)?;
+    bad.annotations_mut()
+        .insert("cloudprovider.harvesterhci.io/ipam".into(), "static".into());
+    svc_api
+        .create(&PostParams::default(), &bad)
+        .await
+        .context("creating the Service with a malformed annotation")?;
+    progress(format!(
+        "  {services} Services created in {}",
+        secs(t0.elapsed())
+    ));
+    let names: Vec<String> = sent.keys().cloned().collect();
+    // The stand-in allocates one LoadBalancer at a time, each write carrying the whole IPPool
+    // status: the limit grows with N.
+    let limit = Duration::from_secs(120 + services as u64 * 3 / 5);
+    let result = wait_all("Services with an address", &seen, &names, limit).await;
+    settle_scraped(port, Duration::from_secs(2), Duration::from_secs(60)).await?;
+    let after = scraped_requests(port).await?;
+    for w in [watch, cr_watch, alloc_watch] {
+        w.abort();
+    }
+    ccm.check_alive()?;
+    let cpu_s = cpu_seconds(ccm.pid())? - cpu_start;
+    let reconciles = reconcile_figures(port).await?;
+    let (hwm_kib, rss_kib) = memory_kib(ccm.pid())?;
+    let seen = result.map_err(anyhow::Error::msg)?;
+    let bad_note = bad_annotation_event(&bed).await?;
+    let bad_has_cr = seen_now(&cr_seen).contains_key(BAD_SERVICE);
+    ccm.stop();
+    if bad_has_cr {
+        bail!("{BAD_SERVICE} got a LoadBalancer CR from a malformed annotation");
+    }
+    let (cr_seen, alloc_seen) = (seen_now(&cr_seen), seen_now(&alloc_seen));
+    let sent_seen: HashMap<String, (Instant, String)> = sent
+        .iter()
+        .map(|(k, t)| (k.clone(), (*t, String::new())))
+        .collect();
+    let svc_to_cr = Stats::of(between(&sent_seen, &cr_seen)).context("no CR latencies")?;
+    let alloc_to_address =
+        Stats::of(between(&alloc_seen, &seen)).context("no address latencies")?;
+    let standin = Stats::of(between(&cr_seen, &alloc_seen));
+    let whole = Stats::of(latencies(&sent, &seen)).context("no latencies")?;
+    let svc_req = delta(&after, &after_nodes);
+    let per = |d: &BTreeMap<(String, String), u64>, n: usize| {
+        d.values().sum::<u64>() as f64 / n.max(1) as f64
+    };
+    let (per_service, per_node) = (per(&svc_req, services), per(&node_req, nodes));
+    let all_in = seen
+        .values()
+        .map(|(t, _)| t.saturating_duration_since(t0))
+        .max()
+        .unwrap_or_default();
+    report.rows.push(Row {
+        section: "6",
+        what: "scale: provider's own step Service created → its LoadBalancer CR exists".into(),
+        n: format!("{services} + {nodes}"),
+        total: "—".into(),
+        p50: secs(svc_to_cr.p50),
+        p99: secs(svc_to_cr.p99),
+        figures: format!(
+            "max {}; **{per_service:.1} API requests/Service**; all {services} addressed {} after the first create (the stand-in allocates one at a time: p50 {} from CR to address); whole Service created → ingress p50 {}, p99 {}",
+            secs(svc_to_cr.max),
+            secs(all_in),
+            standin.as_ref().map(|s| secs(s.p50)).unwrap_or_default(),
+            secs(whole.p50),
+            secs(whole.p99)
+        ),
+    });
+    report.rows.push(Row {
+        section: "6",
+        what: "scale: provider's own step CR allocated → Service ingress seen".into(),
+        n: format!("{services} + {nodes}"),
+        total: "—".into(),
+        p50: secs(alloc_to_address.p50),
+        p99: secs(alloc_to_address.p99),
+        figures: format!("max {}", secs(alloc_to_address.max)),
+    });
+    report.rows.push(Row {
+        section: "6",
+        what: "scale: Node tainted → initialised".into(),
+        n: format!("{services} + {nodes}"),
+        total: "—".into(),
+        p50: secs(node_init.p50),
+        p99: secs(node_init.p99),
+        figures: format!(
+            "max {}; **{per_node:.1} API requests/Node**",
+            secs(node_init.max)
+        ),
+    });
+    report.rows.push(Row {
+        section: "6",
+        what: "scale: the `harvester-cloud-provider` release binary holding them".into(),
+        n: format!("{services} + {nodes}"),
+        total: "—".into(),
+        p50: "—".into(),
+        p99: "—".into(),
+        figures: format!(
+            "**VmHWM {}** (VmRSS {}); **{cpu_s:.1} CPU seconds** (user + system) from ready to the last Service settled; reconciles (count × mean duration, API round trips included): {reconciles}",
+            mib(hwm_kib),
+            mib(rss_kib)
+        ),
+    });
+    report.rows.push(Row {
+        section: "6",
+        what: "scale: one Service with a malformed annotation among them".into(),
+        n: "1".into(),
+        total: "—".into(),
+        p50: "—".into(),
+        p99: "—".into(),
+        figures: format!(
+            "Warning `SyncLoadBalancerFailed`: {}; no CR; the other {services} all addressed",
+            bad_note.replace('|', "\\|")
+        ),
+    });
+    report.details.push(breakdown_table(
+        &format!("Scale: cloud provider API requests, {services} LoadBalancer Services (with {nodes} Nodes held)"),
+        "Service",
+        services,
+        &svc_req,
+    ));
+    report.details.push(breakdown_table(
+        &format!("Scale: cloud provider API requests, {nodes} Nodes"),
+        "Node",
+        nodes,
+        &node_req,
+    ));
+    progress(format!(
+        "  {services} Services: CR p99 {}, address p99 {}, {per_service:.1} req/Service, {per_node:.1} req/Node, VmHWM {}, {cpu_s:.1} CPU s",
+        secs(svc_to_cr.p99),
+        secs(alloc_to_address.p99),
+        mib(hwm_kib)
+    ));
+    Ok(Scaled {
+        level,
+        svc_to_cr,
+        alloc_to_address,
+        standin,
+        node_init,
+        per_service,
+        per_node,
+        hwm_kib,
+        cpu_s,
+    })
+}
+
+/// The note of the Warning Event on [`BAD_SERVICE`] that names the malformed annotation.
+pub(crate) async fn bad_annotation_event(bed: &TestBed) -> anyhow::Result<String> {
+    let api: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(bed.guest.client.clone(), "default");
+    let start = Instant::now();
+    loop {
+        let events = api
+            .list(
+                &kube::api::ListParams::default().fields(&format!("regarding.name={BAD_SERVICE}")),
+            )
+            .await?;
+        if let Some(note) = events.items.iter().find_map(|e| {
+            (e.type_.as_deref() == Some("Warning")
+                && e.reason.as_deref() == Some("SyncLoadBalancerFailed"))
+            .then(|| e.note.clone().unwrap_or_default())
+            .filter(|n| n.contains("cloudprovider.harvesterhci.io/ipam") && n.contains("static"))
+        }) {
+            return Ok(note);
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            bail!(
+                "no Warning SyncLoadBalancerFailed naming the annotation on {BAD_SERVICE}; its events: {:?}",
+                events
+                    .items
+                    .iter()
+                    .map(|e| (e.reason.clone(), e.note.clone()))
+                    .collect::<Vec<_>>()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Issue 18's targets for the provider, measured at the largest level.
+pub(crate) fn scale_targets(l: &Scaled) -> Vec<Target> {
+    let at = format!("{} Services + {} Nodes", l.level.services, l.level.nodes);
+    let limit = Duration::from_millis(50);
+    let p99 = |what: &str, s: &Stats| Target {
+        what: format!("provider's own step p99, {what} ({at})"),
+        target: "≤ 50 ms".into(),
+        measured: secs(s.p99),
+        met: s.p99 <= limit,
+    };
+    vec![
+        p99("Service created → its LoadBalancer CR", &l.svc_to_cr),
+        p99("CR allocated → Service address", &l.alloc_to_address),
+        p99("Node tainted → initialised", &l.node_init),
+        Target {
+            what: format!("API requests per Service ({at})"),
+            target: "≤ 5".into(),
+            measured: format!("{:.2}", l.per_service),
+            met: l.per_service <= 5.0,
+        },
+        Target {
+            what: format!("API requests per Node ({at})"),
+            target: "≤ 3".into(),
+            measured: format!("{:.2}", l.per_node),
+            met: l.per_node <= 3.0,
+        },
+        Target {
+            what: format!("provider VmHWM ({at})"),
+            target: "≤ 24 MiB".into(),
+            measured: mib(l.hwm_kib),
+            met: l.hwm_kib <= 24 * 1024,
+        },
+    ]
+}
+
+/// How each figure grows from the first level to the others.
+pub(crate) fn growth_table(levels: &[Scaled]) -> String {
+    let Some(first) = levels.first() else {
+        return String::new();
+    };
+    let mut s = String::from(
+        "### Scale: how the figures grow\n\nEach level on a fresh bed; the provider's own steps as p50 / p99 / max; ratios to the first level in brackets.\n\n| Services + Nodes | Service → CR | CR allocated → address | Node tainted → initialised | stand-in CR → allocated (p50) | requests/Service | requests/Node | VmHWM | CPU seconds |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let ratio = |a: f64, b: f64| {
+        if b > 0.0 {
+            format!(" ({:.1}×)", a / b)
+        } else {
+            String::new()
+        }
+    };
+    for l in levels {
+        let _ = writeln!(
+            s,
+            "| {} + {} | {}{} | {}{} | {}{} | {} | {:.2} | {:.2} | {}{} | {:.1}{} |",
+            l.level.services,
+            l.level.nodes,
+            stats_cell(&l.svc_to_cr),
+            ratio(
+                l.svc_to_cr.p99.as_secs_f64(),
+                first.svc_to_cr.p99.as_secs_f64()
+            ),
+            stats_cell(&l.alloc_to_address),
+            ratio(
+                l.alloc_to_address.p99.as_secs_f64(),
+                first.alloc_to_address.p99.as_secs_f64()
+            ),
+            stats_cell(&l.node_init),
+            ratio(
+                l.node_init.p99.as_secs_f64(),
+                first.node_init.p99.as_secs_f64()
+            ),
+            l.standin.as_ref().map(|s| secs(s.p50)).unwrap_or_default(),
+            l.per_service,
+            l.per_node,
+            mib(l.hwm_kib),
+            ratio(l.hwm_kib as f64, first.hwm_kib as f64),
+            l.cpu_s,
+            ratio(l.cpu_s, first.cpu_s),
+        );
+    }
+    s.push_str("\n(The ratio in a latency column is that of the p99.)\n");
+    s
+}

@@ -1,0 +1,266 @@
+//! Section 3: volumes through the CSI driver (create, publish, stage, publish, and back).
+
+use super::*;
+use testbed::csi_client::{create_request, mount_cap, publish_request, unpublish_request};
+
+pub(crate) const VOLUME_NODE: &str = "worker-1";
+pub(crate) const STEPS: [&str; 8] = [
+    "CreateVolume",
+    "ControllerPublishVolume",
+    "NodeStageVolume",
+    "NodePublishVolume",
+    "NodeUnpublishVolume",
+    "NodeUnstageVolume",
+    "ControllerUnpublishVolume",
+    "DeleteVolume",
+];
+
+pub(crate) async fn install_default_storage_class(bed: &TestBed) -> anyhow::Result<()> {
+    let sc: k8s_openapi::api::storage::v1::StorageClass = serde_json::from_value(json!({
+        "metadata": {"name": "harvester-longhorn",
+                     "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+        "provisioner": "driver.longhorn.io",
+        "allowVolumeExpansion": true,
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "Immediate"
+    }))?;
+    Api::<k8s_openapi::api::storage::v1::StorageClass>::all(bed.harvester.client.clone())
+        .create(&PostParams::default(), &sc)
+        .await?;
+    Ok(())
+}
+
+/// Waits until the stand-in has bound Harvester PVC `name` (its binder also detaches the loop
+/// devices of deleted volumes, one at a time); that wait is the stand-in's, not the driver's.
+pub(crate) async fn wait_bound(
+    pvcs: &Api<PersistentVolumeClaim>,
+    name: &str,
+) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    loop {
+        let pvc = pvcs.get(name).await?;
+        if pvc.status.and_then(|s| s.phase).as_deref() == Some("Bound") {
+            return Ok(t.elapsed());
+        }
+        if t.elapsed() > Duration::from_secs(30) {
+            bail!("PVC {name} not Bound after 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// One volume up and down; the duration of each step in [`STEPS`] order, and the wait for the
+/// stand-in to bind the PVC (between CreateVolume and ControllerPublishVolume, not in either).
+pub(crate) async fn volume_round_trip(
+    controller: &mut ControllerClient<Channel>,
+    node: &mut NodeClient<Channel>,
+    pvcs: &Api<PersistentVolumeClaim>,
+    dir: &Path,
+    i: usize,
+) -> anyhow::Result<([Duration; 8], Duration)> {
+    let mut took = [Duration::ZERO; 8];
+    let name = format!("pvc-bench-{i:03}");
+    let staging = dir.join(format!("{name}-staging"));
+    let target = dir.join(format!("{name}-target"));
+    let t = Instant::now();
+    let volume = controller
+        .create_volume(create_request(&name, 32 << 20, &mount_cap("ext4")))
+        .await
+        .context("CreateVolume")?
+        .into_inner()
+        .volume
+        .context("CreateVolume returned no volume")?;
+    took[0] = t.elapsed();
+    let id = volume.volume_id;
+    let bound = wait_bound(pvcs, &id).await?;
+    let t = Instant::now();
+    let ctx = controller
+        .controller_publish_volume(publish_request(&id, VOLUME_NODE, &mount_cap("ext4")))
+        .await
+        .context("ControllerPublishVolume")?
+        .into_inner()
+        .publish_context;
+    took[1] = t.elapsed();
+    let t = Instant::now();
+    node.node_stage_volume(NodeStageVolumeRequest {
+        volume_id: id.clone(),
+        publish_context: ctx.clone(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(mount_cap("ext4")),
+        ..Default::default()
+    })
+    .await
+    .context("NodeStageVolume")?;
+    took[2] = t.elapsed();
+    let t = Instant::now();
+    node.node_publish_volume(NodePublishVolumeRequest {
+        volume_id: id.clone(),
+        publish_context: ctx,
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(mount_cap("ext4")),
+        ..Default::default()
+    })
+    .await
+    .context("NodePublishVolume")?;
+    took[3] = t.elapsed();
+    std::fs::write(target.join("bench.txt"), name.as_bytes())
+        .context("writing into the published volume")?;
+    let t = Instant::now();
+    node.node_unpublish_volume(NodeUnpublishVolumeRequest {
+        volume_id: id.clone(),
+        target_path: target.display().to_string(),
+    })
+    .await
+    .context("NodeUnpublishVolume")?;
+    took[4] = t.elapsed();
+    let t = Instant::now();
+    node.node_unstage_volume(NodeUnstageVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await
+    .context("NodeUnstageVolume")?;
+    took[5] = t.elapsed();
+    let t = Instant::now();
+    controller
+        .controller_unpublish_volume(unpublish_request(&id, VOLUME_NODE))
+        .await
+        .context("ControllerUnpublishVolume")?;
+    took[6] = t.elapsed();
+    let t = Instant::now();
+    controller
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: id,
+            ..Default::default()
+        })
+        .await
+        .context("DeleteVolume")?;
+    took[7] = t.elapsed();
+    Ok((took, bound))
+}
+
+pub(crate) async fn volumes(n: usize, report: &mut Report) -> anyhow::Result<()> {
+    progress(format!(
+        "3. Volumes, N = {n} (one after another, hot-plug delay 0)"
+    ));
+    let bed = bed(Some(Duration::ZERO)).await?;
+    install_default_storage_class(&bed).await?;
+    bed.sim
+        .create_host(HOST, Some("region-a"), Some("zone-1"))
+        .await?;
+    bed.sim
+        .create_vm(&GuestVm::new(VOLUME_NODE).on_host(HOST).ip("10.52.0.11"))
+        .await?;
+    let dir = bed.dir.path().join("bench-csi");
+    std::fs::create_dir_all(&dir)?;
+    let _sweep = testbed::real::mounts::MountSweeper(dir.clone());
+    let socket = dir.join("csi.sock");
+    let mut config = harvester_csi_driver::Config::new(
+        format!("unix://{}", socket.display()),
+        &bed.cloud_config,
+    );
+    config.node_id = Some(VOLUME_NODE.into());
+    config.disk_by_id_dir = bed.sim.by_id_dir(VOLUME_NODE);
+    let server = harvester_csi_driver::spawn(config);
+    wait_for_socket(&socket, || server.is_finished()).await?;
+    let channel = harvester_csi_driver::connect(&socket).await?;
+    let mut controller = ControllerClient::new(channel.clone());
+    let mut node = NodeClient::new(channel);
+
+    let pvcs: Api<PersistentVolumeClaim> =
+        Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);
+    let mut binding = Vec::new();
+    let mut per_step: Vec<Vec<Duration>> = vec![Vec::new(); STEPS.len()];
+    let mut round_trips = Vec::new();
+    let t0 = Instant::now();
+    let mut last_print = Instant::now();
+    let mut outcome = Ok(());
+    for i in 0..n {
+        match volume_round_trip(&mut controller, &mut node, &pvcs, &dir, i).await {
+            Ok((took, bound)) => {
+                binding.push(bound);
+                for (s, d) in took.iter().enumerate() {
+                    per_step[s].push(*d);
+                }
+                round_trips.push(took.iter().sum::<Duration>());
+            }
+            Err(e) => {
+                outcome = Err(e.context(format!("volume {i}")));
+                break;
+            }
+        }
+        if last_print.elapsed() > Duration::from_secs(5) {
+            progress(format!("  {}/{n} volumes up and down", i + 1));
+            last_print = Instant::now();
+        }
+    }
+    let all_in = t0.elapsed();
+    let _ = tokio::time::timeout(Duration::from_secs(20), server.stop()).await;
+    outcome?;
+
+    for (s, sample) in per_step.into_iter().enumerate() {
+        let stats = Stats::of(sample).context("no samples")?;
+        report.rows.push(Row {
+            section: "3",
+            what: format!("volume step `{}`", STEPS[s]),
+            n: stats.n.to_string(),
+            total: "—".into(),
+            p50: secs(stats.p50),
+            p99: secs(stats.p99),
+            figures: format!("max {}", secs(stats.max)),
+        });
+    }
+    let rt = Stats::of(round_trips).context("no round trips")?;
+    let mean = rt.sum / rt.n as u32;
+    report.rows.push(Row {
+        section: "3",
+        what: "volume round trip (all 8 steps, 32 MiB ext4, one after another)".into(),
+        n: n.to_string(),
+        total: secs(all_in),
+        p50: secs(rt.p50),
+        p99: secs(rt.p99),
+        figures: format!(
+            "mean {}; {:.2} volumes/s up and down (wall clock, stand-in binding included); stand-in hot-plug delay set to 0 (`BedOptions::hotplug_delay = Duration::ZERO`)",
+            secs(mean),
+            n as f64 / all_in.as_secs_f64()
+        ),
+    });
+    let b = Stats::of(binding).context("no binding times")?;
+    report.rows.push(Row {
+        section: "3",
+        what: "(not the driver) stand-in binds the Harvester PVC after CreateVolume".into(),
+        n: b.n.to_string(),
+        total: "—".into(),
+        p50: secs(b.p50),
+        p99: secs(b.p99),
+        figures: format!(
+            "max {}; waited for by the bench between CreateVolume and ControllerPublishVolume and kept out of both (the stand-in's binder also detaches the previous volume's loop device)",
+            secs(b.max)
+        ),
+    });
+    progress(format!(
+        "  {n} volumes up and down in {} (round trip p50 {}, p99 {})",
+        secs(all_in),
+        secs(rt.p50),
+        secs(rt.p99)
+    ));
+    Ok(())
+}
+
+pub(crate) async fn wait_for_socket(
+    socket: &Path,
+    mut died: impl FnMut() -> bool,
+) -> anyhow::Result<()> {
+    let start = Instant::now();
+    while !socket.exists() {
+        if died() {
+            bail!("the CSI driver stopped while starting");
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            bail!("the CSI driver socket {} did not appear", socket.display());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
