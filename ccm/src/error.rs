@@ -98,6 +98,13 @@ impl Error {
 /// One line for an error and its causes (kube API errors without their struct dump).
 pub use harvester_common::api_error::one_line;
 
+/// A provider task that panicked or was cancelled ([`crate::Running`]).
+impl From<tokio::task::JoinError> for Error {
+    fn from(e: tokio::task::JoinError) -> Self {
+        Error::Task(e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,6 +27,7 @@ pub mod node;
 pub mod secure;
 pub mod service;
 
+use harvester_common::running::OnDrop;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -139,44 +140,10 @@ pub fn token_expiry_event(guest: kube::Client) -> impl Fn(&str) + Send + Sync + 
     }
 }
 
-/// A cloud provider running on the current Tokio runtime (tests, the demo, embedding).
-pub struct Running {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<Result<(), Error>>,
-}
+/// The provider running on the current Tokio runtime; dropping it aborts every controller.
+pub type Running = harvester_common::running::Running<Error>;
 
 /// Starts [`run`] as a task; [`Running::stop`] shuts it down.
 pub fn spawn(config: Config) -> Running {
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(run(config, async move {
-        let _ = stopped.await;
-    }));
-    Running {
-        stop: Some(stop),
-        task,
-    }
-}
-
-impl Running {
-    /// Whether the task has ended (a start-up failure ends it at once).
-    pub fn is_finished(&self) -> bool {
-        self.task.is_finished()
-    }
-
-    /// Asks every controller to stop and waits for them.
-    pub async fn stop(mut self) -> Result<(), Error> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        match (&mut self.task).await {
-            Ok(result) => result,
-            Err(e) => Err(Error::Task(e.to_string())),
-        }
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    Running::spawn(|stopped| run(config, stopped), OnDrop::Abort)
 }

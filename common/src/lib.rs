@@ -7,6 +7,7 @@
 //! - [`flags`]: command lines parsed the way upstream's Go programs parse them.
 //! - [`names`]: Kubernetes name rules (DNS-1123 labels).
 //! - [`quantity`]: Kubernetes quantities as bytes.
+//! - [`running`]: a program's run loop as a task with a stop handle (both `spawn`s).
 //! - [`telemetry`]: logs, metrics, health endpoints, API request counts, shutdown signal.
 //! - [`api_error`]: reading the API server's error answers (status predicates, messages).
 //!
@@ -22,4 +23,5 @@ pub mod guest;
 pub mod harvester;
 pub mod names;
 pub mod quantity;
+pub mod running;
 pub mod telemetry;

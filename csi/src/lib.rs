@@ -30,6 +30,7 @@ pub mod node;
 pub mod request;
 pub mod rpc;
 
+use harvester_common::running::OnDrop;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -210,6 +211,13 @@ pub enum ServeError {
     },
     #[error("driver task: {0}")]
     Task(String),
+}
+
+/// A driver task that panicked or was cancelled ([`Running`]).
+impl From<tokio::task::JoinError> for ServeError {
+    fn from(e: tokio::task::JoinError) -> Self {
+        ServeError::Task(e.to_string())
+    }
 }
 
 /// Where the driver serves CSI: a unix socket (what kubelet and the sidecars use) or, as the CSI
@@ -491,55 +499,14 @@ pub async fn connect(socket: &Path) -> Result<tonic::transport::Channel, tonic::
 }
 
 /// A CSI driver serving on the current Tokio runtime (tests, the demo, the bench, embedding), as
-/// `harvester_cloud_provider::spawn` runs the provider.
-pub struct Running {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<Result<(), ServeError>>,
-}
+/// `harvester_cloud_provider::spawn` runs the provider. Dropping it stops the driver gracefully,
+/// not by abort: the driver still removes its socket.
+pub type Running = harvester_common::running::Running<ServeError>;
 
-/// Starts [`serve`] as a task; [`Running::stop`] shuts it down.
+/// Starts [`serve`] as a task; [`Running::stop`] shuts it down (calls in flight get the shutdown
+/// grace, the socket is removed).
 pub fn spawn(config: Config) -> Running {
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(serve(config, async move {
-        let _ = stopped.await;
-    }));
-    Running {
-        stop: Some(stop),
-        task,
-    }
-}
-
-impl Running {
-    /// Whether the task has ended (a start-up failure ends it at once).
-    pub fn is_finished(&self) -> bool {
-        self.task.is_finished()
-    }
-
-    /// Asks the driver to stop (calls in flight get the shutdown grace, the socket is removed)
-    /// and waits for it.
-    pub async fn stop(mut self) -> Result<(), ServeError> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        self.join().await
-    }
-
-    /// Waits for the task to end without asking it to (how a start-up failure is read).
-    pub async fn join(mut self) -> Result<(), ServeError> {
-        match (&mut self.task).await {
-            Ok(result) => result,
-            Err(e) => Err(ServeError::Task(e.to_string())),
-        }
-    }
-}
-
-impl Drop for Running {
-    /// A graceful stop, not an abort: the driver still removes its socket.
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-    }
+    Running::spawn(|stopped| serve(config, stopped), OnDrop::Stop)
 }
 
 #[cfg(test)]
