@@ -8,9 +8,9 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::time::{Duration, Instant};
 
 use common::{
-    Driver, DriverProc, MountSweeper, NODE, Vol, assert_root, bed_with_vm, bed_with_vm_and,
-    blkid_uuid, block_cap, create_and_publish, create_request, detach_and_delete, mount_cap,
-    mount_entries, publish, publish_request, stage, unpublish_and_unstage, unpublish_request,
+    Driver, DriverProc, NODE, Vol, assert_root, bed_with_vm, bed_with_vm_and, blkid_uuid,
+    block_cap, create_and_publish, create_request, detach_and_delete, mount_cap, mount_entries,
+    node_dir, publish, publish_request, stage, unpublish_and_unstage, unpublish_request,
 };
 use csi_proto::csi::v1::*;
 use harvester_common::harvester::kubevirt::VOLUME_READY;
@@ -421,9 +421,7 @@ async fn staged_volumes_survive_a_node_plugin_sigkill_without_reformat_or_stacke
     assert_root();
     let bed = bed_with_vm().await;
     let ctrl = Driver::start(&bed, |c| c.mode = harvester_csi_driver::Mode::Controller).await;
-    let dir = bed.dir.path().join("chaos-node");
-    std::fs::create_dir_all(&dir).expect("dir");
-    let sweeper = MountSweeper(dir.clone());
+    let (dir, sweeper) = node_dir(&bed, "chaos-node");
     // mkfs.xfs wants at least 300 MiB.
     let sizes = [
         ("pvc-chaos-ext4", 64u64 << 20),
@@ -608,9 +606,7 @@ async fn a_read_only_publish_killed_between_bind_and_remount_is_read_only_after_
     assert_root();
     let bed = bed_with_vm().await;
     let ctrl = Driver::start(&bed, |c| c.mode = harvester_csi_driver::Mode::Controller).await;
-    let dir = bed.dir.path().join("chaos-ro");
-    std::fs::create_dir_all(&dir).expect("dir");
-    let sweeper = MountSweeper(dir.clone());
+    let (dir, sweeper) = node_dir(&bed, "chaos-ro");
     let mut cases = Vec::new();
     for (name, cap, block) in [
         ("pvc-chaos-ro-ext4", mount_cap("ext4"), false),
@@ -709,9 +705,7 @@ async fn an_mkfs_dies_with_a_killed_node_plugin_and_the_retry_formats_once_root(
     assert_root();
     let bed = bed_with_vm().await;
     let ctrl = Driver::start(&bed, |c| c.mode = harvester_csi_driver::Mode::Controller).await;
-    let dir = bed.dir.path().join("chaos-mkfs");
-    std::fs::create_dir_all(&dir).expect("dir");
-    let sweeper = MountSweeper(dir.clone());
+    let (dir, sweeper) = node_dir(&bed, "chaos-mkfs");
     let cap = mount_cap("ext4");
     let vol = create_and_publish(&ctrl, "pvc-chaos-mkfs", 32 << 20, &cap, &dir).await;
 

@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use common::{
-    Driver, MountSweeper, Vol, assert_root, bed_with_vm, create_and_publish, create_request,
-    detach_and_delete, mount_cap, publish, stage, unpublish_and_unstage,
+    Driver, Vol, assert_root, bed_with_vm, create_request, detach_and_delete, mount_cap, mounted,
+    node_dir, publish, stage, unpublish_and_unstage,
 };
 use csi_proto::csi::v1::*;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
@@ -131,16 +131,8 @@ async fn a_backup_restores_its_data_into_a_new_volume_root() {
     assert_root();
     let bed = bed_with_vm().await;
     let d = Driver::start(&bed, |_| {}).await;
-    let dir = bed.dir.path().join("backup-data");
-    std::fs::create_dir_all(&dir).expect("dir");
-    let sweeper = MountSweeper(dir.clone());
-    let src = create_and_publish(&d, "pvc-backup-src", 64 << 20, &mount_cap("ext4"), &dir).await;
-    stage(&d, &src, &mount_cap("ext4"))
-        .await
-        .expect("NodeStageVolume source");
-    publish(&d, &src, &mount_cap("ext4"))
-        .await
-        .expect("NodePublishVolume source");
+    let (dir, sweeper) = node_dir(&bed, "backup-data");
+    let src = mounted(&d, "pvc-backup-src", 64 << 20, &mount_cap("ext4"), &dir).await;
     std::fs::write(src.target.join("before.txt"), b"in the backup").expect("write");
     // What an application-consistent snapshot does first (fsfreeze): flush to the disk.
     assert!(

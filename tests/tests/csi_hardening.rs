@@ -11,9 +11,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{
-    Driver, MountSweeper, NODE, Vol, assert_root, bed_with_vm, block_cap, create_and_publish,
-    create_request, detach_and_delete, mount_cap, mount_entries, publish, publish_request, stage,
-    unpublish_and_unstage, unpublish_request,
+    Driver, NODE, Vol, assert_root, bed_with_vm, block_cap, create_and_publish, create_request,
+    detach_and_delete, mount_cap, mount_entries, mounted, node_dir, publish, publish_request,
+    stage, unpublish_and_unstage, unpublish_request,
 };
 use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume, access_mode};
 use csi_proto::csi::v1::*;
@@ -55,8 +55,7 @@ async fn two_volumes_staged_at_one_path_at_once_mount_only_one_root() {
     assert_root();
     let bed = bed_with_vm().await;
     let d = Driver::start(&bed, |_| {}).await;
-    let dir = work_dir(&bed, "same-path");
-    let sweeper = MountSweeper(dir.clone());
+    let (dir, sweeper) = node_dir(&bed, "same-path");
     let cap = mount_cap("ext4");
     let a = create_and_publish(&d, "pvc-same-a", 64 << 20, &cap, &dir).await;
     let mut b = create_and_publish(&d, "pvc-same-b", 64 << 20, &cap, &dir).await;
@@ -99,8 +98,7 @@ async fn unpublish_keeps_a_users_file_at_the_target_root() {
     assert_root();
     let bed = bed_with_vm().await;
     let d = Driver::start(&bed, |_| {}).await;
-    let dir = work_dir(&bed, "user-file");
-    let sweeper = MountSweeper(dir.clone());
+    let (dir, sweeper) = node_dir(&bed, "user-file");
     let cap = mount_cap("ext4");
     let v = create_and_publish(&d, "pvc-user-file", 64 << 20, &cap, &dir).await;
     stage(&d, &v, &cap).await.expect("NodeStageVolume");
@@ -265,8 +263,7 @@ async fn xfs_volumes_round_up_to_the_mkfs_minimum_and_smaller_ones_fail_to_stage
     assert_root();
     let bed = bed_with_vm().await;
     let d = Driver::start(&bed, |_| {}).await;
-    let dir = work_dir(&bed, "xfs-min");
-    let sweeper = MountSweeper(dir.clone());
+    let (dir, sweeper) = node_dir(&bed, "xfs-min");
     let xfs = mount_cap("xfs");
     // Source: xfsprogs v5.19.0 mkfs/xfs_mkfs.c ("Filesystem must be larger than 300MB."),
     // measured on xfsprogs 6.1.0: 314572800 bytes format, 4 KiB less do not.
@@ -344,8 +341,7 @@ async fn bad_node_input_is_invalid_argument_not_internal_root() {
     assert_root();
     let bed = bed_with_vm().await;
     let d = Driver::start(&bed, |_| {}).await;
-    let dir = work_dir(&bed, "bad-input");
-    let sweeper = MountSweeper(dir.clone());
+    let (dir, sweeper) = node_dir(&bed, "bad-input");
     let cap = mount_cap("ext4");
     let v = create_and_publish(&d, "pvc-bad-input", 64 << 20, &cap, &dir).await;
 
@@ -469,12 +465,9 @@ async fn a_clone_holds_its_sources_data_root() {
     assert_root();
     let bed = bed_with_vm().await;
     let d = Driver::start(&bed, |_| {}).await;
-    let dir = work_dir(&bed, "clone");
-    let sweeper = MountSweeper(dir.clone());
+    let (dir, sweeper) = node_dir(&bed, "clone");
     let cap = mount_cap("ext4");
-    let src = create_and_publish(&d, "pvc-clone-src", 64 << 20, &cap, &dir).await;
-    stage(&d, &src, &cap).await.expect("stage source");
-    publish(&d, &src, &cap).await.expect("publish source");
+    let src = mounted(&d, "pvc-clone-src", 64 << 20, &cap, &dir).await;
     std::fs::write(src.target.join("data.txt"), b"cloned along").expect("write");
     sync();
 
@@ -618,12 +611,9 @@ async fn a_volume_of_a_powered_off_node_moves_after_the_out_of_service_taint_roo
         c.disk_by_id_dir = bed.sim.by_id_dir(OTHER);
     })
     .await;
-    let dir = work_dir(&bed, "shutdown");
-    let sweeper = MountSweeper(dir.clone());
+    let (dir, sweeper) = node_dir(&bed, "shutdown");
     let cap = mount_cap("ext4");
-    let v = create_and_publish(&d1, "pvc-shutdown", 64 << 20, &cap, &dir).await;
-    stage(&d1, &v, &cap).await.expect("stage on worker-1");
-    publish(&d1, &v, &cap).await.expect("publish on worker-1");
+    let v = mounted(&d1, "pvc-shutdown", 64 << 20, &cap, &dir).await;
     std::fs::write(v.target.join("state.db"), b"written on worker-1").expect("write");
     sync();
 

@@ -8,8 +8,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{
-    Driver, MountSweeper, NODE, Vol, assert_root, bed_with_vm, blkid_uuid, create_and_publish,
-    detach_and_delete, mount_cap, publish, stage, unpublish_and_unstage,
+    Driver, NODE, Vol, assert_root, bed_with_vm, blkid_uuid, create_and_publish, detach_and_delete,
+    mount_cap, mounted, node_dir, publish, stage, unpublish_and_unstage,
 };
 use csi_proto::csi::v1::*;
 use tonic::Code;
@@ -19,9 +19,7 @@ async fn data_survives_unstage_and_restage_root() {
     assert_root();
     let bed = bed_with_vm().await;
     let d = Driver::start(&bed, |_| {}).await;
-    let dir = bed.dir.path().join("node-data");
-    std::fs::create_dir_all(&dir).expect("dir");
-    let sweeper = MountSweeper(dir.clone());
+    let (dir, sweeper) = node_dir(&bed, "node-data");
     let v = create_and_publish(&d, "pvc-data-1", 64 << 20, &mount_cap("ext4"), &dir).await;
     assert_eq!(
         v.ctx.get("serial").map(String::len),
@@ -87,17 +85,9 @@ async fn xfs_volume_grows_while_mounted_root() {
     assert_root();
     let bed = bed_with_vm().await;
     let d = Driver::start(&bed, |_| {}).await;
-    let dir = bed.dir.path().join("node-xfs");
-    std::fs::create_dir_all(&dir).expect("dir");
-    let sweeper = MountSweeper(dir.clone());
+    let (dir, sweeper) = node_dir(&bed, "node-xfs");
     // mkfs.xfs wants at least 300 MiB.
-    let v = create_and_publish(&d, "pvc-xfs-1", 320 << 20, &mount_cap("xfs"), &dir).await;
-    stage(&d, &v, &mount_cap("xfs"))
-        .await
-        .expect("NodeStageVolume xfs");
-    publish(&d, &v, &mount_cap("xfs"))
-        .await
-        .expect("NodePublishVolume");
+    let v = mounted(&d, "pvc-xfs-1", 320 << 20, &mount_cap("xfs"), &dir).await;
     std::fs::write(v.target.join("keep.txt"), b"xfs data").expect("write");
     let before = rustix_like_total(&v.target);
 
@@ -200,16 +190,8 @@ async fn a_snapshot_restores_the_data_and_mounts_beside_its_xfs_source_root() {
     assert_root();
     let bed = bed_with_vm().await;
     let d = Driver::start(&bed, |_| {}).await;
-    let dir = bed.dir.path().join("node-snap");
-    std::fs::create_dir_all(&dir).expect("dir");
-    let sweeper = MountSweeper(dir.clone());
-    let src = create_and_publish(&d, "pvc-snap-src", 320 << 20, &mount_cap("xfs"), &dir).await;
-    stage(&d, &src, &mount_cap("xfs"))
-        .await
-        .expect("NodeStageVolume source");
-    publish(&d, &src, &mount_cap("xfs"))
-        .await
-        .expect("NodePublishVolume");
+    let (dir, sweeper) = node_dir(&bed, "node-snap");
+    let src = mounted(&d, "pvc-snap-src", 320 << 20, &mount_cap("xfs"), &dir).await;
     std::fs::write(src.target.join("before.txt"), b"in the snapshot").expect("write");
     // What an application-consistent snapshot does first (fsfreeze): flush to the disk.
     assert!(

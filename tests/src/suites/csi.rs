@@ -284,6 +284,34 @@ pub async fn create_and_publish(
     }
 }
 
+/// `<bed dir>/<name>`, created, and a sweeper that unmounts whatever a test leaves under it (also
+/// when it fails).
+pub fn node_dir(bed: &TestBed, name: &str) -> (PathBuf, MountSweeper) {
+    let dir = bed.dir.path().join(name);
+    std::fs::create_dir_all(&dir).expect("node dir");
+    let sweeper = MountSweeper(dir.clone());
+    (dir, sweeper)
+}
+
+/// [`create_and_publish`], then NodeStageVolume and NodePublishVolume with `cap`, both expected
+/// to succeed: the volume mounted (or its device bound) at `v.target`.
+pub async fn mounted(
+    d: &impl AsRef<Channel>,
+    name: &str,
+    size: u64,
+    cap: &VolumeCapability,
+    dir: &Path,
+) -> Vol {
+    let v = create_and_publish(d, name, size, cap, dir).await;
+    stage(d, &v, cap)
+        .await
+        .unwrap_or_else(|e| panic!("NodeStageVolume {name}: {e:?}"));
+    publish(d, &v, cap)
+        .await
+        .unwrap_or_else(|e| panic!("NodePublishVolume {name}: {e:?}"));
+    v
+}
+
 pub async fn stage(
     d: &impl AsRef<Channel>,
     v: &Vol,
