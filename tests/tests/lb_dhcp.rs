@@ -13,7 +13,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 use testbed::real::netns::{DhcpNet, Forward};
-use testbed::{BedError, BedOptions, TestBed, util::wait};
+use testbed::{BedError, TestBed, util::wait};
 use tokio::sync::oneshot;
 
 const LIMIT: Duration = Duration::from_secs(40);
@@ -189,15 +189,25 @@ fn metric(t: &Telemetry, event: &str) -> u64 {
         .unwrap_or(0)
 }
 
-#[tokio::test]
-async fn dhcp_service_gets_a_lease_keeps_it_across_a_restart_and_releases_it_root() {
+/// The bed, for a test that needs root (network namespaces).
+async fn root_bed() -> TestBed {
     assert!(
         testbed::sim::storage::is_root(),
         "this test needs root for network namespaces (make test runs as root)"
     );
-    let bed = TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("bed: {e}"));
+    TestBed::started().await
+}
+
+/// [`root_bed`] and dnsmasq serving a link into a network namespace.
+async fn bed_and_dhcp_net() -> (TestBed, DhcpNet) {
+    let bed = root_bed().await;
+    let net = DhcpNet::start().expect("dnsmasq in a network namespace");
+    (bed, net)
+}
+
+#[tokio::test]
+async fn dhcp_service_gets_a_lease_keeps_it_across_a_restart_and_releases_it_root() {
+    let bed = root_bed().await;
     let net = DhcpNet::start_host_client().expect("dnsmasq in a network namespace");
     let telemetry = Telemetry::new();
     let iface = net.client_if.clone();
@@ -282,13 +292,7 @@ async fn dhcp_service_gets_a_lease_keeps_it_across_a_restart_and_releases_it_roo
 
 #[tokio::test]
 async fn kube_vip_dhcp_mode_keeps_upstreams_sentinel_root() {
-    assert!(
-        testbed::sim::storage::is_root(),
-        "this test needs root for network namespaces (make test runs as root)"
-    );
-    let bed = TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("bed: {e}"));
+    let bed = root_bed().await;
     let net = DhcpNet::start_host_client().expect("dnsmasq in a network namespace");
     let telemetry = Telemetry::new();
     let ccm = start_ccm(
@@ -329,13 +333,7 @@ async fn kube_vip_dhcp_mode_keeps_upstreams_sentinel_root() {
 
 #[tokio::test]
 async fn dhcp_service_waits_with_an_event_while_the_server_is_down_then_recovers_root() {
-    assert!(
-        testbed::sim::storage::is_root(),
-        "this test needs root for network namespaces (make test runs as root)"
-    );
-    let bed = TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("bed: {e}"));
+    let bed = root_bed().await;
     let mut net = DhcpNet::start_host_client().expect("dnsmasq in a network namespace");
     net.stop_server();
     let telemetry = Telemetry::new();
@@ -375,14 +373,7 @@ async fn dhcp_service_waits_with_an_event_while_the_server_is_down_then_recovers
 /// keeps its address.
 #[tokio::test]
 async fn upstream_defaults_lease_on_the_default_route_interface_root() {
-    assert!(
-        testbed::sim::storage::is_root(),
-        "this test needs root for network namespaces (make test runs as root)"
-    );
-    let bed = TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("bed: {e}"));
-    let net = DhcpNet::start().expect("dnsmasq in a network namespace");
+    let (bed, net) = bed_and_dhcp_net().await;
     net.add_client_default_route()
         .expect("default route via the DHCP server's link");
     // Before the switch: kube-vip leased an address for its MAC and wrote both annotations.
@@ -449,14 +440,7 @@ async fn upstream_defaults_lease_on_the_default_route_interface_root() {
 /// says each place that was looked at.
 #[tokio::test]
 async fn without_a_default_route_the_warning_names_what_was_tried_root() {
-    assert!(
-        testbed::sim::storage::is_root(),
-        "this test needs root for network namespaces (make test runs as root)"
-    );
-    let bed = TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("bed: {e}"));
-    let net = DhcpNet::start().expect("dnsmasq in a network namespace");
+    let (bed, net) = bed_and_dhcp_net().await;
     let telemetry = Telemetry::new();
     let ccm = start_ccm_in_client(&bed, &net, &telemetry);
     let api: Api<Service> = Api::namespaced(bed.guest.client.clone(), "default");
@@ -485,13 +469,7 @@ async fn without_a_default_route_the_warning_names_what_was_tried_root() {
 /// (and no fallback to another interface).
 #[tokio::test]
 async fn a_dhcp_interface_that_does_not_exist_is_a_clear_warning_root() {
-    assert!(
-        testbed::sim::storage::is_root(),
-        "this test needs root for network namespaces (make test runs as root)"
-    );
-    let bed = TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("bed: {e}"));
+    let bed = root_bed().await;
     let telemetry = Telemetry::new();
     let ccm = start_ccm(&bed, &["--dhcp-interface", "nosuchif0"], &telemetry);
     let api: Api<Service> = Api::namespaced(bed.guest.client.clone(), "default");
