@@ -19,7 +19,7 @@ use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 use testbed::suites::service_controller::service_context;
 use testbed::util::observe::{observe, seen_now};
-use testbed::{BedOptions, TestBed, util::wait};
+use testbed::{TestBed, util::wait};
 
 const CLUSTER: &str = "rke2-load";
 const N: usize = 200;
@@ -48,9 +48,7 @@ fn addressed(svc: &Service) -> Option<String> {
 
 #[tokio::test]
 async fn lb_malformed_annotation_among_200_services_gets_its_warning_and_delays_no_other() {
-    let bed = TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("the test bed must start for this test: {e}"));
+    let bed = TestBed::started().await;
     bed.sim
         .create_pool("load", "10.60.0.0/23")
         .await

@@ -14,7 +14,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testbed::sim::lb_validator::{ANN_ON_REMOVE, LABEL_CLUSTER_ON_VM, LABEL_CREATOR, WEBHOOK_NAME};
 use testbed::suites::service_controller::ServiceController;
-use testbed::{BedOptions, TestBed, util::wait};
+use testbed::{TestBed, util::wait};
 
 const CLUSTER: &str = "rke2-going";
 const LIMIT: Duration = Duration::from_secs(30);
@@ -69,9 +69,7 @@ async fn warnings(bed: &TestBed, name: &str) -> Result<Vec<(String, String)>, St
 /// longer being removed, the same Service converges.
 #[tokio::test]
 async fn contract_lb_refused_by_harvester_validator_is_a_warning_event() {
-    let bed = TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("the test bed must start for this test: {e}"));
+    let bed = TestBed::started().await;
     bed.sim
         .create_pool("pool-v", "10.71.0.0/29")
         .await

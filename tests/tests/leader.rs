@@ -9,7 +9,7 @@ use harvester_cloud_provider::leader::{LeaderConfig, LeaderError, run_as_leader}
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
-use testbed::{BedOptions, TestBed, util::wait};
+use testbed::{TestBed, util::wait};
 use tokio::sync::oneshot;
 
 /// The Lease the candidates compete for.
@@ -64,9 +64,7 @@ fn candidate(
 
 #[tokio::test]
 async fn one_leader_at_a_time_and_hand_over_on_shutdown() {
-    let bed = TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("bed: {e}"));
+    let bed = TestBed::started().await;
     let api: Api<Lease> = Api::namespaced(bed.guest.client.clone(), "default");
     let active = Arc::new(Active::default());
     let (stop_a, a) = candidate(&bed, "replica-a", active.clone());
@@ -119,9 +117,7 @@ async fn one_leader_at_a_time_and_hand_over_on_shutdown() {
 
 #[tokio::test]
 async fn a_leader_that_cannot_renew_stops_within_the_renew_deadline() {
-    let bed = TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("bed: {e}"));
+    let bed = TestBed::started().await;
     let api: Api<Lease> = Api::namespaced(bed.guest.client.clone(), "default");
     let active = Arc::new(Active::default());
     let (_stop, a) = candidate(&bed, "replica-a", active.clone());

@@ -9,13 +9,11 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use testbed::sim::GuestVm;
 use testbed::util::scrape::{self, http_get};
-use testbed::{BedOptions, TestBed, util::wait};
+use testbed::{TestBed, util::wait};
 
 #[tokio::test]
 async fn the_binary_serves_probes_and_metrics_leads_with_a_lease_and_stops_on_sigterm() {
-    let bed = TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("bed: {e}"));
+    let bed = TestBed::started().await;
     bed.sim
         .create_host("h1", Some("r1"), Some("z1"))
         .await
@@ -167,9 +165,7 @@ async fn wait_initialised(bed: &TestBed, node: &str) {
 
 #[tokio::test]
 async fn two_providers_have_one_writer_and_kill_9_hands_over_within_the_lease() {
-    let bed = TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("bed: {e}"));
+    let bed = TestBed::started().await;
     bed.sim
         .create_host("h1", Some("r1"), Some("z1"))
         .await
@@ -244,9 +240,7 @@ async fn two_providers_have_one_writer_and_kill_9_hands_over_within_the_lease() 
 /// ready, exports the expiry, and puts a Warning Event on its own Pod naming the file.
 #[tokio::test]
 async fn an_expiring_token_gives_a_warning_event_on_the_provider_pod() {
-    let bed = TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("bed: {e}"));
+    let bed = TestBed::started().await;
     let yaml = format!(
         r#"apiVersion: v1
 kind: ServiceAccount
@@ -357,9 +351,7 @@ async fn a_lease_held_by_upstream_keeps_ours_standby_until_it_expires() {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
     use kube::api::{ObjectMeta, PostParams};
 
-    let bed = TestBed::start(BedOptions::default())
-        .await
-        .unwrap_or_else(|e| panic!("bed: {e}"));
+    let bed = TestBed::started().await;
     bed.sim
         .create_host("h1", Some("r1"), Some("z1"))
         .await
