@@ -20,7 +20,7 @@
 
 use serde_json::Value;
 
-use super::webhook::{Refusal, Registration, Rule, Verdict, WebhookServer, handler};
+use super::webhook::{Refusal, Registration, Rule, Verdict, WebhookServer};
 use crate::BedError;
 use crate::bed::certs::Pki;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
@@ -312,9 +312,9 @@ pub async fn install(
     client: kube::Client,
     pki: &Pki,
 ) -> Result<(), BedError> {
-    let c = client.clone();
-    server.route(PATH, handler(move |request| admit(c.clone(), request)));
-    server.register(&client, pki, &registration()).await
+    server
+        .install(&client, pki, &registration(), PATH, admit)
+        .await
 }
 
 /// Waits until the API server calls the validator: a dry-run create of a `vm` LoadBalancer

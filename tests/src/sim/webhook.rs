@@ -254,6 +254,25 @@ impl WebhookServer {
         lock(&self.calls).get(path).copied().unwrap_or(0)
     }
 
+    /// Routes `admit` at `path` (each call gets a clone of `client` to read with) and registers
+    /// `reg`: what every validator of the bed does to install itself.
+    pub async fn install<F, Fut>(
+        &self,
+        client: &kube::Client,
+        pki: &Pki,
+        reg: &Registration,
+        path: &str,
+        admit: F,
+    ) -> Result<(), BedError>
+    where
+        F: Fn(kube::Client, Value) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Verdict> + Send + 'static,
+    {
+        let c = client.clone();
+        self.route(path, handler(move |request| admit(c.clone(), request)));
+        self.register(client, pki, reg).await
+    }
+
     /// Creates or updates the webhook configuration of `reg`, pointing at this server. The API
     /// server may take a moment to call it: wait with a probe of your own.
     pub async fn register(
