@@ -137,14 +137,7 @@ mod tests {
 
     #[test]
     fn only_a_ready_endpoint_is_mounted_and_empty_options_mean_vers_4() {
-        let mut n = NetworkFilesystem::new(
-            "pvc-1",
-            NetworkFilesystemSpec {
-                network_fs_name: "pvc-1".into(),
-                desired_state: STATE_ENABLED.into(),
-                ..Default::default()
-            },
-        );
+        let mut n = enabled();
         assert!(n.ready_endpoint().is_err());
         n.status = Some(NetworkFilesystemStatus {
             endpoint: "10.0.0.1".into(),
@@ -159,15 +152,20 @@ mod tests {
         assert_eq!(n.ready_endpoint(), Ok(("10.0.0.1", "vers=4")));
     }
 
-    fn with_status(state: &str, status: &str, endpoint: &str) -> NetworkFilesystem {
-        let mut n = NetworkFilesystem::new(
+    /// The CR of `pvc-1`, asked to be Enabled, with no status yet.
+    fn enabled() -> NetworkFilesystem {
+        NetworkFilesystem::new(
             "pvc-1",
             NetworkFilesystemSpec {
                 network_fs_name: "pvc-1".into(),
                 desired_state: STATE_ENABLED.into(),
                 ..Default::default()
             },
-        );
+        )
+    }
+
+    fn with_status(state: &str, status: &str, endpoint: &str) -> NetworkFilesystem {
+        let mut n = enabled();
         n.status = Some(NetworkFilesystemStatus {
             endpoint: endpoint.into(),
             state: state.into(),
