@@ -12,7 +12,12 @@
 //! - [`api_error`]: reading the API server's error answers (status predicates, messages).
 //!
 //! What only one side uses lives with it: the DHCP client in `ccm/dhcp` (crate `harvester-dhcp`),
-//! the IP pool allocator of the LB stand-in in the test bed (`testbed::sim::ipam`).
+//! leader election and HTTPS serving in the provider (`harvester_cloud_provider::{leader,
+//! secure}`), the IP pool allocator of the LB stand-in in the test bed (`testbed::sim::ipam`).
+//! Two rooms keep types one binary reads, on purpose: [`harvester`] holds every Harvester,
+//! KubeVirt and Longhorn type in one place (the LoadBalancer CR is the provider's, the hot-plug,
+//! NetworkFilesystem and snapshot types the driver's), because the test bed's stand-ins read
+//! the same types; [`quantity`] is the driver's, and the test bed's storage stand-in reads it.
 
 pub mod api_error;
 pub mod cloud_config;
