@@ -1,6 +1,9 @@
 //! CSI requests as the suites, the demo and the bench send them: one builder per request shape,
 //! so a caller writes only what differs (a content source, parameters) and not the whole literal.
 
+use std::collections::HashMap;
+use std::path::Path;
+
 use csi_proto::csi::v1::volume_capability::access_mode::Mode;
 use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use csi_proto::csi::v1::*;
@@ -88,6 +91,40 @@ pub fn unpublish_request(id: &str, node: &str) -> ControllerUnpublishVolumeReque
     ControllerUnpublishVolumeRequest {
         volume_id: id.into(),
         node_id: node.into(),
+        ..Default::default()
+    }
+}
+
+/// NodeStageVolume of `id`, with the publish context the controller answered, at `staging`.
+pub fn stage_request(
+    id: &str,
+    ctx: &HashMap<String, String>,
+    staging: &Path,
+    cap: &VolumeCapability,
+) -> NodeStageVolumeRequest {
+    NodeStageVolumeRequest {
+        volume_id: id.into(),
+        publish_context: ctx.clone(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(cap.clone()),
+        ..Default::default()
+    }
+}
+
+/// NodePublishVolume of `id` staged at `staging` onto `target`.
+pub fn node_publish_request(
+    id: &str,
+    ctx: &HashMap<String, String>,
+    staging: &Path,
+    target: &Path,
+    cap: &VolumeCapability,
+) -> NodePublishVolumeRequest {
+    NodePublishVolumeRequest {
+        volume_id: id.into(),
+        publish_context: ctx.clone(),
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(cap.clone()),
         ..Default::default()
     }
 }

@@ -13,7 +13,10 @@ use csi_proto::csi::v1::node_client::NodeClient;
 use csi_proto::csi::v1::*;
 use harvester_csi_driver::Config;
 use testbed::TestBed;
-use testbed::csi_client::{create_request, mount_cap, publish_request, unpublish_request};
+use testbed::csi_client::{
+    create_request, mount_cap, node_publish_request, publish_request, stage_request,
+    unpublish_request,
+};
 
 const NODE: &str = "worker-1";
 const NAME: &str = "pvc-2f0c5d2e-demo-4c1b-9a51-6f7d3c1e0a01";
@@ -122,15 +125,9 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
 
     let staging = dir.join("staging");
     let target = dir.join("pods/demo-pod/volumes/data");
-    node.node_stage_volume(NodeStageVolumeRequest {
-        volume_id: id.clone(),
-        publish_context: ctx.clone(),
-        staging_target_path: staging.display().to_string(),
-        volume_capability: Some(mount_cap("ext4")),
-        ..Default::default()
-    })
-    .await
-    .context("NodeStageVolume")?;
+    node.node_stage_volume(stage_request(&id, &ctx, &staging, &mount_cap("ext4")))
+        .await
+        .context("NodeStageVolume")?;
     step(
         3,
         &format!(
@@ -140,14 +137,13 @@ pub async fn run(bed: &TestBed) -> anyhow::Result<()> {
         t0,
     );
 
-    node.node_publish_volume(NodePublishVolumeRequest {
-        volume_id: id.clone(),
-        publish_context: ctx.clone(),
-        staging_target_path: staging.display().to_string(),
-        target_path: target.display().to_string(),
-        volume_capability: Some(mount_cap("ext4")),
-        ..Default::default()
-    })
+    node.node_publish_volume(node_publish_request(
+        &id,
+        &ctx,
+        &staging,
+        &target,
+        &mount_cap("ext4"),
+    ))
     .await
     .context("NodePublishVolume")?;
     step(

@@ -318,13 +318,7 @@ pub async fn stage(
     cap: &VolumeCapability,
 ) -> Result<(), tonic::Status> {
     NodeClient::new(d.as_ref().clone())
-        .node_stage_volume(NodeStageVolumeRequest {
-            volume_id: v.id.clone(),
-            publish_context: v.ctx.clone(),
-            staging_target_path: v.staging.display().to_string(),
-            volume_capability: Some(cap.clone()),
-            ..Default::default()
-        })
+        .node_stage_volume(csi_client::stage_request(&v.id, &v.ctx, &v.staging, cap))
         .await
         .map(|_| ())
 }
@@ -335,14 +329,9 @@ pub async fn publish(
     cap: &VolumeCapability,
 ) -> Result<(), tonic::Status> {
     NodeClient::new(d.as_ref().clone())
-        .node_publish_volume(NodePublishVolumeRequest {
-            volume_id: v.id.clone(),
-            publish_context: v.ctx.clone(),
-            staging_target_path: v.staging.display().to_string(),
-            target_path: v.target.display().to_string(),
-            volume_capability: Some(cap.clone()),
-            ..Default::default()
-        })
+        .node_publish_volume(csi_client::node_publish_request(
+            &v.id, &v.ctx, &v.staging, &v.target, cap,
+        ))
         .await
         .map(|_| ())
 }

@@ -1,7 +1,10 @@
 //! Section 3: volumes through the CSI driver (create, publish, stage, publish, and back).
 
 use super::*;
-use testbed::csi_client::{create_request, mount_cap, publish_request, unpublish_request};
+use testbed::csi_client::{
+    create_request, mount_cap, node_publish_request, publish_request, stage_request,
+    unpublish_request,
+};
 
 pub(crate) const VOLUME_NODE: &str = "worker-1";
 pub(crate) const STEPS: [&str; 8] = [
@@ -82,25 +85,18 @@ pub(crate) async fn volume_round_trip(
         .publish_context;
     took[1] = t.elapsed();
     let t = Instant::now();
-    node.node_stage_volume(NodeStageVolumeRequest {
-        volume_id: id.clone(),
-        publish_context: ctx.clone(),
-        staging_target_path: staging.display().to_string(),
-        volume_capability: Some(mount_cap("ext4")),
-        ..Default::default()
-    })
-    .await
-    .context("NodeStageVolume")?;
+    node.node_stage_volume(stage_request(&id, &ctx, &staging, &mount_cap("ext4")))
+        .await
+        .context("NodeStageVolume")?;
     took[2] = t.elapsed();
     let t = Instant::now();
-    node.node_publish_volume(NodePublishVolumeRequest {
-        volume_id: id.clone(),
-        publish_context: ctx,
-        staging_target_path: staging.display().to_string(),
-        target_path: target.display().to_string(),
-        volume_capability: Some(mount_cap("ext4")),
-        ..Default::default()
-    })
+    node.node_publish_volume(node_publish_request(
+        &id,
+        &ctx,
+        &staging,
+        &target,
+        &mount_cap("ext4"),
+    ))
     .await
     .context("NodePublishVolume")?;
     took[3] = t.elapsed();
