@@ -19,12 +19,13 @@ use super::annotations::{ANN_NETWORK, Ipam, ServiceKey, ServiceLbSpec};
 use super::context::{Error, ServiceCtx, interface_for, svc_key};
 use super::crs::{self, delete_crs_of, ensure_cr, mirror_address};
 use super::dhcp::{DhcpMode, KUBE_VIP_HWADDR, KUBE_VIP_REQUESTED_IP, Leases};
+use super::guest_pool::{POOL_CONFIGMAP_NAME, POOL_CONFIGMAP_NAMESPACE};
 use super::plan::{
     self, DELETED, DELETING, ENSURED, LABEL_CLUSTER, LbSettings, ServiceChange, ServiceProblem,
 };
 use super::service_io::{add_finalizer, apply_change, remove_finalizer};
 use super::written::WriteLog;
-use super::{FINALIZER, NAD_MAPPING_NAME, NAD_MAPPING_NAMESPACE};
+use super::{FINALIZER, NAD_MAPPING_NAME, NAD_MAPPING_NAMESPACE, guest};
 use crate::config::SERVICE_LB_CONTROLLER;
 use crate::context::{Context, READY_SERVICE_CACHES, Shutdown};
 use crate::controller::{Backoff, measured, ticks};
@@ -64,7 +65,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     let leases = (settings.dhcp_mode == DhcpMode::Ccm).then(|| {
         Leases::new(
             Default::default(),
-            wake,
+            wake.clone(),
             Some(ctx.telemetry.metrics.clone()),
         )
     });
@@ -75,6 +76,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     // The one NAD mapping ConfigMap, watched by name (the chart's Role names it for get, list and
     // watch; upstream's chart grants configmaps cluster-wide).
     let (nad, nad_writer) = kube::runtime::reflector::store::<ConfigMap>();
+    // The guest pools' ConfigMap, watched by name as the NAD mapping.
+    let (guest_pools, pools_writer) = kube::runtime::reflector::store::<ConfigMap>();
     let (caches_listed, caches_ready) = tokio::sync::watch::channel(false);
     let sctx = Arc::new(ServiceCtx {
         ctx,
@@ -86,6 +89,9 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         leases,
         written: WriteLog::default(),
         caches_ready,
+        guest_pools,
+        ledger: Default::default(),
+        wake,
     });
     let lb_watch = watcher::Config::default()
         .labels(&format!("{LABEL_CLUSTER}={}", sctx.settings.cluster_name));
@@ -95,6 +101,12 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         Api::<ConfigMap>::namespaced(sctx.ctx.guest.clone(), NAD_MAPPING_NAMESPACE),
         watcher::Config::default().fields(&format!("metadata.name={NAD_MAPPING_NAME}")),
     );
+    let pool_events = cached_watch(
+        pools_writer,
+        Api::<ConfigMap>::namespaced(sctx.ctx.guest.clone(), POOL_CONFIGMAP_NAMESPACE),
+        watcher::Config::default().fields(&format!("metadata.name={POOL_CONFIGMAP_NAME}")),
+    );
+    let (guests, default_ipam) = (store.clone(), sctx.settings.default_ipam);
     let related = store.clone();
     let with_network = store.clone();
     let gc = crs::garbage_collector(sctx.clone(), shutdown.clone());
@@ -102,6 +114,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     // Polled in the controller's own task (the join below), which every watch event wakes.
     let synced = caches_synced(
         (store.clone(), sctx.crs.clone(), sctx.nad.clone()),
+        sctx.guest_pools.clone(),
         caches_listed,
         readiness,
         shutdown.clone(),
@@ -113,6 +126,10 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         .watches_shared_stream(others, move |svc| related_services(&related, &svc))
         // The NAD mapping changed: reconcile the Services that name a network.
         .watches_stream(nad_events, move |_| services_with_network(&with_network))
+        // The guest pools changed: reconcile the Services that take their address there.
+        .watches_stream(pool_events, move |_| {
+            guest::guest_services(&guests, default_ipam)
+        })
         .reconcile_all_on(ticks(sctx.resync()))
         .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(woken))
         .graceful_shutdown_on(shutdown)
@@ -146,14 +163,16 @@ where
 /// list, unless shutdown comes first.
 async fn caches_synced(
     (services, crs, nad): (Store<Service>, Store<LoadBalancer>, Store<ConfigMap>),
+    guest_pools: Store<ConfigMap>,
     listed: tokio::sync::watch::Sender<bool>,
     readiness: Readiness,
     shutdown: Shutdown,
 ) {
-    let all = futures::future::join3(
+    let all = futures::future::join4(
         services.wait_until_ready(),
         crs.wait_until_ready(),
         nad.wait_until_ready(),
+        guest_pools.wait_until_ready(),
     );
     tokio::select! {
         _ = all => {
@@ -233,7 +252,7 @@ async fn reconcile_service(svc: &Service, ctx: &ServiceCtx) -> Result<Action, Er
         }
         return Ok(Action::await_change());
     }
-    let spec = match ServiceLbSpec::from_service(svc) {
+    let spec = match ServiceLbSpec::with_default_ipam(svc, ctx.settings.default_ipam) {
         Ok(spec) => spec,
         Err(bad) => {
             // Nothing is created from bad input; a change of the Service wakes us again.
@@ -246,8 +265,13 @@ async fn reconcile_service(svc: &Service, ctx: &ServiceCtx) -> Result<Action, Er
         // The patch produces a new version of the Service, which wakes us again.
         return Ok(Action::await_change());
     }
+    if spec.ipam != Ipam::Guest {
+        // A guest-pool address it had is not kept for it any more.
+        guest::released(ctx, &ServiceKey::of(svc), false);
+    }
     match &spec.primary {
         Some(primary) => reconcile_secondary(svc, &spec, primary, ctx).await,
+        None if spec.ipam == Ipam::Guest => guest::reconcile_guest(svc, &spec, ctx).await,
         None => reconcile_primary(svc, &spec, ctx).await,
     }
 }
@@ -314,7 +338,7 @@ async fn reconcile_primary(
 }
 
 /// Time from the Service's creation to its first address, for `service_address_seconds`.
-fn observe_first_address(svc: &Service, ctx: &ServiceCtx, change: &ServiceChange) {
+pub(super) fn observe_first_address(svc: &Service, ctx: &ServiceCtx, change: &ServiceChange) {
     let Some(created) = svc.meta().creation_timestamp.as_ref() else {
         return;
     };
@@ -465,6 +489,8 @@ async fn cleanup(svc: &Service, ctx: &ServiceCtx, deleting: bool) -> Result<Acti
         apply_change(svc, ctx, &plan::released_change(svc)).await?;
     }
     remove_finalizer(svc, ctx).await?;
+    // Its address is free now: Services waiting for a guest-pool address may take it.
+    guest::released(ctx, &key, true);
     ctx.normal(svc, DELETED, "Deleted load balancer".into())
         .await;
     Ok(Action::await_change())

@@ -50,6 +50,8 @@ pub struct LbSettings {
     pub dhcp_interface: Option<String>,
     /// `--concurrent-service-syncs`: at most this many reconciles at once; `None`: unbounded.
     pub concurrency: Option<u16>,
+    /// `--default-ipam`: the address source of a Service without an `ipam` annotation.
+    pub default_ipam: super::annotations::Ipam,
 }
 
 impl LbSettings {
@@ -62,6 +64,7 @@ impl LbSettings {
             dhcp_mode: config.service.dhcp_mode.clone(),
             dhcp_interface: config.service.dhcp_interface.clone(),
             concurrency: config.service.concurrency,
+            default_ipam: config.service.default_ipam,
         }
     }
 }

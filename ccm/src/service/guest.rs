@@ -1,0 +1,139 @@
+//! `ipam: guest`: a primary's address from the guest cluster's own pools (ConfigMap
+//! `kube-system/kubevip`, [`super::guest_pool`]), with no LoadBalancer CR in Harvester. Thin I/O:
+//! the pools and the used addresses come from the watch caches, the choice from
+//! [`Ledger::decide`](super::guest_pool::alloc::Ledger::decide), the write is the pool path's
+//! (kube-vip's annotations and the ingress in one patch).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use super::annotations::{Ipam, ServiceKey, ServiceLbSpec};
+use super::context::{Error, ServiceCtx, interface_for};
+use super::guest_pool::alloc::{Family, Request};
+use super::guest_pool::{POOL_CONFIGMAP_NAME, POOL_CONFIGMAP_NAMESPACE, PoolConfig};
+use super::plan::{self, ENSURED, ServiceProblem};
+use super::service_io::apply_change;
+
+/// The pools as the ConfigMap's cache shows them (none without the ConfigMap).
+fn pool_config(pools: &Store<ConfigMap>) -> PoolConfig {
+    let key = ObjectRef::new(POOL_CONFIGMAP_NAME).within(POOL_CONFIGMAP_NAMESPACE);
+    let data = pools.get(&key).and_then(|cm| cm.data.clone());
+    PoolConfig::parse(&data.unwrap_or_default())
+}
+
+/// Every address the cached Services show in their ingress, with the Service showing it.
+fn held_addresses(services: &Store<Service>) -> BTreeMap<IpAddr, ServiceKey> {
+    let mut held = BTreeMap::new();
+    for svc in services.state() {
+        for ip in plan::ingress_ips(&svc) {
+            if let Ok(ip) = ip.parse::<IpAddr>() {
+                held.entry(ip).or_insert_with(|| ServiceKey::of(&svc));
+            }
+        }
+    }
+    held
+}
+
+fn family(svc: &Service) -> Option<Family> {
+    let first = svc.spec.as_ref()?.ip_families.as_ref()?.first()?.clone();
+    match first.as_str() {
+        "IPv6" => Some(Family::V6),
+        "IPv4" => Some(Family::V4),
+        _ => None,
+    }
+}
+
+/// A guest-pool primary: its address chosen (kept, requested, or the first free one) and written.
+pub(super) async fn reconcile_guest(
+    svc: &Service,
+    spec: &ServiceLbSpec,
+    ctx: &ServiceCtx,
+) -> Result<Action, Error> {
+    let key = ServiceKey::of(svc);
+    if !ctx.caches_listed().await {
+        // Shutting down.
+        return Ok(Action::await_change());
+    }
+    // A CR made while this Service took its address from Harvester is not needed any more.
+    super::crs::delete_cached_crs_of(ctx, &key).await?;
+    let config = pool_config(&ctx.guest_pools);
+    let pool = match config.pool_for(&key.namespace) {
+        Ok(pool) => pool,
+        Err(problem) => {
+            // A change of the ConfigMap wakes every guest-pool Service.
+            ctx.report(svc, &ServiceProblem::GuestPool(problem)).await;
+            return Ok(Action::await_change());
+        }
+    };
+    let current = plan::ingress_ip(svc).and_then(|ip| ip.parse::<IpAddr>().ok());
+    let requested = spec.requested();
+    let ip = if current.is_some() && requested.is_none_or(|r| Some(r) == current) {
+        // The Service shows its address: it is the record, nothing to decide.
+        current
+    } else {
+        let req = Request {
+            current,
+            reserved: None,
+            requested,
+            family: family(svc),
+        };
+        let held = held_addresses(&ctx.services);
+        let decision = ctx.ledger.decide(&key, pool, config.descending, req, held);
+        if let Some(problem) = decision.problem {
+            // Woken when an address is freed or the ConfigMap changes.
+            ctx.report(svc, &ServiceProblem::GuestPool(problem)).await;
+        }
+        decision.ip
+    };
+    let Some(ip) = ip.map(|ip| ip.to_string()) else {
+        return Ok(Action::await_change());
+    };
+    let iface = match interface_for(ctx, spec.network.as_deref())? {
+        Some(mapped) => Some(mapped),
+        None => config.interface_for(&key.namespace).map(str::to_string),
+    };
+    let change = plan::primary_change(svc, &ip, iface.as_deref());
+    if !change.is_empty() {
+        apply_change(svc, ctx, &change).await?;
+        super::reconcile::observe_first_address(svc, ctx, &change);
+        let note = format!(
+            "Ensured load balancer with address {ip} from guest pool {}",
+            pool.key
+        );
+        ctx.normal(svc, ENSURED, note).await;
+    }
+    Ok(Action::requeue(ctx.resync()))
+}
+
+/// `key` gave its address back (`freed`: cleanup done) or takes it elsewhere now: the Services
+/// waiting for a guest-pool address are woken.
+pub(super) fn released(ctx: &ServiceCtx, key: &ServiceKey, freed: bool) {
+    let waiting = if freed {
+        ctx.ledger.release(key)
+    } else {
+        ctx.ledger.forget(key)
+    };
+    for waiting in waiting {
+        let _ = ctx
+            .wake
+            .send(ObjectRef::new(&waiting.name).within(&waiting.namespace));
+    }
+}
+
+/// The LoadBalancer Services whose address comes from the guest pools (for the ConfigMap's
+/// watch: a change of the pools may serve them now).
+pub(super) fn guest_services(store: &Store<Service>, default: Ipam) -> Vec<ObjectRef<Service>> {
+    store
+        .state()
+        .iter()
+        .filter(|s| {
+            ServiceLbSpec::with_default_ipam(s, default)
+                .is_ok_and(|spec| spec.ipam == Ipam::Guest && spec.primary.is_none())
+        })
+        .map(|s| ObjectRef::from_obj(s.as_ref()))
+        .collect()
+}
