@@ -382,10 +382,16 @@ async fn reconcile_dhcp(
             return Ok(Action::requeue(ctx.resync()));
         }
     };
+    let wanted = spec.requested();
+    let wanted_v4 = match wanted {
+        Some(std::net::IpAddr::V4(v4)) => Some(v4),
+        _ => None,
+    };
+    let held = super::dhcp::requested_of(svc);
     let lease = match leases.current(&key, mac) {
         Some(l) => l,
         None => leases
-            .acquire(&key, &iface.name, mac, super::dhcp::requested_of(svc))
+            .acquire(&key, &iface.name, mac, held, wanted_v4)
             .await
             .map_err(|e| Error::Dhcp(e.to_string()))?,
     };
@@ -401,6 +407,13 @@ async fn reconcile_dhcp(
         }
     }
     if !change.is_empty() {
+        if let Some(requested) = wanted.filter(|w| change.ingress.is_some() && *w != lease.ip) {
+            let problem = ServiceProblem::DhcpRequestNotHonoured {
+                requested,
+                ip: ip.clone(),
+            };
+            ctx.report(svc, &problem).await;
+        }
         apply_change(svc, ctx, &change).await?;
         observe_first_address(svc, ctx, &change);
         // A lease kept from before may be on another interface than the one chosen now.
