@@ -590,3 +590,46 @@ async fn dhcp_service_asking_for_a_taken_address_gets_another_and_one_warning_ro
     );
     ccm.stop().await;
 }
+
+/// `--dhcp-mode=kube-vip`: kube-vip leases, so a requested address is handed to its DHCP client
+/// as `kube-vip.io/requestedIP` next to upstream's `0.0.0.0` (kube-vip v1.2.3 asks for it).
+#[tokio::test]
+async fn kube_vip_dhcp_mode_hands_the_requested_address_to_kube_vip() {
+    let bed = TestBed::started().await;
+    let telemetry = Telemetry::new();
+    let ccm = start_ccm(&bed, &["--dhcp-mode", "kube-vip"], &telemetry);
+    let api: Api<Service> = Api::namespaced(bed.guest.client.clone(), "default");
+    api.create(
+        &PostParams::default(),
+        &dhcp_service_asking("dns", "10.77.0.142"),
+    )
+    .await
+    .unwrap();
+    let annotations = wait::until("kube-vip's annotations", LIMIT, || {
+        let api = api.clone();
+        async move {
+            let s = api.get("dns").await.map_err(|e| e.to_string())?;
+            let a = s.annotations().clone();
+            Ok(if a.contains_key("kube-vip.io/loadbalancerIPs") {
+                Ok(a)
+            } else {
+                Err(a)
+            })
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        annotations
+            .get("kube-vip.io/loadbalancerIPs")
+            .map(String::as_str),
+        Some("0.0.0.0")
+    );
+    assert_eq!(
+        annotations
+            .get("kube-vip.io/requestedIP")
+            .map(String::as_str),
+        Some("10.77.0.142")
+    );
+    ccm.stop().await;
+}

@@ -69,6 +69,9 @@ pub struct ServiceCtx {
     /// ConfigMap `kube-system/kubevip` (the guest pools; at most one object), from a watch that
     /// also wakes the `ipam: guest` Services.
     pub(super) guest_pools: Store<ConfigMap>,
+    /// True once the guest pools' watch has listed (kept apart from `caches_ready`: only
+    /// `ipam: guest` Services wait for it).
+    pub(super) pools_ready: tokio::sync::watch::Receiver<bool>,
     /// Guest-pool addresses chosen and not yet shown by the cache, and the Services waiting.
     pub(super) ledger: super::guest_pool::alloc::Ledger,
     /// Wakes a Service's reconcile from outside the watches (a lease changed, an address freed).

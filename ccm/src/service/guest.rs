@@ -18,6 +18,21 @@ use super::guest_pool::{POOL_CONFIGMAP_NAME, POOL_CONFIGMAP_NAMESPACE, PoolConfi
 use super::plan::{self, ENSURED, ServiceProblem};
 use super::service_io::apply_change;
 
+/// Marks the guest pools' cache listed once it is, unless shutdown comes first (one waiter on
+/// `wait_until_ready`: the reconciles wait on the flag, see `ServiceCtx::caches_ready`).
+pub(super) async fn pools_synced(
+    pools: Store<ConfigMap>,
+    listed: tokio::sync::watch::Sender<bool>,
+    shutdown: crate::context::Shutdown,
+) {
+    tokio::select! {
+        _ = pools.wait_until_ready() => {
+            listed.send_replace(true);
+        }
+        _ = shutdown => {}
+    }
+}
+
 /// The pools as the ConfigMap's cache shows them (none without the ConfigMap).
 fn pool_config(pools: &Store<ConfigMap>) -> PoolConfig {
     let key = ObjectRef::new(POOL_CONFIGMAP_NAME).within(POOL_CONFIGMAP_NAMESPACE);
@@ -54,7 +69,13 @@ pub(super) async fn reconcile_guest(
     ctx: &ServiceCtx,
 ) -> Result<Action, Error> {
     let key = ServiceKey::of(svc);
-    if !ctx.caches_listed().await {
+    let pools_listed = ctx
+        .pools_ready
+        .clone()
+        .wait_for(|ready| *ready)
+        .await
+        .is_ok();
+    if !pools_listed || !ctx.caches_listed().await {
         // Shutting down.
         return Ok(Action::await_change());
     }

@@ -79,6 +79,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     // The guest pools' ConfigMap, watched by name as the NAD mapping.
     let (guest_pools, pools_writer) = kube::runtime::reflector::store::<ConfigMap>();
     let (caches_listed, caches_ready) = tokio::sync::watch::channel(false);
+    let (pools_listed, pools_ready) = tokio::sync::watch::channel(false);
     let sctx = Arc::new(ServiceCtx {
         ctx,
         settings,
@@ -90,6 +91,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         written: WriteLog::default(),
         caches_ready,
         guest_pools,
+        pools_ready,
         ledger: Default::default(),
         wake,
     });
@@ -111,14 +113,16 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     let with_network = store.clone();
     let gc = crs::garbage_collector(sctx.clone(), shutdown.clone());
     let watch_shutdown = shutdown.clone();
+    let shutdown_pools = shutdown.clone();
     // Polled in the controller's own task (the join below), which every watch event wakes.
     let synced = caches_synced(
         (store.clone(), sctx.crs.clone(), sctx.nad.clone()),
-        sctx.guest_pools.clone(),
         caches_listed,
         readiness,
         shutdown.clone(),
     );
+    // Apart from the other caches: without the chart's RBAC for it, only `ipam: guest` waits.
+    let pools_synced = guest::pools_synced(sctx.guest_pools.clone(), pools_listed, shutdown_pools);
     let ctrl = controller
         // A CR's status changed: reconcile its Service (no polling while an address is pending).
         .watches_stream(cr_events, |lb| crs::service_of_cr(&lb))
@@ -141,7 +145,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
             _ = watch_shutdown => {},
         }
     };
-    futures::join!(ctrl, gc, synced, service_watch);
+    futures::join!(ctrl, gc, synced, service_watch, pools_synced);
 }
 
 /// A watch of `api` that keeps `writer`'s cache and yields the objects it touched.
@@ -163,16 +167,14 @@ where
 /// list, unless shutdown comes first.
 async fn caches_synced(
     (services, crs, nad): (Store<Service>, Store<LoadBalancer>, Store<ConfigMap>),
-    guest_pools: Store<ConfigMap>,
     listed: tokio::sync::watch::Sender<bool>,
     readiness: Readiness,
     shutdown: Shutdown,
 ) {
-    let all = futures::future::join4(
+    let all = futures::future::join3(
         services.wait_until_ready(),
         crs.wait_until_ready(),
         nad.wait_until_ready(),
-        guest_pools.wait_until_ready(),
     );
     tokio::select! {
         _ = all => {
@@ -310,6 +312,9 @@ async fn reconcile_primary(
     if is_dhcp_sentinel {
         // kube-vip leases the address and writes the ingress itself.
         change.ingress = None;
+        if let Some((key, wanted)) = plan::kube_vip_dhcp_request(svc, spec) {
+            change.annotations.insert(key, Some(wanted));
+        }
     }
     let ingress = plan::ingress_ips(svc);
     let wrote = !change.is_empty();

@@ -228,9 +228,12 @@ pub fn unhonoured_requests(
             ip: ip.to_string(),
         });
     }
+    // kube-vip's DHCP client is handed a requested IPv4 address (`kube_vip_dhcp_request`).
+    let handed_to_kube_vip = dhcp_sentinel && spec.requested().is_some_and(|r| r.is_ipv4());
     if let Some(user) = svc.annotations().get(KUBE_VIP_IPS)
         && super::ingress_ips(svc).is_empty()
         && user != ip
+        && !handed_to_kube_vip
     {
         problems.push(ServiceProblem::KubeVipIpsReplaced {
             user: user.clone(),
