@@ -166,6 +166,54 @@ async fn without_update_on_loadbalancers_the_service_gets_a_forbidden_event() {
     ccm.stop().await.expect("the cloud provider stops cleanly");
 }
 
+/// The chart's Role minus ConfigMap `kube-system/kubevip` (the guest pools, new with `ipam:
+/// guest`): only guest-pool Services need it, so a pool Service still gets its address.
+#[tokio::test]
+async fn without_the_guest_pool_configmap_pool_services_still_get_their_address() {
+    let bed = TestBed::started().await.with_vm("worker-1").await;
+    Api::<IPPool>::all(bed.harvester.client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
+                "metadata": {"name": "pool-1"},
+                "spec": {"ranges": [{"subnet": "192.168.50.0/24"}],
+                         "selector": {"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]}}
+            }))
+            .expect("pool literal"),
+        )
+        .await
+        .expect("pool");
+    let mut chart = ccm_chart();
+    let role = chart
+        .iter_mut()
+        .find(|d| {
+            d["kind"] == "Role" && d["metadata"]["name"] == "harvester-cloud-provider-nad-mapping"
+        })
+        .expect("the ConfigMap Role");
+    role["rules"][0]["resourceNames"] = json!(["harvester-nad-mapping"]);
+    let harvester_docs = harvester_rbac_of(&bed.vm_namespace, HARVESTER_CCM_ROLES);
+    let accounts = accounts(&bed, &chart, Some(CCM_SA), &harvester_docs).await;
+    let ccm = harvester_cloud_provider::spawn(
+        Config::from_args(ccm_args(&chart, &accounts)).expect("chart flags"),
+    );
+    let services = Api::<Service>::namespaced(bed.guest.client.clone(), "default");
+    services
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "web"},
+                "spec": {"type": "LoadBalancer", "selector": {"app": "web"},
+                         "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+            }))
+            .expect("service literal"),
+        )
+        .await
+        .expect("service");
+    testbed::suites::service_controller::wait_ingress(&services, "web", LIMIT).await;
+    ccm.stop().await.expect("the cloud provider stops cleanly");
+}
+
 #[tokio::test]
 async fn without_update_on_addvolume_publish_fails_naming_the_subresource() {
     publish_fails_without(
