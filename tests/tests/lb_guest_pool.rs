@@ -11,8 +11,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use testbed::suites::service_controller::{ServiceController, wait_event, wait_ingress};
-use testbed::{TestBed, util::wait};
+use testbed::TestBed;
+use testbed::suites::service_controller::{ServiceController, wait_event, wait_gone, wait_ingress};
 
 const CLUSTER: &str = "guest-pools";
 const LIMIT: Duration = Duration::from_secs(30);
@@ -88,17 +88,7 @@ async fn delete(bed: &TestBed, ns: &str, name: &str) {
     api.delete(name, &DeleteParams::default())
         .await
         .expect("delete");
-    wait::until(&format!("{ns}/{name} gone"), LIMIT, || {
-        let api = api.clone();
-        async move {
-            Ok(match api.get_opt(name).await.map_err(|e| e.to_string())? {
-                None => Ok(()),
-                Some(s) => Err(s.metadata.finalizers),
-            })
-        }
-    })
-    .await
-    .unwrap();
+    wait_gone(&api, name, LIMIT).await;
 }
 
 async fn crs(bed: &TestBed) -> Vec<String> {

@@ -134,3 +134,18 @@ pub async fn wait_event(
     .await
     .unwrap_or_else(|e| panic!("{e}"))
 }
+
+/// Waits up to `limit` until Service `name` is gone (its finalizers, if any, removed).
+pub async fn wait_gone(api: &Api<Service>, name: &str, limit: Duration) {
+    wait::until(&format!("Service {name} gone"), limit, || {
+        let api = api.clone();
+        async move {
+            Ok(match api.get_opt(name).await.map_err(|e| e.to_string())? {
+                None => Ok(()),
+                Some(s) => Err(s.metadata.finalizers),
+            })
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
