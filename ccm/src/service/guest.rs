@@ -7,9 +7,13 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher;
 
 use super::annotations::{Ipam, ServiceKey, ServiceLbSpec};
 use super::context::{Error, ServiceCtx, interface_for};
@@ -17,13 +21,41 @@ use super::guest_pool::alloc::{Family, Request};
 use super::guest_pool::{POOL_CONFIGMAP_NAME, POOL_CONFIGMAP_NAMESPACE, PoolConfig};
 use super::plan::{self, ENSURED, ServiceProblem};
 use super::service_io::apply_change;
+use crate::context::Shutdown;
+
+/// The guest pools' ConfigMap watched by name (as the NAD mapping): its cache, the flag set once
+/// it has listed, the events that wake the guest-pool Services, and the task that sets the flag.
+/// Apart from the other caches: without the chart's RBAC for it, only `ipam: guest` waits.
+pub(super) struct PoolWatch {
+    pub store: Store<ConfigMap>,
+    pub ready: tokio::sync::watch::Receiver<bool>,
+    pub events: BoxStream<'static, Result<ConfigMap, watcher::Error>>,
+    pub synced: BoxFuture<'static, ()>,
+}
+
+pub(super) fn pool_watch(client: &kube::Client, shutdown: Shutdown) -> PoolWatch {
+    let (store, writer) = reflector::store::<ConfigMap>();
+    let (listed, ready) = tokio::sync::watch::channel(false);
+    let events = super::reconcile::configmap_watch(
+        writer,
+        client,
+        POOL_CONFIGMAP_NAMESPACE,
+        POOL_CONFIGMAP_NAME,
+    );
+    PoolWatch {
+        synced: pools_synced(store.clone(), listed, shutdown).boxed(),
+        store,
+        ready,
+        events: events.boxed(),
+    }
+}
 
 /// Marks the guest pools' cache listed once it is, unless shutdown comes first (one waiter on
 /// `wait_until_ready`: the reconciles wait on the flag, see `ServiceCtx::caches_ready`).
-pub(super) async fn pools_synced(
+async fn pools_synced(
     pools: Store<ConfigMap>,
     listed: tokio::sync::watch::Sender<bool>,
-    shutdown: crate::context::Shutdown,
+    shutdown: Shutdown,
 ) {
     tokio::select! {
         _ = pools.wait_until_ready() => {

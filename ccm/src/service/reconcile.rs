@@ -19,7 +19,6 @@ use super::annotations::{ANN_NETWORK, Ipam, ServiceKey, ServiceLbSpec};
 use super::context::{Error, ServiceCtx, interface_for, svc_key};
 use super::crs::{self, delete_crs_of, ensure_cr, mirror_address};
 use super::dhcp::{DhcpMode, KUBE_VIP_HWADDR, KUBE_VIP_REQUESTED_IP, Leases};
-use super::guest_pool::{POOL_CONFIGMAP_NAME, POOL_CONFIGMAP_NAMESPACE};
 use super::plan::{
     self, DELETED, DELETING, ENSURED, LABEL_CLUSTER, LbSettings, ServiceChange, ServiceProblem,
 };
@@ -76,10 +75,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     // The one NAD mapping ConfigMap, watched by name (the chart's Role names it for get, list and
     // watch; upstream's chart grants configmaps cluster-wide).
     let (nad, nad_writer) = kube::runtime::reflector::store::<ConfigMap>();
-    // The guest pools' ConfigMap, watched by name as the NAD mapping.
-    let (guest_pools, pools_writer) = kube::runtime::reflector::store::<ConfigMap>();
+    let pools = guest::pool_watch(&ctx.guest, shutdown.clone());
     let (caches_listed, caches_ready) = tokio::sync::watch::channel(false);
-    let (pools_listed, pools_ready) = tokio::sync::watch::channel(false);
     let sctx = Arc::new(ServiceCtx {
         ctx,
         settings,
@@ -90,30 +87,25 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         leases,
         written: WriteLog::default(),
         caches_ready,
-        guest_pools,
-        pools_ready,
+        guest_pools: pools.store,
+        pools_ready: pools.ready,
         ledger: Default::default(),
         wake,
     });
     let lb_watch = watcher::Config::default()
         .labels(&format!("{LABEL_CLUSTER}={}", sctx.settings.cluster_name));
     let cr_events = cached_watch(cr_writer, sctx.lbs(), lb_watch);
-    let nad_events = cached_watch(
+    let nad_events = configmap_watch(
         nad_writer,
-        Api::<ConfigMap>::namespaced(sctx.ctx.guest.clone(), NAD_MAPPING_NAMESPACE),
-        watcher::Config::default().fields(&format!("metadata.name={NAD_MAPPING_NAME}")),
-    );
-    let pool_events = cached_watch(
-        pools_writer,
-        Api::<ConfigMap>::namespaced(sctx.ctx.guest.clone(), POOL_CONFIGMAP_NAMESPACE),
-        watcher::Config::default().fields(&format!("metadata.name={POOL_CONFIGMAP_NAME}")),
+        &sctx.ctx.guest,
+        NAD_MAPPING_NAMESPACE,
+        NAD_MAPPING_NAME,
     );
     let (guests, default_ipam) = (store.clone(), sctx.settings.default_ipam);
     let related = store.clone();
     let with_network = store.clone();
     let gc = crs::garbage_collector(sctx.clone(), shutdown.clone());
     let watch_shutdown = shutdown.clone();
-    let shutdown_pools = shutdown.clone();
     // Polled in the controller's own task (the join below), which every watch event wakes.
     let synced = caches_synced(
         (store.clone(), sctx.crs.clone(), sctx.nad.clone()),
@@ -121,8 +113,6 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         readiness,
         shutdown.clone(),
     );
-    // Apart from the other caches: without the chart's RBAC for it, only `ipam: guest` waits.
-    let pools_synced = guest::pools_synced(sctx.guest_pools.clone(), pools_listed, shutdown_pools);
     let ctrl = controller
         // A CR's status changed: reconcile its Service (no polling while an address is pending).
         .watches_stream(cr_events, |lb| crs::service_of_cr(&lb))
@@ -131,7 +121,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         // The NAD mapping changed: reconcile the Services that name a network.
         .watches_stream(nad_events, move |_| services_with_network(&with_network))
         // The guest pools changed: reconcile the Services that take their address there.
-        .watches_stream(pool_events, move |_| {
+        .watches_stream(pools.events, move |_| {
             guest::guest_services(&guests, default_ipam)
         })
         .reconcile_all_on(ticks(sctx.resync()))
@@ -145,7 +135,19 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
             _ = watch_shutdown => {},
         }
     };
-    futures::join!(ctrl, gc, synced, service_watch, pools_synced);
+    futures::join!(ctrl, gc, synced, service_watch, pools.synced);
+}
+
+/// A watch of ConfigMap `namespace/name` alone (the chart's Role names each for get, list and
+/// watch), keeping `writer`'s cache.
+pub(super) fn configmap_watch(
+    writer: reflector::store::Writer<ConfigMap>,
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> impl futures::Stream<Item = Result<ConfigMap, watcher::Error>> + use<> {
+    let by_name = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    cached_watch(writer, Api::namespaced(client.clone(), namespace), by_name)
 }
 
 /// A watch of `api` that keeps `writer`'s cache and yields the objects it touched.
