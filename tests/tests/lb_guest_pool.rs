@@ -11,8 +11,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use testbed::TestBed;
 use testbed::suites::service_controller::{ServiceController, wait_event, wait_gone, wait_ingress};
+use testbed::{TestBed, util::wait};
 
 const CLUSTER: &str = "guest-pools";
 const LIMIT: Duration = Duration::from_secs(30);
@@ -412,5 +412,58 @@ async fn default_ipam_guest_serves_services_without_an_ipam_annotation() {
         crs(&bed).await.is_empty(),
         "no LoadBalancer CR in Harvester"
     );
+    ccm.stop().await;
+}
+
+/// A Service switched from Harvester's pools to `ipam: guest`: its CR goes (Harvester takes the
+/// address back into its pool) and it gets a guest-pool address instead of keeping that one.
+#[tokio::test]
+async fn a_service_switched_from_harvesters_pool_to_guest_gets_a_guest_address_and_no_cr() {
+    let bed = TestBed::started().await;
+    let pool: harvester_common::harvester::IPPool = serde_json::from_value(json!({
+        "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
+        "metadata": {"name": "harvester-pool"},
+        "spec": {"ranges": [{"subnet": "192.168.60.0/24"}],
+                 "selector": {"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]}}
+    }))
+    .expect("pool literal");
+    Api::<harvester_common::harvester::IPPool>::all(bed.harvester.client.clone())
+        .create(&PostParams::default(), &pool)
+        .await
+        .expect("pool");
+    set_pools(&bed, json!({"range-global": "10.99.2.1-10.99.2.4"})).await;
+    let ccm = ServiceController::start(&bed, CLUSTER);
+    create(&bed, "default", lb_svc("moving", 80, json!({}), json!({}))).await;
+    let from_harvester = address(&bed, "default", "moving").await;
+    assert!(
+        from_harvester.starts_with("192.168.60."),
+        "{from_harvester}"
+    );
+    assert_eq!(crs(&bed).await.len(), 1);
+    services(&bed, "default")
+        .patch(
+            "moving",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": guest()}})),
+        )
+        .await
+        .expect("switch to ipam: guest");
+    let note = wait_event(
+        &bed,
+        ("default", "moving"),
+        "EnsuredLoadBalancer",
+        "10.99.2.1",
+        LIMIT,
+    )
+    .await;
+    assert!(note.contains("guest pool range-global"), "{note}");
+    assert_eq!(address(&bed, "default", "moving").await, "10.99.2.1");
+    let lbs = crs(&bed).await;
+    wait::until("the CR deleted", LIMIT, || async {
+        let left = crs(&bed).await;
+        Ok(if left.is_empty() { Ok(()) } else { Err(left) })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e} (was {lbs:?})"));
     ccm.stop().await;
 }

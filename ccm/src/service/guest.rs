@@ -124,9 +124,10 @@ pub(super) async fn reconcile_guest(
     };
     let current = plan::ingress_ip(svc).and_then(|ip| ip.parse::<IpAddr>().ok());
     let requested = spec.requested();
-    let ip = if current.is_some() && requested.is_none_or(|r| Some(r) == current) {
-        // The Service shows its address: it is the record, nothing to decide.
-        current
+    let kept = current.filter(|c| pool.contains(*c));
+    let ip = if kept.is_some() && requested.is_none_or(|r| Some(r) == kept) {
+        // The Service shows its address, inside its pool: it is the record, nothing to decide.
+        kept
     } else {
         let req = Request {
             current,

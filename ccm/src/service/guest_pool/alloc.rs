@@ -43,7 +43,9 @@ pub struct Decision {
 }
 
 /// The address for `req` from `pool`, where `used` maps the addresses other Services hold to
-/// their names. A Service keeps the address it has unless it asks for another one that is free;
+/// their names. A Service keeps the address it has while that is inside the pool (one outside:
+/// the ConfigMap changed, or it came from Harvester, whose CR is gone and whose pool may give it
+/// to another, is replaced), unless it asks for another one that is free;
 /// a requested address that is outside the pool or held by another Service is a problem, and the
 /// Service keeps what it has (or gets nothing: it asked for that address, not for any). Otherwise
 /// the reserved address, else the first free one in search order (IPv4 addresses ending in .0 or
@@ -58,11 +60,12 @@ pub fn allocate(
         ip: Some(ip),
         problem: None,
     };
+    let current = req.current.filter(|c| pool.contains(*c));
     let refuse = |problem| Decision {
-        ip: req.current,
+        ip: current,
         problem: Some(problem),
     };
-    if let Some(requested) = req.requested.filter(|r| Some(*r) != req.current) {
+    if let Some(requested) = req.requested.filter(|r| Some(*r) != current) {
         if !pool.contains(requested) {
             return refuse(GuestProblem::RequestedOutside {
                 requested,
@@ -78,7 +81,7 @@ pub fn allocate(
             None => give(requested),
         };
     }
-    if let Some(current) = req.current {
+    if let Some(current) = current {
         return give(current);
     }
     if let Some(reserved) = req

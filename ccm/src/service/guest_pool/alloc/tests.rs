@@ -75,6 +75,28 @@ fn a_service_keeps_its_address() {
 }
 
 #[test]
+fn an_address_outside_the_pool_is_replaced() {
+    let p = pool("range-ns", "10.0.0.1-10.0.0.9");
+    let from_harvester = Request {
+        current: Some(ip("192.168.50.10")),
+        ..req()
+    };
+    assert_eq!(
+        allocate(&p, false, &from_harvester, &used(&[])).ip,
+        Some(ip("10.0.0.1"))
+    );
+    let refused = Request {
+        requested: Some(ip("10.9.9.9")),
+        ..from_harvester
+    };
+    assert_eq!(
+        allocate(&p, false, &refused, &used(&[])).ip,
+        None,
+        "a refused request does not keep an address outside the pool"
+    );
+}
+
+#[test]
 fn a_requested_address_is_given_when_free_and_inside() {
     let p = pool("range-ns", "10.0.0.1-10.0.0.9");
     let r = Request {
