@@ -238,7 +238,7 @@ fn cloud_provider_chart_renders_the_upstream_shape_with_our_needs() {
     assert_eq!(
         nad["rules"],
         json!([{"apiGroups": [""], "resources": ["configmaps"],
-                "resourceNames": ["harvester-nad-mapping"],
+                "resourceNames": ["harvester-nad-mapping", "kubevip"],
                 "verbs": ["get", "list", "watch"]}])
     );
 }

@@ -61,6 +61,41 @@ async fn warning(bed: &TestBed, namespace: &str, name: &str, reason: &str, text:
     .unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// An IPPool of 192.168.50.0/24 for every guest cluster.
+async fn create_pool(bed: &TestBed) {
+    Api::<IPPool>::all(bed.harvester.client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
+                "metadata": {"name": "pool-1"},
+                "spec": {"ranges": [{"subnet": "192.168.50.0/24"}],
+                         "selector": {"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]}}
+            }))
+            .expect("pool literal"),
+        )
+        .await
+        .expect("pool");
+}
+
+/// LoadBalancer Service `default/web` on port 80; returns the Services of `default`.
+async fn create_web_service(bed: &TestBed) -> Api<Service> {
+    let services = Api::<Service>::namespaced(bed.guest.client.clone(), "default");
+    services
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "web"},
+                "spec": {"type": "LoadBalancer", "selector": {"app": "web"},
+                         "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
+            }))
+            .expect("service literal"),
+        )
+        .await
+        .expect("service");
+    services
+}
+
 #[tokio::test]
 async fn without_patch_on_nodes_the_node_stays_tainted_with_a_forbidden_event() {
     let bed = TestBed::started().await.with_vm("worker-1").await;
@@ -106,19 +141,7 @@ async fn without_patch_on_nodes_the_node_stays_tainted_with_a_forbidden_event() 
 #[tokio::test]
 async fn without_update_on_loadbalancers_the_service_gets_a_forbidden_event() {
     let bed = TestBed::started().await.with_vm("worker-1").await;
-    Api::<IPPool>::all(bed.harvester.client.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
-                "metadata": {"name": "pool-1"},
-                "spec": {"ranges": [{"subnet": "192.168.50.0/24"}],
-                         "selector": {"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]}}
-            }))
-            .expect("pool literal"),
-        )
-        .await
-        .expect("pool");
+    create_pool(&bed).await;
     let chart = ccm_chart();
     // The provider writes LoadBalancers with `update` (as upstream Harvester's role grants).
     let mut harvester_docs = harvester_rbac_of(&bed.vm_namespace, HARVESTER_CCM_ROLES);
@@ -134,18 +157,7 @@ async fn without_update_on_loadbalancers_the_service_gets_a_forbidden_event() {
     let ccm = harvester_cloud_provider::spawn(
         Config::from_args(ccm_args(&chart, &accounts)).expect("chart flags"),
     );
-    Api::<Service>::namespaced(bed.guest.client.clone(), "default")
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": "web"},
-                "spec": {"type": "LoadBalancer", "selector": {"app": "web"},
-                         "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}
-            }))
-            .expect("service literal"),
-        )
-        .await
-        .expect("service");
+    create_web_service(&bed).await;
 
     let note = warning(
         &bed,
@@ -163,6 +175,30 @@ async fn without_update_on_loadbalancers_the_service_gets_a_forbidden_event() {
     ] {
         assert!(note.contains(part), "the Event says {part:?}: {note}");
     }
+    ccm.stop().await.expect("the cloud provider stops cleanly");
+}
+
+/// The chart's Role minus ConfigMap `kube-system/kubevip` (the guest pools, new with `ipam:
+/// guest`): only guest-pool Services need it, so a pool Service still gets its address.
+#[tokio::test]
+async fn without_the_guest_pool_configmap_pool_services_still_get_their_address() {
+    let bed = TestBed::started().await.with_vm("worker-1").await;
+    create_pool(&bed).await;
+    let mut chart = ccm_chart();
+    let role = chart
+        .iter_mut()
+        .find(|d| {
+            d["kind"] == "Role" && d["metadata"]["name"] == "harvester-cloud-provider-nad-mapping"
+        })
+        .expect("the ConfigMap Role");
+    role["rules"][0]["resourceNames"] = json!(["harvester-nad-mapping"]);
+    let harvester_docs = harvester_rbac_of(&bed.vm_namespace, HARVESTER_CCM_ROLES);
+    let accounts = accounts(&bed, &chart, Some(CCM_SA), &harvester_docs).await;
+    let ccm = harvester_cloud_provider::spawn(
+        Config::from_args(ccm_args(&chart, &accounts)).expect("chart flags"),
+    );
+    let services = create_web_service(&bed).await;
+    testbed::suites::service_controller::wait_ingress(&services, "web", LIMIT).await;
     ccm.stop().await.expect("the cloud provider stops cleanly");
 }
 

@@ -483,3 +483,153 @@ async fn a_dhcp_interface_that_does_not_exist_is_a_clear_warning_root() {
     assert!(metric(&telemetry, "failed") >= 1);
     ccm.stop().await;
 }
+
+/// An `ipam: dhcp` Service asking for `requested` (in `spec.loadBalancerIP`).
+fn dhcp_service_asking(name: &str, requested: &str) -> Service {
+    let mut svc = dhcp_service(name);
+    svc.spec.get_or_insert_default().load_balancer_ip = Some(requested.into());
+    svc
+}
+
+/// Events with `reason` on Service `name`: each note with the times it was reported (a repeated
+/// Event is one object with a series count).
+async fn events_with(bed: &TestBed, name: &str, reason: &str) -> Vec<(String, i32)> {
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(bed.guest.client.clone(), "default");
+    events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .map(|e| {
+            let times = e.series.as_ref().map_or(1, |s| s.count);
+            (e.note.unwrap_or_default(), times)
+        })
+        .collect()
+}
+
+/// A requested address the real dnsmasq has free: the DISCOVER carries it (option 50), the lease
+/// is that address, and nothing is warned about.
+#[tokio::test]
+async fn dhcp_service_gets_its_requested_address_when_the_server_has_it_free_root() {
+    let bed = root_bed().await;
+    let net = DhcpNet::start_host_client().expect("dnsmasq in a network namespace");
+    let telemetry = Telemetry::new();
+    let ccm = start_ccm(&bed, &["--dhcp-interface", &net.client_if], &telemetry);
+    let api: Api<Service> = Api::namespaced(bed.guest.client.clone(), "default");
+    let created = api
+        .create(
+            &PostParams::default(),
+            &dhcp_service_asking("dns", "10.77.0.142"),
+        )
+        .await
+        .unwrap();
+    let (ip, svc) = wait_ingress(&api, "dns").await;
+    assert_eq!(ip, "10.77.0.142", "the requested address");
+    assert_eq!(
+        svc.annotations().get("kube-vip.io/requestedIP"),
+        Some(&ip),
+        "remembered for a restart"
+    );
+    let mac = dhcp::format_mac(&dhcp::mac_for(&created.uid().unwrap()));
+    assert!(
+        net.leases()
+            .iter()
+            .any(|l| l.mac == mac && l.ip.to_string() == ip),
+        "dnsmasq leased {ip} to {mac}: {:?}",
+        net.leases()
+    );
+    wait_note(&bed, "dns", "Normal", LIMIT, |n| n.contains(&ip)).await;
+    assert!(
+        events_with(&bed, "dns", "LoadBalancerIPNotHonoured")
+            .await
+            .is_empty(),
+        "no Warning for an honoured request"
+    );
+    ccm.stop().await;
+}
+
+/// A requested address another client holds: the server offers another, the Service gets that
+/// one and exactly one Warning naming both.
+#[tokio::test]
+async fn dhcp_service_asking_for_a_taken_address_gets_another_and_one_warning_root() {
+    let bed = root_bed().await;
+    let net = DhcpNet::start_host_client().expect("dnsmasq in a network namespace");
+    let other = dhcp::acquire(
+        &net.client_if,
+        dhcp::mac_for("another client"),
+        None,
+        &dhcp::DhcpOptions::default(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("the other client's lease: {e}\n{}", net.dhcp_log_text()));
+    let taken = other.ip.to_string();
+    let telemetry = Telemetry::new();
+    let ccm = start_ccm(&bed, &["--dhcp-interface", &net.client_if], &telemetry);
+    let api: Api<Service> = Api::namespaced(bed.guest.client.clone(), "default");
+    api.create(&PostParams::default(), &dhcp_service_asking("dns", &taken))
+        .await
+        .unwrap();
+    let (ip, _) = wait_ingress(&api, "dns").await;
+    assert_ne!(ip, taken, "the server gave another address");
+    let note = wait_note(&bed, "dns", "Warning", LIMIT, |n| n.contains(&taken)).await;
+    assert!(
+        note.contains(&format!("requested address {taken} was not leased")) && note.contains(&ip),
+        "{note}"
+    );
+    // Settled (the Normal Event follows the write the Warning preceded): one Warning only.
+    wait_note(&bed, "dns", "Normal", LIMIT, |n| n.contains(&ip)).await;
+    let warnings = events_with(&bed, "dns", "LoadBalancerIPNotHonoured").await;
+    assert_eq!(
+        warnings.iter().map(|(_, times)| times).sum::<i32>(),
+        1,
+        "{warnings:?}"
+    );
+    ccm.stop().await;
+}
+
+/// `--dhcp-mode=kube-vip`: kube-vip leases, so a requested address is handed to its DHCP client
+/// as `kube-vip.io/requestedIP` next to upstream's `0.0.0.0` (kube-vip v1.2.3 asks for it).
+#[tokio::test]
+async fn kube_vip_dhcp_mode_hands_the_requested_address_to_kube_vip() {
+    let bed = TestBed::started().await;
+    let telemetry = Telemetry::new();
+    let ccm = start_ccm(&bed, &["--dhcp-mode", "kube-vip"], &telemetry);
+    let api: Api<Service> = Api::namespaced(bed.guest.client.clone(), "default");
+    api.create(
+        &PostParams::default(),
+        &dhcp_service_asking("dns", "10.77.0.142"),
+    )
+    .await
+    .unwrap();
+    let annotations = wait::until("kube-vip's annotations", LIMIT, || {
+        let api = api.clone();
+        async move {
+            let s = api.get("dns").await.map_err(|e| e.to_string())?;
+            let a = s.annotations().clone();
+            Ok(if a.contains_key("kube-vip.io/loadbalancerIPs") {
+                Ok(a)
+            } else {
+                Err(a)
+            })
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        annotations
+            .get("kube-vip.io/loadbalancerIPs")
+            .map(String::as_str),
+        Some("0.0.0.0")
+    );
+    assert_eq!(
+        annotations
+            .get("kube-vip.io/requestedIP")
+            .map(String::as_str),
+        Some("10.77.0.142")
+    );
+    ccm.stop().await;
+}

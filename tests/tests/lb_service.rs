@@ -11,11 +11,10 @@ use harvester_cloud_provider::service::{
 };
 use harvester_common::harvester::{IPPool, LoadBalancer};
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
-use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use testbed::suites::service_controller::ServiceController;
+use testbed::suites::service_controller::{self, ServiceController};
 use testbed::{TestBed, util::wait};
 
 const CLUSTER: &str = "rke2-test";
@@ -64,34 +63,11 @@ fn crs(bed: &TestBed) -> Api<LoadBalancer> {
 
 /// Waits until the Service has an ingress address and returns it with the Service.
 async fn wait_address(bed: &TestBed, name: &str) -> (String, Service) {
-    let api = services(bed);
-    wait::until(&format!("Service {name} gets an address"), LIMIT, || {
-        let api = api.clone();
-        async move {
-            let svc = api.get(name).await.map_err(|e| e.to_string())?;
-            Ok(match ingress_ip(&svc) {
-                Some(ip) => Ok((ip, svc)),
-                None => Err((svc.metadata.annotations, svc.metadata.finalizers)),
-            })
-        }
-    })
-    .await
-    .unwrap()
+    service_controller::wait_ingress(&services(bed), name, LIMIT).await
 }
 
 async fn wait_gone(bed: &TestBed, name: &str) {
-    let api = services(bed);
-    wait::until(&format!("Service {name} gone"), LIMIT, || {
-        let api = api.clone();
-        async move {
-            Ok(match api.get_opt(name).await.map_err(|e| e.to_string())? {
-                None => Ok(()),
-                Some(s) => Err(s.metadata.finalizers),
-            })
-        }
-    })
-    .await
-    .unwrap()
+    service_controller::wait_gone(&services(bed), name, LIMIT).await
 }
 
 async fn cr_names(bed: &TestBed) -> Vec<String> {
@@ -129,39 +105,7 @@ async fn wait_no_crs(bed: &TestBed, what: &str) {
 
 /// Waits for an event with `reason` on Service `name` whose note contains `text`.
 async fn wait_event(bed: &TestBed, name: &str, reason: &str, text: &str) -> String {
-    let api: Api<Event> = Api::namespaced(bed.guest.client.clone(), "default");
-    wait::until(
-        &format!("event {reason} on {name} mentioning {text:?}"),
-        LIMIT,
-        || {
-            let api = api.clone();
-            async move {
-                let events = api
-                    .list(&ListParams::default())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let seen: Vec<(String, String)> = events
-                    .items
-                    .iter()
-                    .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-                    .map(|e| {
-                        (
-                            e.reason.clone().unwrap_or_default(),
-                            e.note.clone().unwrap_or_default(),
-                        )
-                    })
-                    .collect();
-                Ok(
-                    match seen.iter().find(|(r, n)| r == reason && n.contains(text)) {
-                        Some((_, note)) => Ok(note.clone()),
-                        None => Err(seen),
-                    },
-                )
-            }
-        },
-    )
-    .await
-    .unwrap()
+    service_controller::wait_event(bed, ("default", name), reason, text, LIMIT).await
 }
 
 #[tokio::test]

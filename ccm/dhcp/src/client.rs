@@ -97,6 +97,24 @@ pub async fn acquire(
     Ok(lease)
 }
 
+/// Leases an address for `mac` on `iface`, asking for `wanted` (a Service's requested address)
+/// straight away: DISCOVER carries it as option 50 (RFC 2131 §4.4.1), and a server offers it when
+/// it is free and in its range, another address otherwise (the caller compares). No INIT-REBOOT
+/// first: the address was never leased to this MAC, and a server that is not authoritative stays
+/// silent to an INIT-REBOOT for an address it does not know, which would only add its timeouts.
+pub async fn acquire_hinting(
+    iface: &str,
+    mac: [u8; 6],
+    wanted: Ipv4Addr,
+    opts: &DhcpOptions,
+) -> Result<Lease, DhcpError> {
+    let opts = DhcpOptions {
+        init_reboot_attempts: 0,
+        ..opts.clone()
+    };
+    acquire(iface, mac, Some(wanted), &opts).await
+}
+
 /// Renews (or rebinds) `lease` with an INIT-REBOOT-style broadcast REQUEST for its address. Returns
 /// the extended lease; `Nak` means the address is lost, `NoAck` that no server answered (keep the
 /// old lease until it expires and try again).
@@ -205,4 +223,34 @@ fn open_socket(iface: &str) -> Result<UdpSocket, DhcpError> {
     sock.bind(&addr.into())
         .map_err(err("binding 0.0.0.0:68 (needs CAP_NET_BIND_SERVICE)"))?;
     UdpSocket::from_std(sock.into()).map_err(err("registering with tokio"))
+}
+
+#[cfg(test)]
+mod tests {
+    use dhcproto::v4::{self, DhcpOption, MessageType, OptionCode};
+    use dhcproto::{Decodable, Decoder};
+
+    use super::*;
+
+    /// What `acquire_hinting` runs: without INIT-REBOOT attempts, a requested address goes out in
+    /// the first DISCOVER as option 50.
+    #[test]
+    fn a_wanted_address_is_hinted_in_the_first_discover() {
+        let wanted = Ipv4Addr::new(10, 77, 0, 150);
+        let opts = DhcpOptions {
+            init_reboot_attempts: 0,
+            ..DhcpOptions::default()
+        };
+        let mut ex = Exchange::acquire("eth1", [2, 0, 0, 0, 0, 1], Some(wanted), &opts, 7);
+        let Action::Send { packet, step, .. } = ex.start() else {
+            panic!("the exchange starts by sending");
+        };
+        assert_eq!(step, Step::Discover);
+        let m = v4::Message::decode(&mut Decoder::new(&packet)).expect("a DHCP message");
+        assert_eq!(m.opts().msg_type(), Some(MessageType::Discover));
+        assert_eq!(
+            m.opts().get(OptionCode::RequestedIpAddress),
+            Some(&DhcpOption::RequestedIpAddress(wanted))
+        );
+    }
 }

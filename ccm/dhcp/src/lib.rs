@@ -88,7 +88,7 @@ use std::time::Duration;
 
 use ipnetwork::Ipv4Network;
 
-pub use client::{Lease, acquire, release, renew};
+pub use client::{Lease, acquire, acquire_hinting, release, renew};
 pub use mac::{format_mac, mac_for, parse_mac};
 pub use maintain::{LeaseEvent, Maintainer, maintain};
 pub use timers::Backoff;

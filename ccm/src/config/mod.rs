@@ -133,6 +133,11 @@ pub struct ServiceFlags {
     /// without it, the default route's interface (kube-vip's choice when `vip_interface` is empty).
     #[arg(long)]
     pub dhcp_interface: Option<String>,
+    /// Where a LoadBalancer Service without `cloudprovider.harvesterhci.io/ipam` gets its address:
+    /// `pool` (Harvester's IP pools, upstream's default), `dhcp`, or `guest` (the guest cluster's
+    /// ranges in ConfigMap `kube-system/kubevip`, kube-vip-cloud-provider's format).
+    #[arg(long, default_value = "pool")]
+    pub default_ipam: crate::service::annotations::Ipam,
     /// How many Services are reconciled at once; unbounded when not given (upstream's flag:
     /// given, it bounds the service controller as upstream's does).
     #[arg(long)]
@@ -238,6 +243,8 @@ pub struct ServiceConfig {
     pub concurrency: Option<u16>,
     pub dhcp_mode: crate::service::dhcp::DhcpMode,
     pub dhcp_interface: Option<String>,
+    /// `--default-ipam`.
+    pub default_ipam: crate::service::annotations::Ipam,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -330,6 +337,7 @@ impl Config {
             service: ServiceConfig {
                 concurrency: flags.service.concurrent_service_syncs,
                 dhcp_mode: flags.service.dhcp_mode.clone(),
+                default_ipam: flags.service.default_ipam,
                 dhcp_interface: flags
                     .service
                     .dhcp_interface

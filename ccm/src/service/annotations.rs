@@ -15,11 +15,16 @@ pub const LABEL_PRIMARY_SERVICE: &str = "cloudprovider.harvesterhci.io/primary-s
 pub const KUBE_VIP_IPS: &str = "kube-vip.io/loadbalancerIPs";
 pub const KUBE_VIP_INTERFACE: &str = "kube-vip.io/serviceInterface";
 
-/// How the address is obtained (`cloudprovider.harvesterhci.io/ipam`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How the address is obtained (`cloudprovider.harvesterhci.io/ipam`, else `--default-ipam`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Ipam {
+    /// Harvester's IP pools, through a LoadBalancer CR (upstream's default).
+    #[default]
     Pool,
+    /// DHCP on the VM network (leased by this provider or by kube-vip, `--dhcp-mode`).
     Dhcp,
+    /// The guest cluster's own ranges (ConfigMap `kube-system/kubevip`), no CR in Harvester.
+    Guest,
 }
 
 impl Ipam {
@@ -27,6 +32,19 @@ impl Ipam {
         match self {
             Ipam::Pool => "pool",
             Ipam::Dhcp => "dhcp",
+            Ipam::Guest => "guest",
+        }
+    }
+}
+
+impl std::str::FromStr for Ipam {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "pool" => Ok(Ipam::Pool),
+            "dhcp" => Ok(Ipam::Dhcp),
+            "guest" => Ok(Ipam::Guest),
+            _ => Err("must be pool, dhcp or guest".into()),
         }
     }
 }
@@ -75,6 +93,10 @@ pub struct ServiceLbSpec {
     pub primary: Option<ServiceKey>,
     /// `spec.loadBalancerIP`, which Harvester cannot honour (no field on the CR).
     pub requested_ip: Option<IpAddr>,
+    /// `kube-vip.io/loadbalancerIPs` as the user wrote it: read only while the Service has no
+    /// ingress (once it has one, the annotation is the address this provider wrote), and empty
+    /// for kube-vip's DHCP sentinel `0.0.0.0`.
+    pub kube_vip_ips: Vec<IpAddr>,
     pub ports: Vec<PortKey>,
 }
 
@@ -132,12 +154,54 @@ pub fn parse_primary(own_namespace: &str, value: &str) -> Result<ServiceKey, Bad
     })
 }
 
+/// `kube-vip.io/loadbalancerIPs` as kube-vip reads it: a comma-separated list of IPv4 and IPv6
+/// addresses, each trimmed, blanks skipped (kube-vip v1.2.3 `pkg/utils/ip.go` `FetchServiceIPs`).
+/// Only kube-vip's DHCP sentinel `0.0.0.0` alone means no address (its cloud provider writes it for
+/// a `0.0.0.0/32` pool, kube-vip-cloud-provider v0.0.12 `pkg/provider/loadBalancer.go`). Read
+/// only while the Service has no ingress: afterwards the value is the address written for it.
+fn user_kube_vip_ips(svc: &Service) -> Result<Vec<IpAddr>, BadAnnotation> {
+    let has_ingress = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .is_some_and(|i| i.iter().any(|i| i.ip.is_some()));
+    let Some(value) = non_empty(svc, KUBE_VIP_IPS).filter(|_| !has_ingress) else {
+        return Ok(Vec::new());
+    };
+    let ips = value
+        .split(',')
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(|v| v.parse::<IpAddr>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| {
+            bad(
+                KUBE_VIP_IPS,
+                &value,
+                "expected IP addresses separated by commas",
+            )
+        })?;
+    Ok(if ips.iter().all(IpAddr::is_unspecified) {
+        Vec::new()
+    } else {
+        ips
+    })
+}
+
 impl ServiceLbSpec {
+    /// The Service's input, with `pool` for a Service without `ipam` (upstream's default).
     pub fn from_service(svc: &Service) -> Result<ServiceLbSpec, BadAnnotation> {
-        let ipam = match non_empty(svc, ANN_IPAM).as_deref() {
-            None | Some("pool") => Ipam::Pool,
-            Some("dhcp") => Ipam::Dhcp,
-            Some(other) => return Err(bad(ANN_IPAM, other, "must be pool or dhcp")),
+        ServiceLbSpec::with_default_ipam(svc, Ipam::Pool)
+    }
+
+    /// The Service's input, with `default` (`--default-ipam`) for a Service without `ipam`.
+    pub fn with_default_ipam(svc: &Service, default: Ipam) -> Result<ServiceLbSpec, BadAnnotation> {
+        let ipam = match non_empty(svc, ANN_IPAM) {
+            None => default,
+            Some(v) => v
+                .parse()
+                .map_err(|reason: String| bad(ANN_IPAM, &v, reason))?,
         };
         let network = non_empty(svc, ANN_NETWORK);
         if let Some(n) = &network
@@ -184,7 +248,9 @@ impl ServiceLbSpec {
             })
             .unwrap_or_default();
         ports.sort();
+        let kube_vip_ips = user_kube_vip_ips(svc)?;
         Ok(ServiceLbSpec {
+            kube_vip_ips,
             ipam,
             network,
             project: non_empty(svc, ANN_PROJECT),
@@ -193,6 +259,12 @@ impl ServiceLbSpec {
             requested_ip,
             ports,
         })
+    }
+
+    /// The address the Service asks for: the first of a user's `kube-vip.io/loadbalancerIPs`,
+    /// else `spec.loadBalancerIP` (kube-vip's order, `FetchServiceIPs`).
+    pub fn requested(&self) -> Option<IpAddr> {
+        self.kube_vip_ips.first().copied().or(self.requested_ip)
     }
 }
 
@@ -284,6 +356,71 @@ mod tests {
             assert_eq!((err.key.as_str(), err.value.as_str()), (key, value));
             assert!(err.to_string().contains(key), "{err}");
         }
+    }
+
+    #[test]
+    fn the_requested_address_is_kube_vips_annotation_then_load_balancer_ip() {
+        let spec = |ann, lb_ip: Option<&str>, status| {
+            let mut s = svc(
+                ann,
+                json!({"type": "LoadBalancer", "loadBalancerIP": lb_ip}),
+            );
+            s.status = serde_json::from_value(status).unwrap();
+            ServiceLbSpec::from_service(&s)
+        };
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let none = json!(null);
+        let both = spec(
+            json!({KUBE_VIP_IPS: " 10.0.0.8 , fd00::8"}),
+            Some("10.0.0.9"),
+            none.clone(),
+        )
+        .unwrap();
+        assert_eq!(both.kube_vip_ips, vec![ip("10.0.0.8"), ip("fd00::8")]);
+        assert_eq!(
+            both.requested(),
+            Some(ip("10.0.0.8")),
+            "the annotation first"
+        );
+        let spec_only = spec(json!({}), Some("10.0.0.9"), none.clone()).unwrap();
+        assert_eq!(spec_only.requested(), Some(ip("10.0.0.9")));
+        let sentinel = spec(json!({KUBE_VIP_IPS: "0.0.0.0"}), None, none.clone()).unwrap();
+        assert_eq!(
+            sentinel.requested(),
+            None,
+            "kube-vip's DHCP sentinel asks for nothing"
+        );
+        let addressed = spec(
+            json!({KUBE_VIP_IPS: "10.0.0.7"}),
+            None,
+            json!({"loadBalancer": {"ingress": [{"ip": "10.0.0.7"}]}}),
+        )
+        .unwrap();
+        assert_eq!(addressed.requested(), None, "with an ingress it is ours");
+        let err = spec(json!({KUBE_VIP_IPS: "10.0.0.1,lb.example"}), None, none).unwrap_err();
+        assert_eq!(
+            (err.key.as_str(), err.value.as_str()),
+            (KUBE_VIP_IPS, "10.0.0.1,lb.example")
+        );
+    }
+
+    #[test]
+    fn ipam_comes_from_the_annotation_else_the_default() {
+        let guest = svc(json!({ANN_IPAM: "guest"}), json!({}));
+        assert_eq!(
+            ServiceLbSpec::from_service(&guest).unwrap().ipam,
+            Ipam::Guest
+        );
+        let plain = svc(json!({}), json!({}));
+        for default in [Ipam::Pool, Ipam::Dhcp, Ipam::Guest] {
+            let spec = ServiceLbSpec::with_default_ipam(&plain, default).unwrap();
+            assert_eq!(spec.ipam, default);
+            let spec = ServiceLbSpec::with_default_ipam(&guest, default).unwrap();
+            assert_eq!(spec.ipam, Ipam::Guest, "the annotation wins");
+        }
+        let err =
+            ServiceLbSpec::from_service(&svc(json!({ANN_IPAM: "static"}), json!({}))).unwrap_err();
+        assert!(err.reason.contains("pool, dhcp or guest"), "{err}");
     }
 
     #[test]

@@ -66,6 +66,16 @@ pub struct ServiceCtx {
     pub(super) leases: Option<Leases>,
     /// Our last writes to Services and CRs, to tell a cache that has not caught up with them.
     pub(super) written: WriteLog,
+    /// ConfigMap `kube-system/kubevip` (the guest pools; at most one object), from a watch that
+    /// also wakes the `ipam: guest` Services.
+    pub(super) guest_pools: Store<ConfigMap>,
+    /// True once the guest pools' watch has listed (kept apart from `caches_ready`: only
+    /// `ipam: guest` Services wait for it).
+    pub(super) pools_ready: tokio::sync::watch::Receiver<bool>,
+    /// Guest-pool addresses chosen and not yet shown by the cache, and the Services waiting.
+    pub(super) ledger: super::guest_pool::alloc::Ledger,
+    /// Wakes a Service's reconcile from outside the watches (a lease changed, an address freed).
+    pub(super) wake: tokio::sync::mpsc::UnboundedSender<ObjectRef<Service>>,
     /// True once the watch caches hold a full list. Reconciles wait on this, not on
     /// `Store::wait_until_ready`: that future keeps one waker only (kube-runtime 5.0's
     /// `DelayedInit` polls a `futures` oneshot), so of many reconciles waiting at once all but

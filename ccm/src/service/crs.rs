@@ -13,7 +13,7 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::reflector::ObjectRef;
 
 use super::MANAGER;
-use super::annotations::{ServiceKey, ServiceLbSpec};
+use super::annotations::{Ipam, ServiceKey, ServiceLbSpec};
 use super::context::{Error, ServiceCtx, cr_key};
 use super::plan::{
     self, LABEL_CLUSTER, LABEL_SERVICE_NAME, LABEL_SERVICE_NAMESPACE, ServiceProblem,
@@ -157,6 +157,11 @@ async fn delete_cr(ctx: &ServiceCtx, name: &str) -> Result<bool, Error> {
     }
 }
 
+/// Deletes every cached CR of `key` (a Service that takes its address from the guest pools now).
+pub(super) async fn delete_cached_crs_of(ctx: &ServiceCtx, key: &ServiceKey) -> Result<(), Error> {
+    delete_stale_crs(ctx, key, "").await
+}
+
 /// Deletes the cached CRs of `key` other than `keep` (those of an earlier UID of the Service).
 async fn delete_stale_crs(ctx: &ServiceCtx, key: &ServiceKey, keep: &str) -> Result<(), Error> {
     let stale: Vec<String> = ctx
@@ -236,6 +241,11 @@ async fn collect_garbage(ctx: &ServiceCtx) -> Result<(), Error> {
             .is_some(),
         _ => false,
     });
+    ctx.ledger.retain(|key| {
+        ctx.services
+            .get(&ObjectRef::new(&key.name).within(&key.namespace))
+            .is_some()
+    });
     let selector = format!("{LABEL_CLUSTER}={}", ctx.settings.cluster_name);
     let crs = ctx
         .lbs()
@@ -248,7 +258,8 @@ async fn collect_garbage(ctx: &ServiceCtx) -> Result<(), Error> {
         };
         let keep = ctx.services.get(&owner).is_some_and(|svc| {
             plan::wants_load_balancer(&svc, &ctx.settings)
-                && ServiceLbSpec::from_service(&svc).is_ok_and(|s| s.primary.is_none())
+                && ServiceLbSpec::with_default_ipam(&svc, ctx.settings.default_ipam)
+                    .is_ok_and(|s| s.primary.is_none() && s.ipam != Ipam::Guest)
                 && plan::cr_name(&svc, &ctx.settings) == cr.name_any()
         });
         if keep {

@@ -168,15 +168,22 @@ impl Leases {
             .filter(|l| l.mac == mac)
     }
 
-    /// Leases an address for `mac` on `iface` and keeps it renewed.
+    /// Leases an address for `mac` on `iface` and keeps it renewed: the one held before
+    /// (`held`, asked for again with INIT-REBOOT) when there is one, else asking for the Service's
+    /// requested address (`wanted`, option 50 in the DISCOVER).
     pub async fn acquire(
         &self,
         key: &ServiceKey,
         iface: &str,
         mac: [u8; 6],
-        requested: Option<Ipv4Addr>,
+        held: Option<Ipv4Addr>,
+        wanted: Option<Ipv4Addr>,
     ) -> Result<Lease, dhcp::DhcpError> {
-        let lease = match dhcp::acquire(iface, mac, requested, &self.opts).await {
+        let acquired = match (held, wanted) {
+            (None, Some(wanted)) => dhcp::acquire_hinting(iface, mac, wanted, &self.opts).await,
+            _ => dhcp::acquire(iface, mac, held, &self.opts).await,
+        };
+        let lease = match acquired {
             Ok(l) => l,
             Err(e) => {
                 self.count("failed");

@@ -8,12 +8,15 @@
 //! - [`annotations`], [`name`]: the Service's input and the CR's name, parsed at the edge;
 //! - `crs`: LoadBalancer CR I/O and garbage collection; `service_io`: the Service's finalizer and
 //!   status patches; `context`: the reconcile's context and error; `written`: our writes the
-//!   caches have not shown yet; [`dhcp`]: leases in `--dhcp-mode=ccm`.
+//!   caches have not shown yet; [`dhcp`]: leases in `--dhcp-mode=ccm`; [`guest_pool`]: the guest
+//!   cluster's own pools (`ipam: guest`, no CR), with `guest` their thin I/O.
 
 pub mod annotations;
 mod context;
 mod crs;
 pub mod dhcp;
+mod guest;
+pub mod guest_pool;
 pub mod name;
 pub mod plan;
 mod reconcile;

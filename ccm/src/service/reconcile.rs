@@ -24,7 +24,7 @@ use super::plan::{
 };
 use super::service_io::{add_finalizer, apply_change, remove_finalizer};
 use super::written::WriteLog;
-use super::{FINALIZER, NAD_MAPPING_NAME, NAD_MAPPING_NAMESPACE};
+use super::{FINALIZER, NAD_MAPPING_NAME, NAD_MAPPING_NAMESPACE, guest};
 use crate::config::SERVICE_LB_CONTROLLER;
 use crate::context::{Context, READY_SERVICE_CACHES, Shutdown};
 use crate::controller::{Backoff, measured, ticks};
@@ -64,7 +64,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     let leases = (settings.dhcp_mode == DhcpMode::Ccm).then(|| {
         Leases::new(
             Default::default(),
-            wake,
+            wake.clone(),
             Some(ctx.telemetry.metrics.clone()),
         )
     });
@@ -75,6 +75,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     // The one NAD mapping ConfigMap, watched by name (the chart's Role names it for get, list and
     // watch; upstream's chart grants configmaps cluster-wide).
     let (nad, nad_writer) = kube::runtime::reflector::store::<ConfigMap>();
+    let pools = guest::pool_watch(&ctx.guest, shutdown.clone());
     let (caches_listed, caches_ready) = tokio::sync::watch::channel(false);
     let sctx = Arc::new(ServiceCtx {
         ctx,
@@ -86,15 +87,21 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         leases,
         written: WriteLog::default(),
         caches_ready,
+        guest_pools: pools.store,
+        pools_ready: pools.ready,
+        ledger: Default::default(),
+        wake,
     });
     let lb_watch = watcher::Config::default()
         .labels(&format!("{LABEL_CLUSTER}={}", sctx.settings.cluster_name));
     let cr_events = cached_watch(cr_writer, sctx.lbs(), lb_watch);
-    let nad_events = cached_watch(
+    let nad_events = configmap_watch(
         nad_writer,
-        Api::<ConfigMap>::namespaced(sctx.ctx.guest.clone(), NAD_MAPPING_NAMESPACE),
-        watcher::Config::default().fields(&format!("metadata.name={NAD_MAPPING_NAME}")),
+        &sctx.ctx.guest,
+        NAD_MAPPING_NAMESPACE,
+        NAD_MAPPING_NAME,
     );
+    let (guests, default_ipam) = (store.clone(), sctx.settings.default_ipam);
     let related = store.clone();
     let with_network = store.clone();
     let gc = crs::garbage_collector(sctx.clone(), shutdown.clone());
@@ -113,6 +120,10 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         .watches_shared_stream(others, move |svc| related_services(&related, &svc))
         // The NAD mapping changed: reconcile the Services that name a network.
         .watches_stream(nad_events, move |_| services_with_network(&with_network))
+        // The guest pools changed: reconcile the Services that take their address there.
+        .watches_stream(pools.events, move |_| {
+            guest::guest_services(&guests, default_ipam)
+        })
         .reconcile_all_on(ticks(sctx.resync()))
         .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(woken))
         .graceful_shutdown_on(shutdown)
@@ -124,7 +135,19 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
             _ = watch_shutdown => {},
         }
     };
-    futures::join!(ctrl, gc, synced, service_watch);
+    futures::join!(ctrl, gc, synced, service_watch, pools.synced);
+}
+
+/// A watch of ConfigMap `namespace/name` alone (the chart's Role names each for get, list and
+/// watch), keeping `writer`'s cache.
+pub(super) fn configmap_watch(
+    writer: reflector::store::Writer<ConfigMap>,
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> impl futures::Stream<Item = Result<ConfigMap, watcher::Error>> + use<> {
+    let by_name = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    cached_watch(writer, Api::namespaced(client.clone(), namespace), by_name)
 }
 
 /// A watch of `api` that keeps `writer`'s cache and yields the objects it touched.
@@ -233,7 +256,7 @@ async fn reconcile_service(svc: &Service, ctx: &ServiceCtx) -> Result<Action, Er
         }
         return Ok(Action::await_change());
     }
-    let spec = match ServiceLbSpec::from_service(svc) {
+    let spec = match ServiceLbSpec::with_default_ipam(svc, ctx.settings.default_ipam) {
         Ok(spec) => spec,
         Err(bad) => {
             // Nothing is created from bad input; a change of the Service wakes us again.
@@ -246,8 +269,13 @@ async fn reconcile_service(svc: &Service, ctx: &ServiceCtx) -> Result<Action, Er
         // The patch produces a new version of the Service, which wakes us again.
         return Ok(Action::await_change());
     }
+    if spec.ipam != Ipam::Guest {
+        // A guest-pool address it had is not kept for it any more.
+        guest::released(ctx, &ServiceKey::of(svc), false);
+    }
     match &spec.primary {
         Some(primary) => reconcile_secondary(svc, &spec, primary, ctx).await,
+        None if spec.ipam == Ipam::Guest => guest::reconcile_guest(svc, &spec, ctx).await,
         None => reconcile_primary(svc, &spec, ctx).await,
     }
 }
@@ -286,6 +314,9 @@ async fn reconcile_primary(
     if is_dhcp_sentinel {
         // kube-vip leases the address and writes the ingress itself.
         change.ingress = None;
+        if let Some((key, wanted)) = plan::kube_vip_dhcp_request(svc, spec) {
+            change.annotations.insert(key, Some(wanted));
+        }
     }
     let ingress = plan::ingress_ips(svc);
     let wrote = !change.is_empty();
@@ -314,7 +345,7 @@ async fn reconcile_primary(
 }
 
 /// Time from the Service's creation to its first address, for `service_address_seconds`.
-fn observe_first_address(svc: &Service, ctx: &ServiceCtx, change: &ServiceChange) {
+pub(super) fn observe_first_address(svc: &Service, ctx: &ServiceCtx, change: &ServiceChange) {
     let Some(created) = svc.meta().creation_timestamp.as_ref() else {
         return;
     };
@@ -358,10 +389,16 @@ async fn reconcile_dhcp(
             return Ok(Action::requeue(ctx.resync()));
         }
     };
+    let wanted = spec.requested();
+    let wanted_v4 = match wanted {
+        Some(std::net::IpAddr::V4(v4)) => Some(v4),
+        _ => None,
+    };
+    let held = super::dhcp::requested_of(svc);
     let lease = match leases.current(&key, mac) {
         Some(l) => l,
         None => leases
-            .acquire(&key, &iface.name, mac, super::dhcp::requested_of(svc))
+            .acquire(&key, &iface.name, mac, held, wanted_v4)
             .await
             .map_err(|e| Error::Dhcp(e.to_string()))?,
     };
@@ -377,6 +414,13 @@ async fn reconcile_dhcp(
         }
     }
     if !change.is_empty() {
+        if let Some(requested) = wanted.filter(|w| change.ingress.is_some() && *w != lease.ip) {
+            let problem = ServiceProblem::DhcpRequestNotHonoured {
+                requested,
+                ip: ip.clone(),
+            };
+            ctx.report(svc, &problem).await;
+        }
         apply_change(svc, ctx, &change).await?;
         observe_first_address(svc, ctx, &change);
         // A lease kept from before may be on another interface than the one chosen now.
@@ -465,6 +509,8 @@ async fn cleanup(svc: &Service, ctx: &ServiceCtx, deleting: bool) -> Result<Acti
         apply_change(svc, ctx, &plan::released_change(svc)).await?;
     }
     remove_finalizer(svc, ctx).await?;
+    // Its address is free now: Services waiting for a guest-pool address may take it.
+    guest::released(ctx, &key, true);
     ctx.normal(svc, DELETED, "Deleted load balancer".into())
         .await;
     Ok(Action::await_change())

@@ -1,7 +1,7 @@
 //! Properties of the Service annotation parsers over random annotation values.
 //!
 //! The rules as the code implements them: annotation values are trimmed (Unicode whitespace) and
-//! a blank value counts as absent; `ipam` is case-sensitive (`pool` or `dhcp`); `network` has at
+//! a blank value counts as absent; `ipam` is case-sensitive (`pool`, `dhcp` or `guest`); `network` has at
 //! most one `/`; `primary-service` is `<namespace>/<name>` or `<name>` of lower-case DNS names;
 //! `spec.loadBalancerIP` is not trimmed. Every error carries the key and the (trimmed) value.
 
@@ -86,7 +86,7 @@ fn value() -> impl Strategy<Value = String> {
 }
 
 fn ipam() -> impl Strategy<Value = Ipam> {
-    prop_oneof![Just(Ipam::Pool), Just(Ipam::Dhcp)]
+    prop_oneof![Just(Ipam::Pool), Just(Ipam::Dhcp), Just(Ipam::Guest)]
 }
 
 proptest! {
@@ -164,7 +164,7 @@ proptest! {
     #[test]
     fn unknown_ipam_is_an_error(value in any::<String>()) {
         let trimmed = value.trim();
-        prop_assume!(!["", "pool", "dhcp"].contains(&trimmed));
+        prop_assume!(!["", "pool", "dhcp", "guest"].contains(&trimmed));
         let e = ServiceLbSpec::from_service(&with(ANN_IPAM, &value)).unwrap_err();
         prop_assert_eq!((e.key.as_str(), e.value.as_str()), (ANN_IPAM, trimmed));
     }
@@ -251,6 +251,22 @@ proptest! {
         prop_assert_eq!(ServiceLbSpec::from_service(&svc).unwrap().requested_ip, Some(ip));
         let svc = service("apps", "web", BTreeMap::new(), Some(String::new()), vec![]);
         prop_assert_eq!(ServiceLbSpec::from_service(&svc).unwrap().requested_ip, None);
+    }
+
+    /// `kube-vip.io/loadbalancerIPs` round-trips for any list of addresses with any blanks
+    /// around them, while the Service has no ingress; `0.0.0.0` alone is no request.
+    #[test]
+    fn kube_vip_ips_round_trip(ips in proptest::collection::vec(any::<IpAddr>(), 1..4), before in ws(), after in ws()) {
+        let text: Vec<String> = ips.iter().map(|ip| format!("{before}{ip}{after}")).collect();
+        let annotations = BTreeMap::from([(KUBE_VIP_IPS.to_string(), text.join(","))]);
+        let svc = service("apps", "web", annotations, None, vec![]);
+        let spec = ServiceLbSpec::from_service(&svc).unwrap();
+        if ips.iter().all(IpAddr::is_unspecified) {
+            prop_assert_eq!(spec.requested(), None);
+        } else {
+            prop_assert_eq!(spec.kube_vip_ips, ips.clone());
+            prop_assert_eq!(ServiceLbSpec::from_service(&svc).unwrap().requested(), Some(ips[0]));
+        }
     }
 
     /// Ports come out sorted, each once per Service port, TCP when no protocol is given.

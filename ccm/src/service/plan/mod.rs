@@ -50,6 +50,8 @@ pub struct LbSettings {
     pub dhcp_interface: Option<String>,
     /// `--concurrent-service-syncs`: at most this many reconciles at once; `None`: unbounded.
     pub concurrency: Option<u16>,
+    /// `--default-ipam`: the address source of a Service without an `ipam` annotation.
+    pub default_ipam: super::annotations::Ipam,
 }
 
 impl LbSettings {
@@ -62,6 +64,7 @@ impl LbSettings {
             dhcp_mode: config.service.dhcp_mode.clone(),
             dhcp_interface: config.service.dhcp_interface.clone(),
             concurrency: config.service.concurrency,
+            default_ipam: config.service.default_ipam,
         }
     }
 }
@@ -315,6 +318,18 @@ fn addressed_change(
         change.ingress = Some(vec![ip.to_string()]);
     }
     change
+}
+
+/// `--dhcp-mode=kube-vip`: the Service's requested IPv4 address handed to kube-vip's DHCP client
+/// as `kube-vip.io/requestedIP` (which it sends as option 50: kube-vip v1.2.3
+/// `pkg/instance/instance.go` reads the annotation, `pkg/vip/dhcpv4.go` requests it), unless the
+/// Service already has one (kube-vip's record of its lease).
+pub fn kube_vip_dhcp_request(svc: &Service, spec: &ServiceLbSpec) -> Option<(String, String)> {
+    let std::net::IpAddr::V4(wanted) = spec.requested()? else {
+        return None;
+    };
+    let key = super::dhcp::KUBE_VIP_REQUESTED_IP;
+    (!svc.annotations().contains_key(key)).then(|| (key.to_string(), wanted.to_string()))
 }
 
 /// What a Service that no longer has a load balancer keeps of ours: nothing.
@@ -594,6 +609,29 @@ mod tests {
         assert_eq!(
             c.annotations.get(KUBE_VIP_IPS),
             Some(&Some("10.0.0.5".into()))
+        );
+    }
+
+    #[test]
+    fn kube_vip_dhcp_gets_the_requested_ipv4_address_unless_it_holds_one() {
+        let asking = |lb_ip: &str, ann: serde_json::Value| {
+            let s = svc(json!({
+                "metadata": {"name": "dns", "namespace": "apps", "annotations": ann},
+                "spec": {"type": "LoadBalancer", "loadBalancerIP": lb_ip}
+            }));
+            let spec = ServiceLbSpec::from_service(&s).unwrap();
+            kube_vip_dhcp_request(&s, &spec)
+        };
+        assert_eq!(
+            asking("10.0.0.9", json!({})),
+            Some(("kube-vip.io/requestedIP".into(), "10.0.0.9".into()))
+        );
+        assert_eq!(asking("fd00::9", json!({})), None, "DHCPv4 only");
+        assert_eq!(asking("", json!({})), None);
+        assert_eq!(
+            asking("10.0.0.9", json!({"kube-vip.io/requestedIP": "10.0.0.3"})),
+            None,
+            "kube-vip's lease is kept"
         );
     }
 

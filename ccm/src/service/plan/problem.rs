@@ -75,6 +75,14 @@ pub enum ServiceProblem {
     RequestedIpNotHonoured { requested: IpAddr, ip: String },
     #[error("{KUBE_VIP_IPS} was {user}, replaced by the address Harvester allocated: {ip}")]
     KubeVipIpsReplaced { user: String, ip: String },
+    /// The DHCP server leased another address than the one the Service asked for.
+    #[error(
+        "requested address {requested} was not leased by the DHCP server, which gave {ip} (the address is taken, outside its range, or not IPv4)"
+    )]
+    DhcpRequestNotHonoured { requested: IpAddr, ip: String },
+    /// A guest-pool Service's pool, or its request, cannot be served.
+    #[error("{0}")]
+    GuestPool(super::super::guest_pool::GuestProblem),
     /// A primary being deleted whose address secondaries still use.
     #[error(
         "the address is still shared by {}; remove their {ANN_PRIMARY_SERVICE} annotation first",
@@ -99,7 +107,9 @@ impl ServiceProblem {
             ServiceProblem::NetworkChangeRejected { .. } => "NetworkChangeRejected",
             ServiceProblem::IpamChangeRejected { .. } => "IpamChangeRejected",
             ServiceProblem::RequestedIpNotHonoured { .. }
+            | ServiceProblem::DhcpRequestNotHonoured { .. }
             | ServiceProblem::KubeVipIpsReplaced { .. } => "LoadBalancerIPNotHonoured",
+            ServiceProblem::GuestPool(problem) => problem.reason(),
             ServiceProblem::StillShared { .. } => "DeletingLoadBalancerFailed",
             ServiceProblem::BadAnnotation(_)
             | ServiceProblem::BadMac(_)
@@ -218,9 +228,12 @@ pub fn unhonoured_requests(
             ip: ip.to_string(),
         });
     }
+    // kube-vip's DHCP client is handed a requested IPv4 address (`kube_vip_dhcp_request`).
+    let handed_to_kube_vip = dhcp_sentinel && spec.requested().is_some_and(|r| r.is_ipv4());
     if let Some(user) = svc.annotations().get(KUBE_VIP_IPS)
         && super::ingress_ips(svc).is_empty()
         && user != ip
+        && !handed_to_kube_vip
     {
         problems.push(ServiceProblem::KubeVipIpsReplaced {
             user: user.clone(),
