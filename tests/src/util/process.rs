@@ -133,8 +133,7 @@ pub fn free_port() -> Result<u16, BedError> {
     static HELD: std::sync::Mutex<Vec<File>> = std::sync::Mutex::new(Vec::new());
     let span = u32::from(HANDED_OUT.end - HANDED_OUT.start);
     let offset = std::process::id().wrapping_mul(2_654_435_761) % span;
-    std::fs::create_dir_all(RESERVATIONS)
-        .map_err(|e| BedError::Setup(format!("creating {RESERVATIONS}: {e}")))?;
+    reservations_dir()?;
     for _ in 0..span {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let port = HANDED_OUT.start + ((offset + n) % span) as u16;
@@ -152,18 +151,37 @@ pub fn free_port() -> Result<u16, BedError> {
 }
 
 /// The lock of `port`'s reservation file, or `None` when another process holds it (or the file
-/// cannot be opened: then the port is not ours to hand out either).
+/// cannot be opened: then the port is not ours to hand out either). A flock needs only a
+/// read-only descriptor, so a file another user created (0644) serves every user.
 fn reserve(port: u16) -> Option<File> {
     use rustix::fs::{FlockOperation, flock};
     let path = Path::new(RESERVATIONS).join(format!("{port}.lock"));
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
+    let file = File::open(&path)
+        .or_else(|_| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+        })
         .ok()?;
     flock(&file, FlockOperation::NonBlockingLockExclusive).ok()?;
     Some(file)
+}
+
+/// [`RESERVATIONS`], writable by every user (sticky, as `/tmp`): tests run as root and as
+/// another user share it.
+fn reservations_dir() -> Result<(), BedError> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = Path::new(RESERVATIONS);
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| BedError::Setup(format!("creating {RESERVATIONS}: {e}")))?;
+    // Best effort: a process that lost the race to create it is not its owner.
+    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777));
+    Ok(())
 }
 
 /// How often a component that lost its port is started again on a new one.
@@ -256,4 +274,35 @@ pub fn json_log(lines: &[String], credentials: &str) -> Vec<serde_json::Value> {
             v
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A port handed out is outside the ephemeral range, distinct from the others, and held:
+    /// another process (flock(1)) cannot take its reservation while this one lives.
+    #[test]
+    fn handed_out_ports_are_reserved_across_processes() {
+        let ports: Vec<u16> = (0..3).map(|_| free_port().expect("a port")).collect();
+        for p in &ports {
+            assert!(HANDED_OUT.contains(p), "{p} outside {HANDED_OUT:?}");
+            assert!(reserve(*p).is_none(), "{p} is held by this process");
+            let lock = Path::new(RESERVATIONS).join(format!("{p}.lock"));
+            let other = Command::new("flock")
+                .arg("-n")
+                .arg(&lock)
+                .arg("true")
+                .status()
+                .expect("flock(1)");
+            assert!(
+                !other.success(),
+                "another process took the reservation of {p}"
+            );
+        }
+        let mut unique = ports.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), ports.len(), "{ports:?}");
+    }
 }
