@@ -69,18 +69,14 @@ help-check:
 	$(CARGO) run --quiet --bin harvester-cloud-provider -- --help >/dev/null
 	$(CARGO) run --quiet --bin harvester-csi-driver -- --help >/dev/null
 
-# The CSI suites run under each KubeVirt hot-plug gate set Harvester can run: v1.7's HotplugVolumes
-# (the bed's default), v1.8's DeclarativeHotplugVolumes alone, and (a focused subset) both gates.
-CSI_SUITES = --test csi_sanity --test csi_node --test csi_hardening --test chaos_csi --test csi_backup --test deploy_rbac
-CSI_BOTH_GATES = --test csi_sanity --test chaos_csi --test csi_hotplug_mode
-
+# Every unit, property and test-bed suite, built once and run in two lanes side by side (the
+# suites that boot QEMU guests or use what exists once per machine in one lane, one after
+# another; the CSI suites again under each KubeVirt hot-plug gate set Harvester can run), then a
+# table of every suite's time. LANES=1 runs them one after another. tests/scripts/suites.sh.
+LANES ?= 2
 unit-and-integration:
-	@echo "[test] cargo test (unit, property and test-bed integration tests)"
-	$(CARGO) test --workspace
-	@echo "[test] the CSI suites again on Harvester v1.8 (TESTBED_HOTPLUG=declarative)"
-	TESTBED_HOTPLUG=declarative $(CARGO) test -p testbed $(CSI_SUITES)
-	@echo "[test] a CSI subset on Harvester v1.8 with HotplugVolumes enabled again (TESTBED_HOTPLUG=both)"
-	TESTBED_HOTPLUG=both $(CARGO) test -p testbed $(CSI_BOTH_GATES)
+	@echo "[test] cargo test (unit, property and test-bed integration tests; LANES=$(LANES))"
+	@LANES=$(LANES) CARGO=$(CARGO) bash tests/scripts/suites.sh
 
 # Not part of `make test`: end-to-end figures on the test bed, peak memory of the release binaries
 # and criterion's IPAM estimates, written to docs/benchmarks.md. About 4 minutes on 2 cores once the

@@ -81,31 +81,71 @@ build_k8s() {
   mv "$NODE_TOOLS_DIR/$name.tmp" "$NODE_TOOLS_DIR/$name"
 }
 
-# A CSI sidecar: MODULE@VERSION carries `replace` lines in its go.mod, which only apply when it is
-# the main module, so `go install MODULE/cmd/X@VERSION` fails. A wrapper module repeats every
+# The CSI sidecars. Each MODULE@VERSION carries `replace` lines in its go.mod, which only apply when
+# it is the main module, so `go install MODULE/cmd/X@VERSION` fails. A wrapper module repeats every
 # replace that points at a published module version; a replace to a local path (the snapshotter's
 # `client/v8 => ./client`) is dropped and the version its require line pins is used instead.
-build_sidecar() {
+#
+# The sidecars of one group share one wrapper module: one set of dependency versions (the highest
+# any of them requires; a module two of them replace differently takes the later one, logged), so
+# client-go, apimachinery, grpc and the rest are compiled once for the group instead of once per
+# sidecar (their go.mods differ only in patch versions). The provisioner is a group of its own: it
+# builds against k8s.io/kubernetes with staging modules pinned a minor version below the others'.
+#
+# sidecar_group GROUP NAME:MODULE:VERSION:PKG...: builds each NAME of the group that is missing.
+sidecar_group() {
+  local group=$1 spec name missing=0
+  shift
+  for spec in "$@"; do
+    name=${spec%%:*}
+    [ -x "$NODE_TOOLS_DIR/$name" ] || missing=1
+  done
+  [ "$missing" = 1 ] || return 0
+  local log="$CACHE_ROOT/logs/build-$group.log" start secs
+  say "building $group: ${*%%:*} (log: $log)"
+  start=$(date +%s)
+  if ! ( build_sidecar_group "$@" ) >"$log" 2>&1; then
+    say "FAILED to build $group; last lines of $log:" >&2
+    tail -n 30 "$log" >&2
+    exit 1
+  fi
+  secs=$(( $(date +%s) - start ))
+  for spec in "$@"; do echo "$secs" >"$NODE_TOOLS_DIR/${spec%%:*}.build-seconds"; done
+  say "built $group in ${secs}s"
+}
+
+build_sidecar_group() {
   set -euo pipefail
-  local name=$1 module=$2 version=$3 pkg=$4 w gomod old new ver
+  local spec name module version pkg w gomod old new ver gets=()
   w=$(mktemp -d); trap "rm -rf '$w'" EXIT
   cd "$w"
-  go mod init "local.test/$name"
-  gomod=$(go mod download -json "$module@v$version" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
-  # single-line `replace A => B V` and lines inside a `replace ( ... )` block
-  while read -r old new ver; do
-    case "$new" in ./*|../*) echo "dropping local replace $old => $new"; continue ;; esac
-    echo "replace $old => $new $ver"
-    go mod edit -replace="$old=$new@$ver"
-  done < <(awk '
-    /^replace \($/ { inblock = 1; next }
-    inblock && /^\)/ { inblock = 0; next }
-    inblock && $2 == "=>" { print $1, $3, $4; next }
-    /^replace / && $3 == "=>" { print $2, $4, $5 }
-  ' "$gomod")
-  go get "$module/$pkg@v$version"
-  nice -n "$NICE" go build -trimpath -ldflags "-s -w -X main.version=v$version" -o "$NODE_TOOLS_DIR/$name.tmp" "$module/$pkg"
-  mv "$NODE_TOOLS_DIR/$name.tmp" "$NODE_TOOLS_DIR/$name"
+  go mod init "local.test/csi-sidecars"
+  for spec in "$@"; do
+    IFS=: read -r name module version pkg <<<"$spec"
+    gomod=$(go mod download -json "$module@v$version" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+    # single-line `replace A => B V` and lines inside a `replace ( ... )` block
+    while read -r old new ver; do
+      case "$new" in ./*|../*) echo "$name: dropping local replace $old => $new"; continue ;; esac
+      if go mod edit -json | grep -q "\"Path\": \"$old\""; then
+        echo "$name: replace $old => $new $ver (over an earlier sidecar's)"
+      else
+        echo "$name: replace $old => $new $ver"
+      fi
+      go mod edit -replace="$old=$new@$ver"
+    done < <(awk '
+      /^replace \($/ { inblock = 1; next }
+      inblock && /^\)/ { inblock = 0; next }
+      inblock && $2 == "=>" { print $1, $3, $4; next }
+      /^replace / && $3 == "=>" { print $2, $4, $5 }
+    ' "$gomod")
+    gets+=("$module/$pkg@v$version")
+  done
+  go get "${gets[@]}"
+  for spec in "$@"; do
+    IFS=: read -r name module version pkg <<<"$spec"
+    nice -n "$NICE" go build -trimpath -ldflags "-s -w -X main.version=v$version" -o "$NODE_TOOLS_DIR/$name.tmp" "$module/$pkg"
+    mv "$NODE_TOOLS_DIR/$name.tmp" "$NODE_TOOLS_DIR/$name"
+  done
 }
 
 total_start=$(date +%s)
@@ -115,9 +155,11 @@ build kube-scheduler build_k8s
 # kubectl for the user of `make cluster` (its banner prints commands with this path). `build` checks
 # each binary, so a cache made before kubectl was added gets it on the next run without a new key.
 build kubectl build_k8s
-build csi-provisioner build_sidecar github.com/kubernetes-csi/external-provisioner/v6 "$PROVISIONER_VERSION" cmd/csi-provisioner
-build csi-attacher build_sidecar github.com/kubernetes-csi/external-attacher/v4 "$ATTACHER_VERSION" cmd/csi-attacher
-build csi-resizer build_sidecar github.com/kubernetes-csi/external-resizer/v2 "$RESIZER_VERSION" cmd/csi-resizer
-build csi-snapshotter build_sidecar github.com/kubernetes-csi/external-snapshotter/v8 "$SNAPSHOTTER_VERSION" cmd/csi-snapshotter
-build snapshot-controller build_sidecar github.com/kubernetes-csi/external-snapshotter/v8 "$SNAPSHOTTER_VERSION" cmd/snapshot-controller
+sidecar_group provisioner \
+  "csi-provisioner:github.com/kubernetes-csi/external-provisioner/v6:$PROVISIONER_VERSION:cmd/csi-provisioner"
+sidecar_group csi-sidecars \
+  "csi-attacher:github.com/kubernetes-csi/external-attacher/v4:$ATTACHER_VERSION:cmd/csi-attacher" \
+  "csi-resizer:github.com/kubernetes-csi/external-resizer/v2:$RESIZER_VERSION:cmd/csi-resizer" \
+  "csi-snapshotter:github.com/kubernetes-csi/external-snapshotter/v8:$SNAPSHOTTER_VERSION:cmd/csi-snapshotter" \
+  "snapshot-controller:github.com/kubernetes-csi/external-snapshotter/v8:$SNAPSHOTTER_VERSION:cmd/snapshot-controller"
 say "node tools ready in $NODE_TOOLS_DIR ($(( $(date +%s) - total_start ))s)"

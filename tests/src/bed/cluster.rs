@@ -8,7 +8,7 @@ use base64::Engine;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::bed::certs::{CertFiles, Pki};
-use crate::util::process::{Proc, free_port};
+use crate::util::process::{Proc, free_port, retry_on_addr_in_use};
 use crate::{BedError, util::tools};
 
 const START_TIMEOUT: Duration = Duration::from_secs(120);
@@ -19,14 +19,23 @@ pub struct Etcd {
 }
 
 impl Etcd {
+    /// Starts etcd on two ports of [`free_port`]; a start that lost a port to another program
+    /// is made again on new ones ([`retry_on_addr_in_use`]).
     pub async fn start(dir: &Path) -> Result<Etcd, BedError> {
+        retry_on_addr_in_use("etcd", || Etcd::start_once(dir)).await
+    }
+
+    async fn start_once(dir: &Path) -> Result<Etcd, BedError> {
         let bin = tools::tool("etcd")?;
         let client = free_port()?;
         let peer = free_port()?;
         let url = format!("http://127.0.0.1:{client}");
+        let data = dir.join("etcd-data");
+        // A data directory from a start that lost its port names the old peer URL.
+        let _ = std::fs::remove_dir_all(&data);
         let mut cmd = Command::new(bin);
         cmd.arg("--name=testbed")
-            .arg(format!("--data-dir={}", dir.join("etcd-data").display()))
+            .arg(format!("--data-dir={}", data.display()))
             .arg(format!("--listen-client-urls={url}"))
             .arg(format!("--advertise-client-urls={url}"))
             .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
@@ -40,22 +49,39 @@ impl Etcd {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             proc.check_alive()?;
-            if tokio::net::TcpStream::connect(("127.0.0.1", client))
-                .await
-                .is_ok()
-            {
+            // Ours answers /health; a program that took the port first would not, and ours
+            // then exits with `bind: address already in use`.
+            if etcd_healthy(client).await {
+                proc.check_alive()?;
                 return Ok(Etcd { url, proc });
             }
             if Instant::now() > deadline {
                 return Err(BedError::Timeout {
                     component: "etcd".into(),
                     log: proc.log.clone(),
-                    what: format!("listening on {url}"),
+                    what: format!("/health on {url}"),
                 });
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// Does the etcd on `port` answer `GET /health` with `"health":"true"`?
+async fn etcd_healthy(port: u16) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let asked = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        s.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .await?;
+        let mut body = Vec::new();
+        s.read_to_end(&mut body).await?;
+        Ok::<_, std::io::Error>(String::from_utf8_lossy(&body).contains("\"health\":\"true\""))
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(2), asked).await,
+        Ok(Ok(true))
+    )
 }
 
 /// One kube-apiserver ("guest" or "harvester") with RBAC on and an admin client.
@@ -82,10 +108,21 @@ pub struct ApiServerArgs<'a> {
 }
 
 impl ApiServer {
+    /// Starts the server on a port of [`free_port`]; a start that lost its port to another
+    /// program is made again on a new one ([`retry_on_addr_in_use`]).
     pub async fn start(
         dir: &Path,
         pki: &Pki,
         args: ApiServerArgs<'_>,
+    ) -> Result<ApiServer, BedError> {
+        let name = format!("kube-apiserver-{}", args.name);
+        retry_on_addr_in_use(&name, || ApiServer::start_once(dir, pki, &args)).await
+    }
+
+    async fn start_once(
+        dir: &Path,
+        pki: &Pki,
+        args: &ApiServerArgs<'_>,
     ) -> Result<ApiServer, BedError> {
         let port = free_port()?;
         let url = format!("https://127.0.0.1:{port}");

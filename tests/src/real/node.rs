@@ -7,8 +7,9 @@
 //! Pitfalls of a real kubelet and containerd on a shared machine (docs/testbed.md) handled here: containerd runs with
 //! `restrict_oom_score_adj = true` (CAP_SYS_RESOURCE is not in the bounding set); the kernel
 //! sysctls the kubelet rewrites are saved before and restored on drop; mounts under the node's
-//! directory are swept, containerd's tasks killed before containerd stops, and the `kubepods`
-//! cgroups removed on drop.
+//! directory are swept, containerd's tasks killed before containerd stops (and their shims,
+//! which containerd does not take with it, waited for or killed), and the `kubepods` cgroups
+//! removed on drop.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -18,6 +19,7 @@ use k8s_openapi::api::core::v1::Node;
 
 use crate::BedError;
 use crate::real::mounts::MountSweeper;
+use crate::util::leftovers;
 use crate::util::process::{Proc, free_port};
 
 /// The taint the kubelet puts on a Node with `--cloud-provider=external`
@@ -34,6 +36,12 @@ pub const KUBELET_SYSCTLS: &[&str] = &[
     "kernel/keys/root_maxkeys",
     "kernel/keys/root_maxbytes",
 ];
+
+/// containerd's runc shim as `/proc/<pid>/comm` shows it (the first 15 bytes of
+/// `containerd-shim-runc-v2`).
+const SHIM_COMM: &str = "containerd-shim";
+/// How long the teardown waits for the shims to exit by themselves, and then for killed ones.
+const SHIMS_EXIT: Duration = Duration::from_secs(10);
 
 /// The pause image containerd is told about (imported by a later step; not pulled).
 pub const SANDBOX_IMAGE: &str = "localhost/pause:3.10";
@@ -393,7 +401,27 @@ impl Drop for RealNode {
                     let _ = ctr(&["tasks", "kill", "-s", "SIGKILL", id]);
                 }
             }
+            // Each Pod's shim exits once containerd's CRI plugin has seen its tasks exit and
+            // deleted them; a containerd killed before that (the last Pod's, killed just
+            // before it) leaves the shim running for good: wait for them, then kill the rest.
+            let socket = self.dirs.containerd_socket.display().to_string();
+            let shims = || leftovers::find(SHIM_COMM, &["-address", &socket]);
+            let _ = leftovers::wait_gone(&shims(), SHIMS_EXIT);
             c.stop();
+            let left = shims();
+            if !left.is_empty() {
+                let alive = leftovers::kill(&left, SHIMS_EXIT);
+                eprintln!(
+                    "real node {}: killed containerd shims {left:?} left after containerd \
+                     stopped{}",
+                    self.name,
+                    if alive.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; still alive: {alive:?}")
+                    }
+                );
+            }
         }
         let left = self.sweeper.sweep();
         if !left.is_empty() {

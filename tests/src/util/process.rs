@@ -116,24 +116,104 @@ pub fn find_built_binary(name: &str) -> Result<PathBuf, String> {
 /// port, so a port handed out cannot be taken by one of them before its server binds it.
 const HANDED_OUT: std::ops::Range<u16> = 20_000..32_000;
 
-/// A TCP port on 127.0.0.1 that was free a moment ago, outside the ephemeral range. Each call of a
-/// process hands out the next one of [`HANDED_OUT`] (from an offset per process), so parallel
-/// tests of one binary never get the same port.
+/// Where test processes reserve the ports they hand out: `<port>.lock`, flocked for as long as
+/// the process lives (the kernel drops the lock when it exits, however it exits).
+const RESERVATIONS: &str = "/tmp/harvester-testbed-ports";
+
+/// A TCP port on 127.0.0.1 that was free a moment ago, outside the ephemeral range, and reserved
+/// for this process until it exits: each call hands out the next port of [`HANDED_OUT`] (from an
+/// offset per process) that no other test process holds (a flock on its file under
+/// [`RESERVATIONS`]) and nothing has bound. So two tests, of one binary or of two running side by
+/// side (parallel suites, two checkouts on one machine), never get the same port; only a
+/// program outside the bed that binds a fixed port of the range can still take one, which the
+/// components' starts retry ([`retry_on_addr_in_use`]).
 pub fn free_port() -> Result<u16, BedError> {
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);
+    static HELD: std::sync::Mutex<Vec<File>> = std::sync::Mutex::new(Vec::new());
     let span = u32::from(HANDED_OUT.end - HANDED_OUT.start);
     let offset = std::process::id().wrapping_mul(2_654_435_761) % span;
+    reservations_dir()?;
     for _ in 0..span {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let port = HANDED_OUT.start + ((offset + n) % span) as u16;
+        let Some(lock) = reserve(port) else { continue };
         if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            HELD.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(lock);
             return Ok(port);
         }
     }
     Err(BedError::Setup(format!(
-        "finding a free port: every port of {HANDED_OUT:?} on 127.0.0.1 is taken"
+        "finding a free port: every port of {HANDED_OUT:?} on 127.0.0.1 is taken or reserved"
     )))
+}
+
+/// The lock of `port`'s reservation file, or `None` when another process holds it (or the file
+/// cannot be opened: then the port is not ours to hand out either). A flock needs only a
+/// read-only descriptor, so a file another user created (0644) serves every user.
+fn reserve(port: u16) -> Option<File> {
+    use rustix::fs::{FlockOperation, flock};
+    let path = Path::new(RESERVATIONS).join(format!("{port}.lock"));
+    let file = File::open(&path)
+        .or_else(|_| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+        })
+        .ok()?;
+    flock(&file, FlockOperation::NonBlockingLockExclusive).ok()?;
+    Some(file)
+}
+
+/// [`RESERVATIONS`], writable by every user (sticky, as `/tmp`): tests run as root and as
+/// another user share it.
+fn reservations_dir() -> Result<(), BedError> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = Path::new(RESERVATIONS);
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| BedError::Setup(format!("creating {RESERVATIONS}: {e}")))?;
+    // Best effort: a process that lost the race to create it is not its owner.
+    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777));
+    Ok(())
+}
+
+/// How often a component that lost its port is started again on a new one.
+pub const PORT_RETRIES: usize = 3;
+
+/// Runs `start` (which takes ports from [`free_port`]) until it succeeds, at most
+/// [`PORT_RETRIES`] times, again only when it failed because a port was taken after it was
+/// handed out: its error (with the log's last lines) says `address already in use`.
+pub async fn retry_on_addr_in_use<T, F, Fut>(component: &str, mut start: F) -> Result<T, BedError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, BedError>>,
+{
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match start().await {
+            Err(e) if tries < PORT_RETRIES && lost_its_port(&e) => {
+                eprintln!(
+                    "{component}: a port was taken before it bound it; starting again on new ports ({e})"
+                );
+            }
+            other => return other,
+        }
+    }
+}
+
+/// A start that failed because a port was taken: the error (or the log tail it carries) says so
+/// in the words of Go's net package and of Rust's std.
+fn lost_its_port(e: &BedError) -> bool {
+    let text = e.to_string();
+    text.contains("address already in use") || text.contains("Address already in use")
 }
 
 /// Asks the kernel to SIGKILL the child when the thread that started it dies, so a test run that
@@ -194,4 +274,35 @@ pub fn json_log(lines: &[String], credentials: &str) -> Vec<serde_json::Value> {
             v
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A port handed out is outside the ephemeral range, distinct from the others, and held:
+    /// another process (flock(1)) cannot take its reservation while this one lives.
+    #[test]
+    fn handed_out_ports_are_reserved_across_processes() {
+        let ports: Vec<u16> = (0..3).map(|_| free_port().expect("a port")).collect();
+        for p in &ports {
+            assert!(HANDED_OUT.contains(p), "{p} outside {HANDED_OUT:?}");
+            assert!(reserve(*p).is_none(), "{p} is held by this process");
+            let lock = Path::new(RESERVATIONS).join(format!("{p}.lock"));
+            let other = Command::new("flock")
+                .arg("-n")
+                .arg(&lock)
+                .arg("true")
+                .status()
+                .expect("flock(1)");
+            assert!(
+                !other.success(),
+                "another process took the reservation of {p}"
+            );
+        }
+        let mut unique = ports.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), ports.len(), "{ports:?}");
+    }
 }

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# `make test`'s unit, property and test-bed suites: built once, then run in LANES lanes side by
+# side (default 2; LANES=1 runs them one after another, as `cargo test --workspace` did), each
+# lane's output in target/suite-logs/<lane>.log, then a table of every suite's time and one
+# line with the totals. Exits non-zero if any lane failed.
+#
+# Why lanes: most suites wait (API servers, watches, hot-plug delays) more than they compute, so
+# two run side by side in about the time of the longer. The suites that boot QEMU guests or use
+# what exists once per machine (the Pod bridge, the NFS server's port 2049, /dev/disk/by-id) are
+# all in lane `machine`, one after another, never beside each other; the rest is in lane `bed`.
+# Ports, bed directories and network namespace names are per process (util::process::free_port
+# reserves its ports across processes), so the lanes share nothing else.
+#
+#   tests/scripts/suites.sh          # both lanes
+#   LANES=1 tests/scripts/suites.sh  # one after another
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+CARGO=${CARGO:-cargo}
+LANES=${LANES:-2}
+LOGS=target/suite-logs
+mkdir -p "$LOGS"
+rm -f "$LOGS"/*.log
+
+say() { printf '[suites] %s\n' "$*"; }
+
+# The suites of lane `machine`: QEMU guests (guest_vm, contract_guestosinfo), the real guest
+# cluster (real_cluster, install_docs) and the NFS server on port 2049 (csi_rwx).
+MACHINE=(real_cluster install_docs guest_vm csi_rwx contract_guestosinfo)
+# The CSI suites again under each KubeVirt hot-plug gate set Harvester can run: v1.7's
+# HotplugVolumes (the bed's default, in the first run), v1.8's DeclarativeHotplugVolumes alone,
+# and (a focused subset) both gates.
+CSI_SUITES=(csi_sanity csi_node csi_hardening chaos_csi csi_backup deploy_rbac)
+CSI_BOTH_GATES=(csi_sanity chaos_csi csi_hotplug_mode)
+
+tests_args() { local t; for t in "$@"; do printf -- '--test %s ' "$t"; done; }
+in_machine() { local m; for m in "${MACHINE[@]}"; do [ "$m" = "$1" ] && return 0; done; return 1; }
+
+BED=()
+for f in tests/tests/*.rs; do
+  t=$(basename "$f" .rs)
+  in_machine "$t" || BED+=("$t")
+done
+
+# The lanes: each runs its cargo commands in order and stops at the first failure.
+lane_bed() {
+  $CARGO test --workspace --exclude testbed
+  $CARGO test -p testbed --lib --bins
+  $CARGO test -p testbed --doc
+  # shellcheck disable=SC2046
+  $CARGO test -p testbed $(tests_args "${BED[@]}")
+}
+lane_machine() {
+  # shellcheck disable=SC2046
+  $CARGO test -p testbed $(tests_args "${MACHINE[@]}")
+  say "the CSI suites again on Harvester v1.8 (TESTBED_HOTPLUG=declarative)"
+  # shellcheck disable=SC2046
+  TESTBED_HOTPLUG=declarative $CARGO test -p testbed $(tests_args "${CSI_SUITES[@]}")
+  say "a CSI subset on Harvester v1.8 with HotplugVolumes enabled again (TESTBED_HOTPLUG=both)"
+  # shellcheck disable=SC2046
+  TESTBED_HOTPLUG=both $CARGO test -p testbed $(tests_args "${CSI_BOTH_GATES[@]}")
+}
+
+start=$(date +%s)
+say "building every test target once"
+$CARGO test --workspace --no-run
+say "built in $(( $(date +%s) - start ))s"
+
+# run_lane NAME: runs lane_NAME with its output in $LOGS/NAME.log (and, with one lane, on the
+# terminal too); records its exit code and time.
+run_lane() {
+  local name=$1 t0 rc
+  t0=$(date +%s)
+  set +e
+  if [ "$LANES" = 1 ]; then
+    ( set -e; "lane_$name" ) 2>&1 | tee "$LOGS/$name.log"
+    rc=${PIPESTATUS[0]}
+  else
+    ( set -e; "lane_$name" ) >"$LOGS/$name.log" 2>&1
+    rc=$?
+  fi
+  set -e
+  echo "$rc $(( $(date +%s) - t0 ))" >"$LOGS/$name.status"
+}
+
+runs_start=$(date +%s)
+if [ "$LANES" = 1 ]; then
+  run_lane bed
+  run_lane machine
+else
+  say "lanes bed and machine side by side; logs: $LOGS/bed.log, $LOGS/machine.log"
+  run_lane machine &
+  machine_pid=$!
+  run_lane bed
+  wait "$machine_pid" || true
+  for name in bed machine; do
+    echo "===== lane $name ====="
+    cat "$LOGS/$name.log"
+  done
+fi
+
+# Per suite: `Running <target>` then its `test result: ... finished in Xs`; the gate reruns are
+# named by the TESTBED_HOTPLUG they ran under.
+echo
+say "suite times (seconds; lane, suite, tests, result)"
+for name in bed machine; do
+  awk -v lane="$name" '
+    /TESTBED_HOTPLUG=declarative/ { gate = " (declarative)" }
+    /TESTBED_HOTPLUG=both/ { gate = " (both gates)" }
+    /^ *Running / {
+      target = $2
+      if ($2 == "unittests") { target = $4; sub(/.*\//, "", target); sub(/-[0-9a-f]+\)$/, "", target); target = "unittests " target }
+    }
+    /^ *Doc-tests / { target = "doc " $2 }
+    /^test result:/ {
+      t = $0; sub(/.*finished in /, "", t); sub(/s.*/, "", t)
+      printf "%8.1f  %-7s %s%s  %s passed, %s failed\n", t, lane, target, gate, $4, $6
+    }' "$LOGS/$name.log"
+done | sort -rn
+passed=0 failed=0
+for name in bed machine; do
+  read -r p f < <(awk '/^test result:/ { p += $4; f += $6 } END { print p + 0, f + 0 }' "$LOGS/$name.log")
+  passed=$((passed + p)); failed=$((failed + f))
+done
+status=0
+for name in bed machine; do
+  read -r rc secs <"$LOGS/$name.status"
+  say "lane $name: exit $rc in ${secs}s"
+  [ "$rc" = 0 ] || status=1
+done
+say "suites ran in $(( $(date +%s) - runs_start ))s (with the build: $(( $(date +%s) - start ))s)"
+echo "suites: $passed passed, $failed failed"
+exit "$status"
