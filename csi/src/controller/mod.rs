@@ -26,6 +26,7 @@ pub mod hotplug;
 mod kube;
 pub mod nfs;
 pub mod snapshots;
+mod vm_cache;
 
 use csi_proto::csi::v1::controller_server::Controller;
 use csi_proto::csi::v1::controller_service_capability::{self, rpc};
@@ -87,9 +88,11 @@ impl ControllerService {
         hotplug: hotplug::mode::HotplugModes,
         config: &Config,
     ) -> Self {
+        let vm_cache = vm_cache::VmCache::start(&harvester.client, &harvester.namespace);
         ControllerService {
             modes: hotplug,
             ctx: Ctx {
+                vm_cache,
                 guest,
                 harvester,
                 host_storage_class: config.host_storage_class.clone(),
