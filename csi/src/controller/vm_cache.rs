@@ -109,8 +109,7 @@ impl VmCache {
     /// Every cached VM and VMI (ListVolumes, ControllerGetVolume: no decision rests on them).
     pub async fn all(
         &self,
-    ) -> Result<(Vec<Arc<VirtualMachine>>, Vec<Arc<VirtualMachineInstance>>), ControllerError>
-    {
+    ) -> Result<(Vec<Arc<VirtualMachine>>, Vec<Arc<VirtualMachineInstance>>), ControllerError> {
         self.synced().await?;
         Ok((self.vms.state(), self.vmis.state()))
     }

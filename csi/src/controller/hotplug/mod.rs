@@ -3,9 +3,11 @@
 //! ask [`crate::controller::snapshots`] for their source; nothing here calls back into the
 //! dispatcher or into the NFS kind.
 
+mod listing;
 pub mod mode;
 mod publish;
 pub mod rules;
+pub mod status;
 
 use csi_proto::csi::v1::*;
 use harvester_common::api_error::is_forbidden;
