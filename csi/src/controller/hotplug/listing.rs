@@ -5,6 +5,7 @@
 //! The driver's volumes: the host PVCs labelled [`LABEL_DRIVER`] (every one this driver
 //! creates), and any PVC hot-plugged into a VM (those upstream's driver made, which carry no
 //! label), in name order so that a page token (an index, as ListSnapshots') stays meaningful.
+//! A host PVC being deleted (Terminating) is no volume any more: DeleteVolume has answered.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -48,6 +49,8 @@ impl Hotplug<'_> {
         let mut mine: Vec<PersistentVolumeClaim> = pvcs
             .items
             .into_iter()
+            // A PVC being deleted is a deleted volume (DeleteVolume has answered).
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
             .filter(|p| {
                 let labelled = p.metadata.labels.as_ref().and_then(|l| l.get(LABEL_DRIVER));
                 labelled.is_some_and(|v| v == crate::DRIVER_NAME)
@@ -84,6 +87,12 @@ impl Hotplug<'_> {
     ) -> Result<ControllerGetVolumeResponse, ControllerError> {
         let id = required("volume_id", &req.volume_id)?;
         let pvc = self.existing(id).await?;
+        if pvc.metadata.deletion_timestamp.is_some() {
+            return Err(ControllerError::VolumeNotFound {
+                namespace: self.ns().to_string(),
+                volume: id.to_string(),
+            });
+        }
         let cached = self.vm_cache.all().await?;
         let (volume, published, condition) = self.describe(&pvc, &cached);
         Ok(ControllerGetVolumeResponse {
