@@ -173,7 +173,33 @@ async fn volumes_list_in_pages_with_their_published_nodes_and_condition_root() {
         .expect("still listed");
     assert!(published(entry).is_empty(), "{entry:?}");
 
-    // Unpublish still cleans the VM spec; then every volume goes.
+    // What the csi-attacher does at its resync for a VolumeAttachment whose node is not among
+    // the published ones: ControllerPublishVolume again. The driver gives KubeVirt 15 s to take
+    // the disk back, then removes it from the VM and hot-plugs it again.
+    let t = std::time::Instant::now();
+    let again = c
+        .controller_publish_volume(publish_request(&a, &block_cap()))
+        .await
+        .expect("ControllerPublishVolume again")
+        .into_inner();
+    eprintln!(
+        "re-published after the disk left the VMI in {:?}",
+        t.elapsed()
+    );
+    assert!(again.publish_context.contains_key("serial"), "{again:?}");
+    let listed = c
+        .list_volumes(list("", 0))
+        .await
+        .expect("list")
+        .into_inner();
+    let entry = listed
+        .entries
+        .iter()
+        .find(|e| e.volume.as_ref().is_some_and(|v| v.volume_id == a))
+        .expect("listed");
+    assert_eq!(published(entry), vec![NODE.to_string()], "{entry:?}");
+
+    // Unpublish; then every volume goes.
     c.controller_unpublish_volume(testbed::suites::csi::unpublish_request(&a))
         .await
         .expect("ControllerUnpublishVolume");

@@ -70,13 +70,23 @@ impl Hotplug<'_> {
             .get_opt(node)
             .await
             .map_err(ControllerError::api(format!("getting VMI {node}")))?;
-        if running.is_none() {
+        let Some(running) = running else {
             return Err(ControllerError::Precondition(format!(
                 "VM {ns}/{node} is not running (no VirtualMachineInstance); a disk can only be hot-plugged into a running VM"
             )));
-        }
+        };
 
         let serial = match vm.volume(id) {
+            // In the VM spec but gone from the VMI (harvester#10588): brought back.
+            // (A VM that updates volumes by migration is left to `wait_hotplug_started` below.)
+            Some(existing)
+                if !running.has_volume(id)
+                    && vm.update_volumes_strategy() != Some(UPDATE_VOLUMES_MIGRATION) =>
+            {
+                let serial = existing.unwrap_or_else(|| naming::disk_serial(id));
+                self.rejoin(node, id, &serial).await?;
+                Some(serial)
+            }
             // Already in the VM spec (a retry, or attached by the upstream driver): keep its serial.
             Some(existing) => existing,
             None => {
@@ -324,6 +334,38 @@ impl Hotplug<'_> {
             }
             other => other.map(|_| ()),
         }
+    }
+
+    /// Volume `id` is in VM `node`'s spec but not in its VMI: the disk left behind the driver's
+    /// back (harvester#10588, #9761). KubeVirt gets [`KUBEVIRT_ACTS_WITHIN`] to take it in (its
+    /// declarative controller does); otherwise it is removed from the VM and added again, as the
+    /// `HotplugVolumes` path needs: there virt-controller applies requests only (kubevirt/kubevirt
+    /// v1.6.0 `pkg/virt-controller/watch/vm/vm.go` `handleVolumeRequests`).
+    async fn rejoin(&self, node: &str, id: &str, serial: &str) -> Result<(), ControllerError> {
+        let ns = self.ns();
+        let limit = KUBEVIRT_ACTS_WITHIN.min(self.timeouts.attach);
+        let listed = move |v: Option<&VirtualMachineInstance>| v.is_some_and(|v| v.has_volume(id));
+        let what = format!("volume {id} to come back into VMI {ns}/{node}");
+        match self.vm_cache.wait_vmi(node, what, limit, listed).await {
+            Ok(_) => return Ok(()),
+            Err(ControllerError::Timeout { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        tracing::warn!(
+            volume = id,
+            node,
+            "in the VM spec but not in its VMI: removing it from the VM and hot-plugging it again"
+        );
+        self.remove_from_vm(node, id).await?;
+        self.vm_cache
+            .wait_vm(
+                node,
+                format!("volume {id} to leave VM {ns}/{node}"),
+                self.timeouts.detach,
+                move |v: Option<&VirtualMachine>| v.is_none_or(|v| v.volume(id).is_none()),
+            )
+            .await?;
+        self.add_to_vm(node, id, serial).await
     }
 
     /// Removes volume `id` from VM `node` and waits until neither VM nor VMI has it. A VM or
