@@ -28,6 +28,23 @@ fn published(e: &list_volumes_response::Entry) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Volume `id`'s entry in one unpaged ListVolumes.
+async fn listed_entry(
+    c: &mut csi_proto::csi::v1::controller_client::ControllerClient<tonic::transport::Channel>,
+    id: &str,
+) -> list_volumes_response::Entry {
+    let listed = c
+        .list_volumes(list("", 0))
+        .await
+        .expect("list")
+        .into_inner();
+    listed
+        .entries
+        .into_iter()
+        .find(|e| e.volume.as_ref().is_some_and(|v| v.volume_id == id))
+        .unwrap_or_else(|| panic!("{id} is not listed"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn volumes_list_in_pages_with_their_published_nodes_and_condition_root() {
     assert_root();
@@ -161,17 +178,8 @@ async fn volumes_list_in_pages_with_their_published_nodes_and_condition_root() {
     .await
     .unwrap_or_else(|e| panic!("{e}"));
     assert!(condition.contains(&want), "{condition}");
-    let listed = c
-        .list_volumes(list("", 0))
-        .await
-        .expect("list")
-        .into_inner();
-    let entry = listed
-        .entries
-        .iter()
-        .find(|e| e.volume.as_ref().is_some_and(|v| v.volume_id == a))
-        .expect("still listed");
-    assert!(published(entry).is_empty(), "{entry:?}");
+    let entry = listed_entry(&mut c, &a).await;
+    assert!(published(&entry).is_empty(), "{entry:?}");
 
     // What the csi-attacher does at its resync for a VolumeAttachment whose node is not among
     // the published ones: ControllerPublishVolume again. The driver gives KubeVirt 15 s to take
@@ -187,17 +195,8 @@ async fn volumes_list_in_pages_with_their_published_nodes_and_condition_root() {
         t.elapsed()
     );
     assert!(again.publish_context.contains_key("serial"), "{again:?}");
-    let listed = c
-        .list_volumes(list("", 0))
-        .await
-        .expect("list")
-        .into_inner();
-    let entry = listed
-        .entries
-        .iter()
-        .find(|e| e.volume.as_ref().is_some_and(|v| v.volume_id == a))
-        .expect("listed");
-    assert_eq!(published(entry), vec![NODE.to_string()], "{entry:?}");
+    let entry = listed_entry(&mut c, &a).await;
+    assert_eq!(published(&entry), vec![NODE.to_string()], "{entry:?}");
 
     // Unpublish; then every volume goes.
     c.controller_unpublish_volume(testbed::suites::csi::unpublish_request(&a))

@@ -357,15 +357,19 @@ impl Hotplug<'_> {
             "in the VM spec but not in its VMI: removing it from the VM and hot-plugging it again"
         );
         self.remove_from_vm(node, id).await?;
-        self.vm_cache
-            .wait_vm(
-                node,
-                format!("volume {id} to leave VM {ns}/{node}"),
-                self.timeouts.detach,
-                move |v: Option<&VirtualMachine>| v.is_none_or(|v| v.volume(id).is_none()),
-            )
-            .await?;
+        self.wait_left_vm(node, id).await?;
         self.add_to_vm(node, id, serial).await
+    }
+
+    /// Waits (the cache, [`crate::Timeouts::detach`] at most) until VM `node` no longer has
+    /// volume `id` in its spec.
+    async fn wait_left_vm(&self, node: &str, id: &str) -> Result<(), ControllerError> {
+        let what = format!("volume {id} to leave VM {}/{node}", self.ns());
+        let gone = move |v: Option<&VirtualMachine>| v.is_none_or(|v| v.volume(id).is_none());
+        self.vm_cache
+            .wait_vm(node, what, self.timeouts.detach, gone)
+            .await
+            .map(|_| ())
     }
 
     /// Removes volume `id` from VM `node` and waits until neither VM nor VMI has it. A VM or
@@ -425,14 +429,7 @@ impl Hotplug<'_> {
                 .await?;
         }
         if vm.is_some() {
-            self.vm_cache
-                .wait_vm(
-                    node,
-                    format!("volume {id} to leave VM {ns}/{node}"),
-                    self.timeouts.detach,
-                    move |v: Option<&VirtualMachine>| v.is_none_or(|v| v.volume(id).is_none()),
-                )
-                .await?;
+            self.wait_left_vm(node, id).await?;
         }
         Ok(())
     }

@@ -136,10 +136,9 @@ pub(crate) async fn volume_round_trip(
     Ok((took, bound))
 }
 
-pub(crate) async fn volumes(n: usize, report: &mut Report) -> anyhow::Result<()> {
-    progress(format!(
-        "3. Volumes, N = {n} (one after another, hot-plug delay 0)"
-    ));
+/// A fresh bed with the stand-in's hot-plug delay 0, the default StorageClass, a host and the
+/// running VM [`VOLUME_NODE`].
+async fn volume_bed() -> anyhow::Result<TestBed> {
     let bed = bed(Some(Duration::ZERO)).await?;
     install_default_storage_class(&bed).await?;
     bed.sim
@@ -148,6 +147,14 @@ pub(crate) async fn volumes(n: usize, report: &mut Report) -> anyhow::Result<()>
     bed.sim
         .create_vm(&GuestVm::new(VOLUME_NODE).on_host(HOST).ip("10.52.0.11"))
         .await?;
+    Ok(bed)
+}
+
+pub(crate) async fn volumes(n: usize, report: &mut Report) -> anyhow::Result<()> {
+    progress(format!(
+        "3. Volumes, N = {n} (one after another, hot-plug delay 0)"
+    ));
+    let bed = volume_bed().await?;
     let dir = bed.dir.path().join("bench-csi");
     std::fs::create_dir_all(&dir)?;
     let _sweep = testbed::real::mounts::MountSweeper(dir.clone());
@@ -274,14 +281,7 @@ pub(crate) async fn publish_in_namespace(
         "3. Publish/unpublish with {} VMs in the namespace, {volumes} volumes",
         others + 1
     ));
-    let bed = bed(Some(Duration::ZERO)).await?;
-    install_default_storage_class(&bed).await?;
-    bed.sim
-        .create_host(HOST, Some("region-a"), Some("zone-1"))
-        .await?;
-    bed.sim
-        .create_vm(&GuestVm::new(VOLUME_NODE).on_host(HOST).ip("10.52.0.11"))
-        .await?;
+    let bed = volume_bed().await?;
     futures::stream::iter(0..others)
         .map(|i| {
             let sim = &bed.sim;
