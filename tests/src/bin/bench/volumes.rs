@@ -330,7 +330,7 @@ pub(crate) async fn publish_in_namespace(
                 .context("CreateVolume returned no volume")?
                 .volume_id;
             wait_bound(&pvcs, &id).await?;
-            let before = metrics.api_request_total();
+            let before = api_requests(&metrics);
             let t = Instant::now();
             controller
                 .controller_publish_volume(publish_request(&id, VOLUME_NODE, &mount_cap("ext4")))
@@ -338,9 +338,12 @@ pub(crate) async fn publish_in_namespace(
                 .context("ControllerPublishVolume")?;
             if i > 0 {
                 cost.publish.push(t.elapsed());
-                cost.publish_requests += metrics.api_request_total() - before;
+                add(
+                    &mut cost.publish_requests,
+                    delta(&api_requests(&metrics), &before),
+                );
             }
-            let before = metrics.api_request_total();
+            let before = api_requests(&metrics);
             let t = Instant::now();
             controller
                 .controller_unpublish_volume(unpublish_request(&id, VOLUME_NODE))
@@ -348,7 +351,10 @@ pub(crate) async fn publish_in_namespace(
                 .context("ControllerUnpublishVolume")?;
             if i > 0 {
                 cost.unpublish.push(t.elapsed());
-                cost.unpublish_requests += metrics.api_request_total() - before;
+                add(
+                    &mut cost.unpublish_requests,
+                    delta(&api_requests(&metrics), &before),
+                );
             }
             controller
                 .delete_volume(DeleteVolumeRequest {
@@ -375,8 +381,15 @@ pub(crate) struct NamespaceCost {
     volumes: usize,
     publish: Vec<Duration>,
     unpublish: Vec<Duration>,
-    publish_requests: u64,
-    unpublish_requests: u64,
+    /// `(verb, resource) -> requests`, summed over the counted calls.
+    publish_requests: BTreeMap<(String, String), u64>,
+    unpublish_requests: BTreeMap<(String, String), u64>,
+}
+
+fn add(sum: &mut BTreeMap<(String, String), u64>, more: BTreeMap<(String, String), u64>) {
+    for (k, v) in more {
+        *sum.entry(k).or_insert(0) += v;
+    }
 }
 
 /// The rows of each namespace size, and the targets comparing the largest with the smallest.
@@ -384,15 +397,20 @@ pub(crate) fn namespace_rows(costs: &[NamespaceCost], report: &mut Report) -> an
     let mut summary = Vec::new();
     for c in costs {
         for (what, sample, requests) in [
-            ("ControllerPublishVolume", &c.publish, c.publish_requests),
+            ("ControllerPublishVolume", &c.publish, &c.publish_requests),
             (
                 "ControllerUnpublishVolume",
                 &c.unpublish,
-                c.unpublish_requests,
+                &c.unpublish_requests,
             ),
         ] {
             let stats = Stats::of(sample.clone()).context("no samples")?;
-            let per_call = requests as f64 / c.volumes.max(1) as f64;
+            let calls = c.volumes.max(1) as f64;
+            let per_call = requests.values().sum::<u64>() as f64 / calls;
+            let by_verb: Vec<String> = requests
+                .iter()
+                .map(|((verb, resource), n)| format!("{verb} {resource} {:.1}", *n as f64 / calls))
+                .collect();
             report.rows.push(Row {
                 section: "3",
                 what: format!("`{what}` with {} VMs (and their VMIs) in the namespace", c.vms),
@@ -401,7 +419,8 @@ pub(crate) fn namespace_rows(costs: &[NamespaceCost], report: &mut Report) -> an
                 p50: secs(stats.p50),
                 p99: secs(stats.p99),
                 figures: format!(
-                    "{per_call:.1} Harvester API requests per call (the driver's own metrics); mean {}",
+                    "{per_call:.1} Harvester API requests per call (the driver's own metrics: {}); mean {}",
+                    by_verb.join(", "),
                     secs(stats.sum / stats.n as u32)
                 ),
             });
