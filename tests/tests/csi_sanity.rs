@@ -185,6 +185,22 @@ async fn run(v: Variant) {
     ] {
         assert!(output.contains(spec), "csi-sanity ran {spec:?}");
     }
+    // LIST_VOLUMES is offered: the three ListVolumes specs run in every unfocused run.
+    if !v.extra.iter().any(|e| e.starts_with("--ginkgo.focus")) {
+        for spec in [
+            "ListVolumes should return appropriate values (no optional values added)",
+            "ListVolumes should fail when an invalid starting_token is passed",
+            "ListVolumes check the presence of new volumes and absence of deleted ones in the volume list",
+        ] {
+            assert!(output.contains(spec), "csi-sanity ran {spec:?}");
+        }
+        assert!(
+            !skips
+                .iter()
+                .any(|(r, _)| r.contains("ListVolumes not supported")),
+            "ListVolumes specs skipped: {skips:?}"
+        );
+    }
     assert!(left.is_empty(), "csi-sanity left mounts behind: {left:?}");
 }
 

@@ -1,6 +1,6 @@
 //! What every controller module is given: the Harvester client and namespace, the driver's
 //! settings, the in-flight guard, and the reads all kinds share (the volume's host PVC, the
-//! node's VM). A kind module borrows it (`Deref`); it never calls back into a kind module.
+//! node's VM), and the watch cache of VMs and VMIs ([`super::vm_cache`]). A kind module borrows it (`Deref`); it never calls back into a kind module.
 //! Also how the guest cluster's client is made ([`guest_client`]).
 
 use harvester_common::cloud_config::Harvester;
@@ -22,6 +22,8 @@ pub struct Ctx {
     pub inflight: InFlight,
     /// Set once NetworkFilesystems could be listed: RWX volumes are served (`nfs`).
     pub rwx: tokio::sync::OnceCell<()>,
+    /// The watched VMs and VMIs of the namespace: who may hold a claim, and the waits on them.
+    pub vm_cache: super::vm_cache::VmCache,
     /// The guest cluster, for the out-of-service taint of Nodes (non-graceful shutdown) and the
     /// users of an RWX volume; `None` when none could be configured: no volume is then ever
     /// force-detached.

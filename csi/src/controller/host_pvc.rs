@@ -23,6 +23,10 @@ use crate::request::required;
 pub const LABEL_SNAP_HOST_SC: &str = "harvesterhci.io/snapHostSC";
 pub const LABEL_SNAP_HOST_VOLUME_MODE: &str = "harvesterhci.io/snapHostVolumeMode";
 
+/// Label on every host PVC this driver creates (value: the driver name), which ListVolumes
+/// selects by; upstream's driver sets none, so its volumes are listed while hot-plugged only.
+pub const LABEL_DRIVER: &str = "csi.harvesterhci.io/driver";
+
 /// StorageClass parameter naming the Harvester StorageClass of the host PVC.
 pub const PARAM_HOST_STORAGE_CLASS: &str = "hostStorageClass";
 /// StorageClass parameter choosing the host PVC's volumeMode (`block`, the default, or `filesystem`).
@@ -208,6 +212,10 @@ pub fn host_pvc(
         metadata: ObjectMeta {
             name: Some(pvc_name.to_string()),
             annotations,
+            labels: Some(BTreeMap::from([(
+                LABEL_DRIVER.to_string(),
+                crate::DRIVER_NAME.to_string(),
+            )])),
             ..Default::default()
         },
         spec: Some(PersistentVolumeClaimSpec {

@@ -15,10 +15,10 @@
 //! `snapshots` for a restore's source, and no module calls back up.
 //!
 //! Capabilities are exactly what is implemented: create/delete (also from a snapshot or a
-//! backup, or as a clone of another volume), publish/unpublish, expand (not RWX), and
-//! create/delete/list snapshots and backups. ListVolumes, GetCapacity, GetSnapshot,
-//! ControllerGetVolume and ModifyVolume are not offered (the generated stubs answer
-//! UNIMPLEMENTED); see docs/csi.md.
+//! backup, or as a clone of another volume), publish/unpublish, list volumes with their
+//! published nodes, get a volume with its condition, expand (not RWX), and create/delete/list
+//! snapshots and backups (GetSnapshot served, see [`CAPABILITIES`]). GetCapacity and
+//! ModifyVolume are not offered (the generated stubs answer UNIMPLEMENTED); see docs/csi.md.
 
 mod context;
 pub mod host_pvc;
@@ -26,6 +26,7 @@ pub mod hotplug;
 mod kube;
 pub mod nfs;
 pub mod snapshots;
+mod vm_cache;
 
 use csi_proto::csi::v1::controller_server::Controller;
 use csi_proto::csi::v1::controller_service_capability::{self, rpc};
@@ -56,9 +57,16 @@ pub struct ControllerService {
 }
 
 /// The controller RPCs this driver implements.
-pub const CAPABILITIES: [rpc::Type; 6] = [
+/// GetSnapshot is served but `GET_SNAPSHOT` not offered: csi-test v5.4.0 (the csi-sanity the
+/// bed runs) fails its capabilities spec on any type it does not know, and it knows none past
+/// `SINGLE_NODE_MULTI_WRITER` (`pkg/sanity/controller.go`, `default: Fail("Unknown capability")`).
+pub const CAPABILITIES: [rpc::Type; 10] = [
     rpc::Type::CreateDeleteVolume,
     rpc::Type::PublishUnpublishVolume,
+    rpc::Type::ListVolumes,
+    rpc::Type::ListVolumesPublishedNodes,
+    rpc::Type::GetVolume,
+    rpc::Type::VolumeCondition,
     rpc::Type::ExpandVolume,
     rpc::Type::CreateDeleteSnapshot,
     rpc::Type::ListSnapshots,
@@ -87,9 +95,11 @@ impl ControllerService {
         hotplug: hotplug::mode::HotplugModes,
         config: &Config,
     ) -> Self {
+        let vm_cache = vm_cache::VmCache::start(&harvester.client, &harvester.namespace);
         ControllerService {
             modes: hotplug,
             ctx: Ctx {
+                vm_cache,
                 guest,
                 harvester,
                 host_storage_class: config.host_storage_class.clone(),
@@ -351,6 +361,33 @@ impl Controller for ControllerService {
             Snapshots(&self.ctx).list_snapshots(req),
         )
         .await
+    }
+
+    async fn list_volumes(
+        &self,
+        request: Request<ListVolumesRequest>,
+    ) -> Result<Response<ListVolumesResponse>, Status> {
+        let req = request.into_inner();
+        let token = req.starting_token.clone();
+        rpc("ListVolumes", &token, self.hotplug().list_volumes(&req)).await
+    }
+
+    async fn controller_get_volume(
+        &self,
+        request: Request<ControllerGetVolumeRequest>,
+    ) -> Result<Response<ControllerGetVolumeResponse>, Status> {
+        let req = request.into_inner();
+        let id = req.volume_id.clone();
+        rpc("ControllerGetVolume", &id, self.hotplug().get_volume(&req)).await
+    }
+
+    async fn get_snapshot(
+        &self,
+        request: Request<GetSnapshotRequest>,
+    ) -> Result<Response<GetSnapshotResponse>, Status> {
+        let req = request.into_inner();
+        let id = req.snapshot_id.clone();
+        rpc("GetSnapshot", &id, Snapshots(&self.ctx).get_snapshot(req)).await
     }
 
     async fn controller_expand_volume(

@@ -3,9 +3,11 @@
 //! ask [`crate::controller::snapshots`] for their source; nothing here calls back into the
 //! dispatcher or into the NFS kind.
 
+mod listing;
 pub mod mode;
 mod publish;
 pub mod rules;
+pub mod status;
 
 use csi_proto::csi::v1::*;
 use harvester_common::api_error::is_forbidden;
@@ -165,7 +167,7 @@ impl Hotplug<'_> {
     pub async fn delete_host_pvc(&self, id: &str) -> Result<DeleteVolumeResponse, ControllerError> {
         // Deleting a published volume would leave its PVC Terminating while the disk stays
         // hot-plugged (the hot-plug pod holds the claim): refuse, naming the node.
-        let (vms, vmis) = self.vms_and_vmis().await?;
+        let (vms, vmis) = self.holders(id).await?;
         let fenced = self.fenced_vmis(id, "", &vms, &vmis).await?;
         if let Some(node) = rules::attached_elsewhere(id, "", &vms, &vmis, &fenced) {
             return Err(ControllerError::StillPublished {

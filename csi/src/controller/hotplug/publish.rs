@@ -1,8 +1,10 @@
 //! ControllerPublishVolume / ControllerUnpublishVolume of a hot-plugged volume: KubeVirt
 //! `addvolume` / `removevolume` through the Harvester API server (virt-api behind the
 //! aggregation layer), then a bounded watch until the VMI says the disk is Ready (or gone).
-//! Who else holds the volume is read by [`Hotplug::vms_and_vmis`], the one place that lists
-//! the namespace's VMs and VMIs.
+//! Who else holds the volume is read by [`Hotplug::holders`]: the watch cache names who may
+//! ([`crate::controller::vm_cache`]), each is read fresh by name; no request lists the
+//! namespace. The waits for KubeVirt watch that same cache, so an RPC returns only once the
+//! cache has seen its effect.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -23,7 +25,6 @@ use super::rules::{
     OUT_OF_SERVICE_TAINT, VirtApiAnswer, attach_limit_reached, attached_elsewhere, describe_volume,
     guest_node_of, out_of_service, race_backoff, virt_api_answer,
 };
-use crate::controller::kube::wait_for;
 use crate::error::ControllerError;
 use crate::naming;
 
@@ -55,7 +56,7 @@ impl Hotplug<'_> {
         // The hot-plug pod needs a bound claim; Harvester binds it shortly after creation.
         self.wait_bound(id).await?;
 
-        let (vms, vmis) = self.vms_and_vmis().await?;
+        let (vms, vmis) = self.holders(id).await?;
         let fenced = self.fenced_vmis(id, node, &vms, &vmis).await?;
         if let Some(other) = attached_elsewhere(id, node, &vms, &vmis, &fenced) {
             return Err(ControllerError::AttachedElsewhere {
@@ -64,16 +65,28 @@ impl Hotplug<'_> {
                 other,
             });
         }
-        if !vmis
-            .iter()
-            .any(|v| v.metadata.name.as_deref() == Some(node))
-        {
+        let running = self
+            .vmis()
+            .get_opt(node)
+            .await
+            .map_err(ControllerError::api(format!("getting VMI {node}")))?;
+        let Some(running) = running else {
             return Err(ControllerError::Precondition(format!(
                 "VM {ns}/{node} is not running (no VirtualMachineInstance); a disk can only be hot-plugged into a running VM"
             )));
-        }
+        };
 
         let serial = match vm.volume(id) {
+            // In the VM spec but gone from the VMI (harvester#10588): brought back.
+            // (A VM that updates volumes by migration is left to `wait_hotplug_started` below.)
+            Some(existing)
+                if !running.has_volume(id)
+                    && vm.update_volumes_strategy() != Some(UPDATE_VOLUMES_MIGRATION) =>
+            {
+                let serial = existing.unwrap_or_else(|| naming::disk_serial(id));
+                self.rejoin(node, id, &serial).await?;
+                Some(serial)
+            }
             // Already in the VM spec (a retry, or attached by the upstream driver): keep its serial.
             Some(existing) => existing,
             None => {
@@ -97,14 +110,15 @@ impl Hotplug<'_> {
             v.and_then(|v| v.volume_status(id))
                 .is_some_and(|s| s.phase.as_deref() == Some(VOLUME_READY))
         };
-        let waited = wait_for(
-            self.vmis(),
-            node,
-            format!("volume {id} to become {VOLUME_READY} on VMI {ns}/{node}"),
-            self.timeouts.attach,
-            ready,
-        )
-        .await;
+        let waited = self
+            .vm_cache
+            .wait_vmi(
+                node,
+                format!("volume {id} to become {VOLUME_READY} on VMI {ns}/{node}"),
+                self.timeouts.attach,
+                ready,
+            )
+            .await;
         let vmi = match waited {
             Ok(vmi) => vmi,
             Err(ControllerError::Timeout { what, after }) => {
@@ -130,18 +144,9 @@ impl Hotplug<'_> {
     /// caller holds the volume's in-flight guard.
     pub async fn unpublish(&self, id: &str, node_id: &str) -> Result<(), ControllerError> {
         let nodes: Vec<String> = if node_id.is_empty() {
-            // No node: unpublish from every VM that has it.
-            let (vms, vmis) = self.vms_and_vmis().await?;
-            let mut names: Vec<String> = vms
-                .iter()
-                .filter(|vm| vm.volume(id).is_some())
-                .filter_map(|vm| vm.metadata.name.clone())
-                .chain(
-                    vmis.iter()
-                        .filter(|v| v.has_volume(id))
-                        .filter_map(|v| v.metadata.name.clone()),
-                )
-                .collect();
+            // No node: unpublish from every VM that may have it (`detach` reads each fresh).
+            let (vms, vmis) = self.vm_cache.may_hold(id).await?;
+            let mut names: Vec<String> = vms.into_iter().chain(vmis).collect();
             names.sort();
             names.dedup();
             names
@@ -248,10 +253,13 @@ impl Hotplug<'_> {
             if name == node || !vmi.uses_claim(id) || !vmi.stopped() {
                 continue;
             }
+            // The VM's UID finds a guest Node named otherwise; a VMI whose VM no longer names
+            // the claim carries it in its controller reference (KubeVirt's VM controller sets it).
             let uid = vms
                 .iter()
                 .find(|vm| vm.metadata.name.as_deref() == Some(name.as_str()))
-                .and_then(|vm| vm.metadata.uid.clone());
+                .and_then(|vm| vm.metadata.uid.clone())
+                .or_else(|| owner_vm_uid(vmi));
             if vmi.fenced(self.node_out_of_service(&name, uid.as_deref()).await?) {
                 out.push(name);
             }
@@ -284,24 +292,24 @@ impl Hotplug<'_> {
         Ok(found.as_ref().is_some_and(out_of_service))
     }
 
-    /// Every VM and VMI of the namespace: the one read of who else holds a volume (publish,
-    /// unpublish, delete), kept in one place so that a cache can replace it.
-    pub async fn vms_and_vmis(
+    /// The VMs and VMIs holding claim `id`, read fresh by name: the watch cache names who may
+    /// (a stale name is read and dropped here), so no request lists the namespace.
+    pub async fn holders(
         &self,
+        id: &str,
     ) -> Result<(Vec<VirtualMachine>, Vec<VirtualMachineInstance>), ControllerError> {
-        let ns = self.ns();
-        let list = |e: &'static str| ControllerError::api(format!("listing {e} in {ns}"));
-        let vms = self
-            .vms()
-            .list(&Default::default())
-            .await
-            .map_err(list("VMs"))?;
-        let vmis = self
-            .vmis()
-            .list(&Default::default())
-            .await
-            .map_err(list("VMIs"))?;
-        Ok((vms.items, vmis.items))
+        let (vm_names, vmi_names) = self.vm_cache.may_hold(id).await?;
+        let mut vms = Vec::new();
+        for name in vm_names {
+            let vm = self.vms().get_opt(&name).await;
+            vms.extend(vm.map_err(ControllerError::api(format!("getting VM {name}")))?);
+        }
+        let mut vmis = Vec::new();
+        for name in vmi_names {
+            let vmi = self.vmis().get_opt(&name).await;
+            vmis.extend(vmi.map_err(ControllerError::api(format!("getting VMI {name}")))?);
+        }
+        Ok((vms, vmis))
     }
 
     /// For a VM whose `spec.updateVolumesStrategy` is `Migration`: waits, [`KUBEVIRT_ACTS_WITHIN`]
@@ -314,7 +322,7 @@ impl Hotplug<'_> {
         let limit = KUBEVIRT_ACTS_WITHIN.min(self.timeouts.attach);
         let listed = move |v: Option<&VirtualMachineInstance>| v.is_some_and(|v| v.has_volume(id));
         let what = format!("volume {id} to appear in VMI {ns}/{node}");
-        match wait_for(self.vmis(), node, what, limit, listed).await {
+        match self.vm_cache.wait_vmi(node, what, limit, listed).await {
             Err(ControllerError::Timeout { after, .. }) => {
                 Err(ControllerError::Precondition(format!(
                     "VM {ns}/{node} has spec.updateVolumesStrategy {UPDATE_VOLUMES_MIGRATION} and KubeVirt \
@@ -326,6 +334,42 @@ impl Hotplug<'_> {
             }
             other => other.map(|_| ()),
         }
+    }
+
+    /// Volume `id` is in VM `node`'s spec but not in its VMI: the disk left behind the driver's
+    /// back (harvester#10588, #9761). KubeVirt gets [`KUBEVIRT_ACTS_WITHIN`] to take it in (its
+    /// declarative controller does); otherwise it is removed from the VM and added again, as the
+    /// `HotplugVolumes` path needs: there virt-controller applies requests only (kubevirt/kubevirt
+    /// v1.6.0 `pkg/virt-controller/watch/vm/vm.go` `handleVolumeRequests`).
+    async fn rejoin(&self, node: &str, id: &str, serial: &str) -> Result<(), ControllerError> {
+        let ns = self.ns();
+        let limit = KUBEVIRT_ACTS_WITHIN.min(self.timeouts.attach);
+        let listed = move |v: Option<&VirtualMachineInstance>| v.is_some_and(|v| v.has_volume(id));
+        let what = format!("volume {id} to come back into VMI {ns}/{node}");
+        match self.vm_cache.wait_vmi(node, what, limit, listed).await {
+            Ok(_) => return Ok(()),
+            Err(ControllerError::Timeout { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        tracing::warn!(
+            volume = id,
+            node,
+            "in the VM spec but not in its VMI: removing it from the VM and hot-plugging it again"
+        );
+        self.remove_from_vm(node, id).await?;
+        self.wait_left_vm(node, id).await?;
+        self.add_to_vm(node, id, serial).await
+    }
+
+    /// Waits (the cache, [`crate::Timeouts::detach`] at most) until VM `node` no longer has
+    /// volume `id` in its spec.
+    async fn wait_left_vm(&self, node: &str, id: &str) -> Result<(), ControllerError> {
+        let what = format!("volume {id} to leave VM {}/{node}", self.ns());
+        let gone = move |v: Option<&VirtualMachine>| v.is_none_or(|v| v.volume(id).is_none());
+        self.vm_cache
+            .wait_vm(node, what, self.timeouts.detach, gone)
+            .await
+            .map(|_| ())
     }
 
     /// Removes volume `id` from VM `node` and waits until neither VM nor VMI has it. A VM or
@@ -375,25 +419,30 @@ impl Hotplug<'_> {
             }
         }
         if !stale_vmi {
-            wait_for(
-                self.vmis(),
-                node,
-                format!("volume {id} to leave VMI {ns}/{node}"),
-                self.timeouts.detach,
-                move |v: Option<&VirtualMachineInstance>| v.is_none_or(|v| !v.has_volume(id)),
-            )
-            .await?;
+            self.vm_cache
+                .wait_vmi(
+                    node,
+                    format!("volume {id} to leave VMI {ns}/{node}"),
+                    self.timeouts.detach,
+                    move |v: Option<&VirtualMachineInstance>| v.is_none_or(|v| !v.has_volume(id)),
+                )
+                .await?;
         }
         if vm.is_some() {
-            wait_for(
-                self.vms(),
-                node,
-                format!("volume {id} to leave VM {ns}/{node}"),
-                self.timeouts.detach,
-                move |v: Option<&VirtualMachine>| v.is_none_or(|v| v.volume(id).is_none()),
-            )
-            .await?;
+            self.wait_left_vm(node, id).await?;
         }
         Ok(())
     }
+}
+
+/// The UID of the VM that owns `vmi` (its controller reference, which KubeVirt's VM controller
+/// sets on the VMI it creates: kubevirt/kubevirt v1.6.0 `pkg/virt-controller/watch/vm/vm.go`,
+/// `setupVMIFromVM`).
+fn owner_vm_uid(vmi: &VirtualMachineInstance) -> Option<String> {
+    vmi.metadata
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|o| o.kind == "VirtualMachine")
+        .map(|o| o.uid.clone())
 }

@@ -351,6 +351,32 @@ impl Snapshots<'_> {
         })
     }
 
+    /// GetSnapshot: the snapshot (a VolumeSnapshot, or a remote backup by its `backup:` ID) as
+    /// ListSnapshots shows it; NOT_FOUND when there is none.
+    pub async fn get_snapshot(
+        &self,
+        req: GetSnapshotRequest,
+    ) -> Result<GetSnapshotResponse, ControllerError> {
+        let id = required("snapshot_id", &req.snapshot_id)?;
+        let not_found = || ControllerError::SnapshotNotFound {
+            namespace: self.ns().to_string(),
+            snapshot: id.to_string(),
+        };
+        let snapshot = if backup::BackupId::parse("snapshot_id", id)?.is_some() {
+            self.list_backups(id, "").await?.into_iter().next()
+        } else if naming::is_dns1123_label(id) {
+            let snap = self.snapshots().get_opt(id).await;
+            let snap =
+                snap.map_err(ControllerError::api(format!("getting VolumeSnapshot {id}")))?;
+            snap.map(|s| csi_snapshot(&s, 0))
+        } else {
+            None
+        };
+        Ok(GetSnapshotResponse {
+            snapshot: Some(snapshot.ok_or_else(not_found)?),
+        })
+    }
+
     /// For CreateVolume from a snapshot: the VolumeSnapshot, which must exist and be ready.
     pub async fn restore_source(
         &self,

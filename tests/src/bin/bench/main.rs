@@ -187,6 +187,16 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         if args.runs(3) && root {
             let r = volumes(sizes.volumes, &mut report).await;
             report.record(r, "3", "volume round trip", sizes.volumes);
+            let (others, n) = if args.smoke { (19, 2) } else { (499, 10) };
+            let mut costs = Vec::new();
+            for others in [0, others] {
+                match publish_in_namespace(others, n).await {
+                    Ok(c) => costs.push(c),
+                    Err(e) => report.record(Err(e), "3", "publish in a namespace of VMs", n),
+                }
+            }
+            let r = namespace_rows(&costs, &mut report);
+            report.record(r, "3", "publish in a namespace of VMs", n);
         } else if args.runs(3) {
             progress("3. Volumes: skipped, not root (loop devices, mkfs, mount)");
             report.rows.push(Row {

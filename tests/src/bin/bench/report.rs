@@ -275,7 +275,7 @@ ControllerPublishVolume (KubeVirt `addvolume` through the real aggregation layer
 volume to be Ready) → NodeStageVolume (find the disk by serial, `blkid`, `mkfs.ext4`, mount) → \
 NodePublishVolume (bind mount), a file written, and back: NodeUnpublish → NodeUnstage → \
 ControllerUnpublish (`removevolume`, wait until gone) → DeleteVolume. Each RPC is timed at the \
-client. The disks are loop devices on sparse files (root).
+client. The disks are loop devices on sparse files (root). Then, on a fresh bed each, the driver in `controller` mode (in-process, counting its Harvester API requests in its own metrics) with 1 running VM in the namespace, and with 500 (`--smoke`: 20; the others are running VMs with VMIs that hold no volume): N volumes (10; `--smoke`: 2), after one uncounted warm-up volume, are created, published to the one VM, unpublished and deleted one after another; ControllerPublishVolume and ControllerUnpublishVolume are timed at the client and their requests counted from just before to just after each call. The targets compare the largest namespace with the smallest.
 4. **Peak memory.** The release binaries as child processes. `harvester-cloud-provider \
 --leader-elect=false --metrics-address= --secure-port=0` against a fresh bed: VmHWM 5 s after start (idle), then N \
 VMs, their tainted Nodes and the LoadBalancer Services are created, and VmHWM (peak resident set, \

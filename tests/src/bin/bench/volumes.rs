@@ -136,10 +136,9 @@ pub(crate) async fn volume_round_trip(
     Ok((took, bound))
 }
 
-pub(crate) async fn volumes(n: usize, report: &mut Report) -> anyhow::Result<()> {
-    progress(format!(
-        "3. Volumes, N = {n} (one after another, hot-plug delay 0)"
-    ));
+/// A fresh bed with the stand-in's hot-plug delay 0, the default StorageClass, a host and the
+/// running VM [`VOLUME_NODE`].
+async fn volume_bed() -> anyhow::Result<TestBed> {
     let bed = bed(Some(Duration::ZERO)).await?;
     install_default_storage_class(&bed).await?;
     bed.sim
@@ -148,6 +147,14 @@ pub(crate) async fn volumes(n: usize, report: &mut Report) -> anyhow::Result<()>
     bed.sim
         .create_vm(&GuestVm::new(VOLUME_NODE).on_host(HOST).ip("10.52.0.11"))
         .await?;
+    Ok(bed)
+}
+
+pub(crate) async fn volumes(n: usize, report: &mut Report) -> anyhow::Result<()> {
+    progress(format!(
+        "3. Volumes, N = {n} (one after another, hot-plug delay 0)"
+    ));
+    let bed = volume_bed().await?;
     let dir = bed.dir.path().join("bench-csi");
     std::fs::create_dir_all(&dir)?;
     let _sweep = testbed::real::mounts::MountSweeper(dir.clone());
@@ -257,6 +264,204 @@ pub(crate) async fn wait_for_socket(
             bail!("the CSI driver socket {} did not appear", socket.display());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// ControllerPublishVolume and ControllerUnpublishVolume of `volumes` volumes, one after
+/// another, with `others` more running VMs (each with its VMI) in the namespace beside
+/// [`VOLUME_NODE`]: per call, the time and the driver's Harvester API requests (from its own
+/// metrics). The driver reads who holds a claim from its watch cache and by name, so neither
+/// figure may grow with `others` (issue 26: within 20 %).
+pub(crate) async fn publish_in_namespace(
+    others: usize,
+    volumes: usize,
+) -> anyhow::Result<NamespaceCost> {
+    progress(format!(
+        "3. Publish/unpublish with {} VMs in the namespace, {volumes} volumes",
+        others + 1
+    ));
+    let bed = volume_bed().await?;
+    futures::stream::iter(0..others)
+        .map(|i| {
+            let sim = &bed.sim;
+            async move {
+                let ip = format!("10.53.{}.{}", i / 250, i % 250 + 1);
+                sim.create_vm(&GuestVm::new(&format!("other-{i:03}")).on_host(HOST).ip(&ip))
+                    .await
+            }
+        })
+        .buffer_unordered(CREATE_CONCURRENCY)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let dir = bed.dir.path().join("bench-csi-ns");
+    std::fs::create_dir_all(&dir)?;
+    let socket = dir.join("csi.sock");
+    let mut config = harvester_csi_driver::Config::new(
+        format!("unix://{}", socket.display()),
+        &bed.cloud_config,
+    );
+    config.mode = harvester_csi_driver::Mode::Controller;
+    let metrics = Metrics::new();
+    let readiness = harvester_common::telemetry::Readiness::with_checks(&[]);
+    let m = metrics.clone();
+    let server = harvester_csi_driver::Running::spawn(
+        |stopped| harvester_csi_driver::serve_with(config, m, readiness, stopped),
+        harvester_common::running::OnDrop::Stop,
+    );
+    wait_for_socket(&socket, || server.is_finished()).await?;
+    let mut controller = ControllerClient::new(harvester_csi_driver::connect(&socket).await?);
+    let pvcs: Api<PersistentVolumeClaim> =
+        Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);
+    let mut cost = NamespaceCost::default();
+    let outcome = async {
+        // Volume 0 warms up (the driver's first watch list, connections) and is not counted.
+        for i in 0..=volumes {
+            let id = controller
+                .create_volume(create_request(
+                    &format!("pvc-ns-{i:03}"),
+                    32 << 20,
+                    &mount_cap("ext4"),
+                ))
+                .await
+                .context("CreateVolume")?
+                .into_inner()
+                .volume
+                .context("CreateVolume returned no volume")?
+                .volume_id;
+            wait_bound(&pvcs, &id).await?;
+            let before = api_requests(&metrics);
+            let t = Instant::now();
+            controller
+                .controller_publish_volume(publish_request(&id, VOLUME_NODE, &mount_cap("ext4")))
+                .await
+                .context("ControllerPublishVolume")?;
+            if i > 0 {
+                cost.publish.push(t.elapsed());
+                add(
+                    &mut cost.publish_requests,
+                    delta(&api_requests(&metrics), &before),
+                );
+            }
+            let before = api_requests(&metrics);
+            let t = Instant::now();
+            controller
+                .controller_unpublish_volume(unpublish_request(&id, VOLUME_NODE))
+                .await
+                .context("ControllerUnpublishVolume")?;
+            if i > 0 {
+                cost.unpublish.push(t.elapsed());
+                add(
+                    &mut cost.unpublish_requests,
+                    delta(&api_requests(&metrics), &before),
+                );
+            }
+            controller
+                .delete_volume(DeleteVolumeRequest {
+                    volume_id: id,
+                    ..Default::default()
+                })
+                .await
+                .context("DeleteVolume")?;
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    let _ = tokio::time::timeout(Duration::from_secs(20), server.stop()).await;
+    outcome?;
+    cost.vms = others + 1;
+    cost.volumes = volumes;
+    Ok(cost)
+}
+
+/// What [`publish_in_namespace`] measured at one namespace size.
+#[derive(Default)]
+pub(crate) struct NamespaceCost {
+    vms: usize,
+    volumes: usize,
+    publish: Vec<Duration>,
+    unpublish: Vec<Duration>,
+    /// `(verb, resource) -> requests`, summed over the counted calls.
+    publish_requests: BTreeMap<(String, String), u64>,
+    unpublish_requests: BTreeMap<(String, String), u64>,
+}
+
+fn add(sum: &mut BTreeMap<(String, String), u64>, more: BTreeMap<(String, String), u64>) {
+    for (k, v) in more {
+        *sum.entry(k).or_insert(0) += v;
+    }
+}
+
+/// The rows of each namespace size, and the targets comparing the largest with the smallest.
+pub(crate) fn namespace_rows(costs: &[NamespaceCost], report: &mut Report) -> anyhow::Result<()> {
+    let mut summary = Vec::new();
+    for c in costs {
+        for (what, sample, requests) in [
+            ("ControllerPublishVolume", &c.publish, &c.publish_requests),
+            (
+                "ControllerUnpublishVolume",
+                &c.unpublish,
+                &c.unpublish_requests,
+            ),
+        ] {
+            let stats = Stats::of(sample.clone()).context("no samples")?;
+            let calls = c.volumes.max(1) as f64;
+            let per_call = requests.values().sum::<u64>() as f64 / calls;
+            let by_verb: Vec<String> = requests
+                .iter()
+                .map(|((verb, resource), n)| format!("{verb} {resource} {:.1}", *n as f64 / calls))
+                .collect();
+            report.rows.push(Row {
+                section: "3",
+                what: format!("`{what}` with {} VMs (and their VMIs) in the namespace", c.vms),
+                n: c.volumes.to_string(),
+                total: "—".into(),
+                p50: secs(stats.p50),
+                p99: secs(stats.p99),
+                figures: format!(
+                    "{per_call:.1} Harvester API requests per call (the driver's own metrics: {}); mean {}",
+                    by_verb.join(", "),
+                    secs(stats.sum / stats.n as u32)
+                ),
+            });
+            summary.push((what, c.vms, per_call, stats.sum / stats.n as u32));
+        }
+    }
+    for what in ["ControllerPublishVolume", "ControllerUnpublishVolume"] {
+        let rows: Vec<_> = summary.iter().filter(|r| r.0 == what).collect();
+        let (Some(small), Some(large)) = (
+            rows.iter().min_by_key(|r| r.1),
+            rows.iter().max_by_key(|r| r.1),
+        ) else {
+            continue;
+        };
+        let requests = large.2 / small.2.max(f64::MIN_POSITIVE);
+        let time = large.3.as_secs_f64() / small.3.as_secs_f64().max(f64::MIN_POSITIVE);
+        report.targets.push(Target {
+            what: format!(
+                "`{what}` API requests, {} VMs vs {} VM(s)",
+                large.1, small.1
+            ),
+            target: "within 20 %".into(),
+            measured: format!(
+                "{:.1} vs {:.1} ({:+.0} %)",
+                large.2,
+                small.2,
+                (requests - 1.0) * 100.0
+            ),
+            met: (requests - 1.0).abs() <= 0.2,
+        });
+        report.targets.push(Target {
+            what: format!("`{what}` mean time, {} VMs vs {} VM(s)", large.1, small.1),
+            target: "within 20 %".into(),
+            measured: format!(
+                "{} vs {} ({:+.0} %)",
+                secs(large.3),
+                secs(small.3),
+                (time - 1.0) * 100.0
+            ),
+            met: (time - 1.0).abs() <= 0.2,
+        });
     }
     Ok(())
 }
