@@ -122,6 +122,7 @@ async fn update_cr(
             tracing::debug!(
                 "LoadBalancer {name} changed since the cache saw it; waiting for the watch"
             );
+            ctx.written.await_next(&cr_key(&name));
             Ok(None)
         }
         Err(e) => Err(Error::Harvester(e)),
@@ -160,16 +161,10 @@ async fn delete_cr(ctx: &ServiceCtx, name: &str) -> Result<bool, Error> {
 /// Deletes the cached CRs of `key` other than `keep` (those of an earlier UID of the Service).
 async fn delete_stale_crs(ctx: &ServiceCtx, key: &ServiceKey, keep: &str) -> Result<(), Error> {
     let stale: Vec<String> = ctx
-        .crs
-        .state()
-        .iter()
-        .filter(|cr| {
-            let l = cr.labels();
-            cr.name_any() != keep
-                && l.get(LABEL_SERVICE_NAMESPACE) == Some(&key.namespace)
-                && l.get(LABEL_SERVICE_NAME) == Some(&key.name)
-        })
-        .map(|cr| cr.name_any())
+        .crs_of
+        .of(&ctx.crs, ctx.namespace(), key)
+        .into_iter()
+        .filter(|name| name != keep)
         .collect();
     for name in stale {
         if delete_cr(ctx, &name).await? {

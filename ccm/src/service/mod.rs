@@ -18,6 +18,7 @@ pub mod name;
 pub mod plan;
 mod reconcile;
 mod service_io;
+mod wake;
 mod written;
 
 pub use context::{Error, ServiceCtx};

@@ -16,18 +16,18 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 
 use super::annotations::{ANN_NETWORK, Ipam, ServiceKey, ServiceLbSpec};
-use super::context::{Error, ServiceCtx, interface_for, svc_key};
+use super::context::{Error, ServiceCtx, cr_key, interface_for, svc_key};
 use super::crs::{self, delete_crs_of, ensure_cr, mirror_address};
 use super::dhcp::{DhcpMode, KUBE_VIP_HWADDR, KUBE_VIP_REQUESTED_IP, Leases};
 use super::plan::{
     self, DELETED, DELETING, ENSURED, LABEL_CLUSTER, LbSettings, ServiceChange, ServiceProblem,
 };
 use super::service_io::{add_finalizer, apply_change, remove_finalizer};
-use super::written::WriteLog;
+use super::written::{Echo, WriteLog};
 use super::{FINALIZER, NAD_MAPPING_NAME, NAD_MAPPING_NAMESPACE};
 use crate::config::SERVICE_LB_CONTROLLER;
 use crate::context::{Context, READY_SERVICE_CACHES, Shutdown};
-use crate::controller::{Backoff, measured, ticks};
+use crate::controller::{Backoff, Triggers, measured, ticks};
 
 /// First and longest retry delay after a failed reconcile of a Service (doubling in between).
 const BACKOFF_FIRST: std::time::Duration = std::time::Duration::from_millis(500);
@@ -54,11 +54,6 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         // store_shared always makes a subscribable writer.
         return;
     };
-    let service_watch =
-        watcher::watcher(Api::<Service>::all(ctx.guest.clone()), Default::default())
-            .default_backoff()
-            .reflect_shared(writer)
-            .for_each(|_| async {});
     // A DHCP lease lost or re-acquired outside a reconcile wakes its Service through this channel.
     let (wake, woken) = tokio::sync::mpsc::unbounded_channel();
     let leases = (settings.dhcp_mode == DhcpMode::Ccm).then(|| {
@@ -69,13 +64,12 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         )
     });
     let concurrency = settings.concurrency.unwrap_or(0); // 0: kube-runtime's "unbounded"
-    let controller = Controller::for_shared_stream(own, store.clone())
-        .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
     let (crs, cr_writer) = kube::runtime::reflector::store::<LoadBalancer>();
     // The one NAD mapping ConfigMap, watched by name (the chart's Role names it for get, list and
     // watch; upstream's chart grants configmaps cluster-wide).
     let (nad, nad_writer) = kube::runtime::reflector::store::<ConfigMap>();
     let (caches_listed, caches_ready) = tokio::sync::watch::channel(false);
+    let metrics = ctx.telemetry.metrics.clone();
     let sctx = Arc::new(ServiceCtx {
         ctx,
         settings,
@@ -86,17 +80,36 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         leases,
         written: WriteLog::default(),
         caches_ready,
+        secondaries: Default::default(),
+        crs_of: Default::default(),
+        cr_changes: Default::default(),
+        triggers: Arc::new(Triggers::new("service", metrics, store.clone())),
     });
+    let indexed = sctx.clone();
+    let service_watch = watcher::watcher(
+        Api::<Service>::all(sctx.ctx.guest.clone()),
+        Default::default(),
+    )
+    .default_backoff()
+    .modify(move |svc| {
+        strip_service(svc);
+        indexed.secondaries.saw(svc);
+    })
+    .reflect_shared(writer)
+    .for_each(|_| async {});
     let lb_watch = watcher::Config::default()
         .labels(&format!("{LABEL_CLUSTER}={}", sctx.settings.cluster_name));
-    let cr_events = cached_watch(cr_writer, sctx.lbs(), lb_watch);
+    let indexed = sctx.clone();
+    let cr_events = cached_watch(cr_writer, sctx.lbs(), lb_watch, move |lb| {
+        lb.managed_fields_mut().clear();
+        indexed.crs_of.saw(lb);
+    });
     let nad_events = cached_watch(
         nad_writer,
         Api::<ConfigMap>::namespaced(sctx.ctx.guest.clone(), NAD_MAPPING_NAMESPACE),
         watcher::Config::default().fields(&format!("metadata.name={NAD_MAPPING_NAME}")),
+        |cm| cm.managed_fields_mut().clear(),
     );
-    let related = store.clone();
-    let with_network = store.clone();
     let gc = crs::garbage_collector(sctx.clone(), shutdown.clone());
     let watch_shutdown = shutdown.clone();
     // Polled in the controller's own task (the join below), which every watch event wakes.
@@ -106,15 +119,29 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         readiness,
         shutdown.clone(),
     );
-    let ctrl = controller
+    let (own_ctx, cr_ctx, related_ctx, nad_ctx) =
+        (sctx.clone(), sctx.clone(), sctx.clone(), sctx.clone());
+    let triggers = sctx.triggers.clone();
+    let dhcp_triggers = sctx.triggers.clone();
+    // A Service changed: reconcile it, unless the change is only the echo of our own write.
+    let own = own.filter(move |svc| futures::future::ready(woken_by_service(&own_ctx, svc)));
+    let ctrl = Controller::for_shared_stream(own, store.clone())
+        .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
         // A CR's status changed: reconcile its Service (no polling while an address is pending).
-        .watches_stream(cr_events, |lb| crs::service_of_cr(&lb))
+        .watches_stream(cr_events, move |lb| woken_by_cr(&cr_ctx, &lb))
         // A primary or secondary changed: reconcile the other side of the shared address.
-        .watches_shared_stream(others, move |svc| related_services(&related, &svc))
+        .watches_shared_stream(others, move |svc| related_services(&related_ctx, &svc))
         // The NAD mapping changed: reconcile the Services that name a network.
-        .watches_stream(nad_events, move |_| services_with_network(&with_network))
-        .reconcile_all_on(ticks(sctx.resync()))
-        .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(woken))
+        .watches_stream(nad_events, move |_| {
+            nad_ctx
+                .triggers
+                .note("nad mapping", services_with_network(&nad_ctx.services))
+        })
+        .reconcile_on(triggers.every("resync", ticks(sctx.resync())))
+        .reconcile_on(
+            tokio_stream::wrappers::UnboundedReceiverStream::new(woken)
+                .flat_map(move |r| futures::stream::iter(dhcp_triggers.note("dhcp lease", [r]))),
+        )
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, sctx)
         .for_each(|_| async {});
@@ -127,17 +154,67 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     futures::join!(ctrl, gc, synced, service_watch);
 }
 
-/// A watch of `api` that keeps `writer`'s cache and yields the objects it touched.
+/// What the service controller never reads, dropped before a Service is cached: the managed
+/// fields and kubectl's copy of the whole object. Our writes are patches of the fields we own,
+/// so nothing dropped here is ever written back.
+fn strip_service(svc: &mut Service) {
+    svc.managed_fields_mut().clear();
+    svc.annotations_mut().remove(LAST_APPLIED);
+}
+
+/// kubectl's `apply` copy of the object.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Whether a Service event wakes its reconcile: not the echo of our own write, which the
+/// reconcile that made it already planned with.
+fn woken_by_service(ctx: &ServiceCtx, svc: &Service) -> bool {
+    let echo = ctx
+        .written
+        .classify(&svc_key(svc), svc.resource_version().as_deref());
+    if echo == Echo::Ours {
+        return false;
+    }
+    !ctx.triggers
+        .note("service", [ObjectRef::from_obj(svc)])
+        .is_empty()
+}
+
+/// The Service a CR event wakes: none for the echo of our own write or a change of nothing the
+/// reconcile reads (Harvester's finalizer), unless a reconcile waits for this CR's next event.
+fn woken_by_cr(ctx: &ServiceCtx, lb: &LoadBalancer) -> Vec<ObjectRef<Service>> {
+    let name = lb.name_any();
+    let cached = ctx
+        .crs
+        .get(&ObjectRef::new(&name).within(ctx.namespace()))
+        .is_some();
+    let changed = ctx.cr_changes.changed(lb, cached);
+    let wake = match ctx
+        .written
+        .classify(&cr_key(&name), lb.resource_version().as_deref())
+    {
+        Echo::Ours => false,
+        Echo::Awaited => true,
+        Echo::Other => changed,
+    };
+    if !wake {
+        return Vec::new();
+    }
+    ctx.triggers.note("loadbalancer", crs::service_of_cr(lb))
+}
+
+/// A watch of `api` that keeps `writer`'s cache (each object through `modify` first) and yields
+/// the objects it touched.
 fn cached_watch<K>(
     writer: reflector::store::Writer<K>,
     api: Api<K>,
     config: watcher::Config,
+    modify: impl FnMut(&mut K) + Send + 'static,
 ) -> impl futures::Stream<Item = Result<K, watcher::Error>>
 where
     K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
     K: Send + Sync + 'static,
 {
-    kube::runtime::reflector(writer, watcher::watcher(api, config))
+    kube::runtime::reflector(writer, watcher::watcher(api, config).modify(modify))
         .default_backoff()
         .touched_objects()
 }
@@ -164,7 +241,9 @@ async fn caches_synced(
     }
 }
 
-fn related_services(store: &Store<Service>, svc: &Service) -> Vec<ObjectRef<Service>> {
+/// The other side of a shared address: the primary a secondary names, and the secondaries of
+/// a primary (from the index, not a sweep over every Service).
+fn related_services(ctx: &ServiceCtx, svc: &Service) -> Vec<ObjectRef<Service>> {
     let key = ServiceKey::of(svc);
     let mut refs: Vec<ObjectRef<Service>> = Vec::new();
     if let Ok(ServiceLbSpec {
@@ -173,16 +252,13 @@ fn related_services(store: &Store<Service>, svc: &Service) -> Vec<ObjectRef<Serv
     {
         refs.push(ObjectRef::new(&p.name).within(&p.namespace));
     }
-    for s in store.state() {
-        if let Ok(ServiceLbSpec {
-            primary: Some(p), ..
-        }) = ServiceLbSpec::from_service(&s)
-            && p == key
-        {
-            refs.push(ObjectRef::from_obj(s.as_ref()));
-        }
-    }
-    refs
+    refs.extend(
+        ctx.secondaries
+            .of(&ctx.services, &key)
+            .iter()
+            .map(|s| ObjectRef::from_obj(s.as_ref())),
+    );
+    ctx.triggers.note("related service", refs)
 }
 
 fn services_with_network(store: &Store<Service>) -> Vec<ObjectRef<Service>> {
@@ -201,6 +277,7 @@ fn error_policy(svc: Arc<Service>, err: &Error, ctx: Arc<ServiceCtx>) -> Action 
 }
 
 async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceCtx>) -> Result<Action, Error> {
+    ctx.triggers.woke(&svc);
     let metrics = &ctx.ctx.telemetry.metrics;
     let result = measured(
         metrics,
@@ -241,11 +318,15 @@ async fn reconcile_service(svc: &Service, ctx: &ServiceCtx) -> Result<Action, Er
             return Ok(Action::await_change());
         }
     };
-    if !has_finalizer {
-        add_finalizer(svc, ctx).await?;
-        // The patch produces a new version of the Service, which wakes us again.
-        return Ok(Action::await_change());
-    }
+    // The reconcile goes on with the Service as the finalizer patch stored it; that patch's
+    // watch event is only our echo and wakes nobody.
+    let stored;
+    let svc = if has_finalizer {
+        svc
+    } else {
+        stored = add_finalizer(svc, ctx).await?;
+        &stored
+    };
     match &spec.primary {
         Some(primary) => reconcile_secondary(svc, &spec, primary, ctx).await,
         None => reconcile_primary(svc, &spec, ctx).await,
@@ -298,19 +379,19 @@ async fn reconcile_primary(
         let note = format!("Ensured load balancer with address {ip}");
         ctx.normal(svc, ENSURED, note).await;
     }
-    // Mirror what the Service shows to the CR, as upstream does (the leased IP in DHCP mode).
-    // Right after writing the Service, the watch event of that write wakes us again and the
-    // mirror follows from what the Service then shows: by then Harvester's writes that came with
-    // the allocation have reached the cache, and the CR update does not run into them (409).
+    // Mirror what the Service shows to the CR, as upstream does (the leased IP in DHCP mode),
+    // right after the Service's write: the CR in the cache is the version whose allocation woke
+    // us. Should Harvester have written it again since (409), the event of that write wakes us
+    // (`WriteLog::await_next`) and the mirror follows from it.
     let shown = if is_dhcp_sentinel {
         ingress.first().cloned()
     } else {
         Some(ip.clone())
     };
-    if let Some(addr) = shown.filter(|_| !wrote) {
+    if let Some(addr) = shown {
         mirror_address(ctx, lb, &addr).await?;
     }
-    Ok(Action::requeue(ctx.resync()))
+    Ok(Action::await_change())
 }
 
 /// Time from the Service's creation to its first address, for `service_address_seconds`.
@@ -389,7 +470,7 @@ async fn reconcile_dhcp(
         ctx.normal(svc, ENSURED, note).await;
     }
     mirror_address(ctx, lb.clone(), &ip).await?;
-    Ok(Action::requeue(ctx.resync()))
+    Ok(Action::await_change())
 }
 
 /// A secondary: its primary (from the cache) checked, then the primary's address written.
@@ -433,7 +514,7 @@ async fn reconcile_secondary(
         let note = format!("Sharing address {ip} of {primary_key}");
         ctx.normal(svc, ENSURED, note).await;
     }
-    Ok(Action::requeue(ctx.resync()))
+    Ok(Action::await_change())
 }
 
 /// A Service that no longer has a load balancer (deleted, or no LoadBalancer any more): its CRs
