@@ -200,7 +200,7 @@ pub(super) async fn delete_crs_of(
 }
 
 /// Deletes CRs of this cluster whose Service is gone, is no LoadBalancer, shares another one's
-/// address, or has another UID now; at start and on every resync.
+/// address, or has another UID now; at start and on every resync, from the CR cache.
 pub(super) async fn garbage_collector(ctx: Arc<ServiceCtx>, shutdown: impl Future<Output = ()>) {
     let work = async {
         if !ctx.caches_listed().await {
@@ -231,13 +231,9 @@ async fn collect_garbage(ctx: &ServiceCtx) -> Result<(), Error> {
             .is_some(),
         _ => false,
     });
-    let selector = format!("{LABEL_CLUSTER}={}", ctx.settings.cluster_name);
-    let crs = ctx
-        .lbs()
-        .list(&ListParams::default().labels(&selector))
-        .await
-        .map_err(Error::Harvester)?;
-    for cr in crs.items {
+    // The CR cache holds every CR of this cluster (its watch selects them by the cluster label):
+    // no list of thousands of CRs per resync. One it has not shown yet is looked at next time.
+    for cr in ctx.crs.state() {
         let Some(owner) = service_of_cr(&cr) else {
             continue;
         };

@@ -1,11 +1,14 @@
-//! Which cached objects are older than our own last write to them.
+//! Which cached objects are older than our own last write to them, and which watch events are
+//! only the echo of our writes.
 //!
 //! A reconcile plans from the watch-fed caches. Right after we wrote an object, the cache can
 //! still hold the version our write was based on (the watch has not delivered ours yet); a plan
 //! made from it would repeat the write (a no-op at best, a 409 conflict on an `update`). The log
-//! remembers, per object, the resourceVersion a write of ours was based on: while the cache still
-//! shows exactly that version, it is behind, and the watch event carrying our write (or a later
-//! one) wakes the reconcile again. A write that stored nothing (the API server answered with the
+//! remembers, per object, the resourceVersions our writes were based on: while the cache still
+//! shows one of them, it is behind, and the watch event carrying our write wakes the reconcile
+//! again. That event is otherwise only our echo: the reconcile that wrote already went on with
+//! what it wrote, so the echo wakes nobody ([`WriteLog::classify`]) unless a reconcile found the
+//! cache behind and waits for it. A write that stored nothing (the API server answered with the
 //! very version it was based on: a mutating webhook reverted every change, or the patch changed
 //! nothing) brings no watch event, so it leaves nothing behind. Pure bookkeeping: no client, no
 //! clock.
