@@ -58,6 +58,7 @@ pub(super) async fn ensure_cr(
         return Ok((None, Vec::new()));
     }
     let Some(existing) = cached else {
+        let _sending = ctx.written.sending(&cr_key(&name));
         return match ctx.lbs().create(&PostParams::default(), desired).await {
             Ok(made) => {
                 ctx.written.wrote(
@@ -107,6 +108,7 @@ async fn update_cr(
     let based_on = cr.resource_version();
     change(&mut cr);
     cr.metadata.managed_fields = None;
+    let _sending = ctx.written.sending(&cr_key(&name));
     match ctx.lbs().replace(&name, &params, &cr).await {
         Ok(lb) => {
             // Harvester's webhook may have reverted every change: then the answer carries the

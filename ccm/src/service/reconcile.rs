@@ -123,8 +123,25 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         (sctx.clone(), sctx.clone(), sctx.clone(), sctx.clone());
     let triggers = sctx.triggers.clone();
     let dhcp_triggers = sctx.triggers.clone();
-    // A Service changed: reconcile it, unless the change is only the echo of our own write.
-    let own = own.filter(move |svc| futures::future::ready(woken_by_service(&own_ctx, svc)));
+    // A Service changed: reconcile it, unless the change is only the echo of our own write
+    // (told once the write's answer is recorded: the echo may come first).
+    let own = own.filter(move |svc| {
+        let (ctx, svc) = (own_ctx.clone(), svc.clone());
+        async move {
+            ctx.written.settled(&svc_key(&svc)).await;
+            woken_by_service(&ctx, &svc)
+        }
+    });
+    let settle_ctx = sctx.clone();
+    let cr_events = cr_events.then(move |event| {
+        let ctx = settle_ctx.clone();
+        async move {
+            if let Ok(lb) = &event {
+                ctx.written.settled(&cr_key(&lb.name_any())).await;
+            }
+            event
+        }
+    });
     let ctrl = Controller::for_shared_stream(own, store.clone())
         .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
         // A CR's status changed: reconcile its Service (no polling while an address is pending).
@@ -196,6 +213,7 @@ fn woken_by_cr(ctx: &ServiceCtx, lb: &LoadBalancer) -> Vec<ObjectRef<Service>> {
         Echo::Awaited => true,
         Echo::Other => changed,
     };
+    tracing::trace!(cr = %name, rv = ?lb.resource_version(), cached, changed, wake, "CR event");
     if !wake {
         return Vec::new();
     }

@@ -57,6 +57,7 @@ async fn patch_json(
 ) -> Result<Service, Error> {
     let patch: json_patch::Patch =
         serde_json::from_value(ops).map_err(|e| Error::Guest(kube::Error::SerdeError(e)))?;
+    let _sending = ctx.written.sending(&svc_key(svc));
     let stored = ctx
         .services_in(&svc.namespace().unwrap_or_default())
         .patch(&svc.name_any(), &patch_params(), &Patch::<()>::Json(patch))
@@ -89,6 +90,7 @@ pub(super) async fn apply_change(
     };
     let api = ctx.services_in(&svc.namespace().unwrap_or_default());
     let name = svc.name_any();
+    let _sending = ctx.written.sending(&svc_key(svc));
     let stored = if change.ingress.is_some() {
         api.patch_status(&name, &patch_params(), &Patch::Merge(&body))
             .await

@@ -37,6 +37,30 @@ pub enum Echo {
 #[derive(Default)]
 pub struct WriteLog {
     entries: Mutex<HashMap<String, Entry>>,
+    /// Writes sent and not yet recorded, per key: the watch may deliver a write's echo before the
+    /// writer has seen the answer, so an event of such a key waits ([`WriteLog::settled`]).
+    in_flight: Mutex<HashMap<String, usize>>,
+    recorded: tokio::sync::Notify,
+}
+
+/// A write of ours in flight ([`WriteLog::sending`]); dropped once its answer is recorded.
+pub struct Sending<'a> {
+    log: &'a WriteLog,
+    key: String,
+}
+
+impl Drop for Sending<'_> {
+    fn drop(&mut self) {
+        let mut in_flight = self.log.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = in_flight.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                in_flight.remove(&self.key);
+            }
+        }
+        drop(in_flight);
+        self.log.recorded.notify_waiters();
+    }
 }
 
 impl WriteLog {
@@ -128,6 +152,39 @@ impl WriteLog {
                 waited: true,
             })
             .waited = true;
+    }
+
+    /// Marks a write to `key` as sent; hold the guard until its answer is recorded with
+    /// [`WriteLog::wrote`].
+    pub fn sending(&self, key: &str) -> Sending<'_> {
+        *self
+            .in_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(key.to_string())
+            .or_insert(0) += 1;
+        Sending {
+            log: self,
+            key: key.to_string(),
+        }
+    }
+
+    /// Waits until no write to `key` is in flight, so that [`WriteLog::classify`] knows of every
+    /// write whose echo may be the event at hand.
+    pub async fn settled(&self, key: &str) {
+        loop {
+            // Registered before the check: a guard dropped in between still wakes it.
+            let recorded = self.recorded.notified();
+            let busy = self
+                .in_flight
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains_key(key);
+            if !busy {
+                return;
+            }
+            recorded.await;
+        }
     }
 
     /// Forgets every key `keep` refuses (objects that are gone), so the log stays bounded.
@@ -231,6 +288,16 @@ mod tests {
         );
         assert_eq!(log.classify("svc/c", Some("32")), Echo::Awaited);
         assert!(!log.behind("svc/c", Some("32")));
+
+        // A write in flight holds the events of its key until it is recorded.
+        let sending = log.sending("svc/e");
+        let settled = log.settled("svc/e");
+        futures::pin_mut!(settled);
+        let waker = futures::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        assert!(settled.as_mut().poll(&mut cx).is_pending(), "in flight");
+        drop(sending);
+        assert!(settled.as_mut().poll(&mut cx).is_ready(), "recorded");
 
         // An update that met a newer version (409): the next event, whatever it is, wakes it.
         log.await_next("lb/d");
