@@ -78,32 +78,7 @@ fn converging_per_service(t: &BTreeMap<(String, String), u64>, services: usize) 
 
 /// The Warning on the Node of [`NO_VMI`] that says its VM does not run.
 pub(crate) async fn no_vmi_event(bed: &TestBed) -> anyhow::Result<String> {
-    let api: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(bed.guest.client.clone(), "default");
-    let start = Instant::now();
-    loop {
-        let events = api
-            .list(&kube::api::ListParams::default().fields(&format!("regarding.name={NO_VMI}")))
-            .await?;
-        if let Some(note) = events.items.iter().find_map(|e| {
-            (e.type_.as_deref() == Some("Warning")
-                && e.reason.as_deref() == Some("VirtualMachineNotRunning"))
-            .then(|| e.note.clone().unwrap_or_default())
-        }) {
-            return Ok(note);
-        }
-        if start.elapsed() > Duration::from_secs(30) {
-            bail!(
-                "no Warning VirtualMachineNotRunning on Node {NO_VMI}; its events: {:?}",
-                events
-                    .items
-                    .iter()
-                    .map(|e| (e.reason.clone(), e.note.clone()))
-                    .collect::<Vec<_>>()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    warning_on(bed, NO_VMI, "VirtualMachineNotRunning", |_| true).await
 }
 
 /// The Service with a malformed annotation among the others.
@@ -455,26 +430,37 @@ pub(crate) async fn scale(level: Level, report: &mut Report) -> anyhow::Result<S
 
 /// The note of the Warning Event on [`BAD_SERVICE`] that names the malformed annotation.
 pub(crate) async fn bad_annotation_event(bed: &TestBed) -> anyhow::Result<String> {
+    warning_on(bed, BAD_SERVICE, "SyncLoadBalancerFailed", |n| {
+        n.contains("cloudprovider.harvesterhci.io/ipam") && n.contains("static")
+    })
+    .await
+}
+
+/// The note of a Warning Event with `reason` on the object `name` (a Service in `default`, or a
+/// Node, whose Events go there too) whose note `matches`; waits 30 s at most.
+async fn warning_on(
+    bed: &TestBed,
+    name: &str,
+    reason: &str,
+    matches: impl Fn(&str) -> bool,
+) -> anyhow::Result<String> {
     let api: Api<k8s_openapi::api::events::v1::Event> =
         Api::namespaced(bed.guest.client.clone(), "default");
     let start = Instant::now();
     loop {
         let events = api
-            .list(
-                &kube::api::ListParams::default().fields(&format!("regarding.name={BAD_SERVICE}")),
-            )
+            .list(&kube::api::ListParams::default().fields(&format!("regarding.name={name}")))
             .await?;
         if let Some(note) = events.items.iter().find_map(|e| {
-            (e.type_.as_deref() == Some("Warning")
-                && e.reason.as_deref() == Some("SyncLoadBalancerFailed"))
-            .then(|| e.note.clone().unwrap_or_default())
-            .filter(|n| n.contains("cloudprovider.harvesterhci.io/ipam") && n.contains("static"))
+            (e.type_.as_deref() == Some("Warning") && e.reason.as_deref() == Some(reason))
+                .then(|| e.note.clone().unwrap_or_default())
+                .filter(|n| matches(n))
         }) {
             return Ok(note);
         }
         if start.elapsed() > Duration::from_secs(30) {
             bail!(
-                "no Warning SyncLoadBalancerFailed naming the annotation on {BAD_SERVICE}; its events: {:?}",
+                "no Warning {reason} on {name}; its events: {:?}",
                 events
                     .items
                     .iter()
