@@ -54,37 +54,16 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         // store_shared always makes a subscribable writer.
         return;
     };
-    // A DHCP lease lost or re-acquired outside a reconcile wakes its Service through this channel.
-    let (wake, woken) = tokio::sync::mpsc::unbounded_channel();
-    let leases = (settings.dhcp_mode == DhcpMode::Ccm).then(|| {
-        Leases::new(
-            Default::default(),
-            wake,
-            Some(ctx.telemetry.metrics.clone()),
-        )
-    });
     let concurrency = settings.concurrency.unwrap_or(0); // 0: kube-runtime's "unbounded"
-    let (crs, cr_writer) = kube::runtime::reflector::store::<LoadBalancer>();
-    // The one NAD mapping ConfigMap, watched by name (the chart's Role names it for get, list and
-    // watch; upstream's chart grants configmaps cluster-wide).
-    let (nad, nad_writer) = kube::runtime::reflector::store::<ConfigMap>();
-    let (caches_listed, caches_ready) = tokio::sync::watch::channel(false);
-    let metrics = ctx.telemetry.metrics.clone();
-    let sctx = Arc::new(ServiceCtx {
-        ctx,
-        settings,
-        crs,
-        services: store.clone(),
-        nad,
-        backoff: Backoff::new(BACKOFF_FIRST, BACKOFF_MAX),
-        leases,
-        written: WriteLog::default(),
-        caches_ready,
-        secondaries: Default::default(),
-        crs_of: Default::default(),
-        cr_changes: Default::default(),
-        triggers: Arc::new(Triggers::new("service", metrics, store.clone())),
-    });
+    let (
+        sctx,
+        Writers {
+            crs: cr_writer,
+            nad: nad_writer,
+            caches_listed,
+            woken,
+        },
+    ) = service_ctx(ctx, settings, store.clone());
     let indexed = sctx.clone();
     let service_watch = watcher::watcher(
         Api::<Service>::all(sctx.ctx.guest.clone()),
@@ -97,13 +76,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
     })
     .reflect_shared(writer)
     .for_each(|_| async {});
-    let lb_watch = watcher::Config::default()
-        .labels(&format!("{LABEL_CLUSTER}={}", sctx.settings.cluster_name));
-    let indexed = sctx.clone();
-    let cr_events = cached_watch(cr_writer, sctx.lbs(), lb_watch, move |lb| {
-        lb.managed_fields_mut().clear();
-        indexed.crs_of.saw(lb);
-    });
+    let cr_events = cr_events(&sctx, cr_writer);
     let nad_events = cached_watch(
         nad_writer,
         Api::<ConfigMap>::namespaced(sctx.ctx.guest.clone(), NAD_MAPPING_NAMESPACE),
@@ -123,25 +96,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         (sctx.clone(), sctx.clone(), sctx.clone(), sctx.clone());
     let triggers = sctx.triggers.clone();
     let dhcp_triggers = sctx.triggers.clone();
-    // A Service changed: reconcile it, unless the change is only the echo of our own write
-    // (told once the write's answer is recorded: the echo may come first).
-    let own = own.filter(move |svc| {
-        let (ctx, svc) = (own_ctx.clone(), svc.clone());
-        async move {
-            ctx.written.settled(&svc_key(&svc)).await;
-            woken_by_service(&ctx, &svc)
-        }
-    });
-    let settle_ctx = sctx.clone();
-    let cr_events = cr_events.then(move |event| {
-        let ctx = settle_ctx.clone();
-        async move {
-            if let Ok(lb) = &event {
-                ctx.written.settled(&cr_key(&lb.name_any())).await;
-            }
-            event
-        }
-    });
+    let own = own_events(own_ctx, own);
     let ctrl = Controller::for_shared_stream(own, store.clone())
         .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
         // A CR's status changed: reconcile its Service (no polling while an address is pending).
@@ -169,6 +124,99 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         }
     };
     futures::join!(ctrl, gc, synced, service_watch);
+}
+
+/// The other ends of what [`service_ctx`] made: the CR and NAD mapping caches' writers, the
+/// "caches listed" flag, and the DHCP leases' wake-ups.
+struct Writers {
+    crs: reflector::store::Writer<LoadBalancer>,
+    nad: reflector::store::Writer<ConfigMap>,
+    caches_listed: tokio::sync::watch::Sender<bool>,
+    woken: tokio::sync::mpsc::UnboundedReceiver<ObjectRef<Service>>,
+}
+
+/// The Service events that wake their own reconcile: not the echo of our own write (told once
+/// the write's answer is recorded: the echo may come first).
+fn own_events(
+    ctx: Arc<ServiceCtx>,
+    own: impl futures::Stream<Item = Arc<Service>> + Send + 'static,
+) -> impl futures::Stream<Item = Arc<Service>> + Send + 'static {
+    own.filter(move |svc| {
+        let (ctx, svc) = (ctx.clone(), svc.clone());
+        async move {
+            ctx.written.settled(&svc_key(&svc)).await;
+            woken_by_service(&ctx, &svc)
+        }
+    })
+}
+
+/// The watch of this cluster's CRs into their cache (managed fields dropped, indexed by
+/// Service), each event held while a write of ours to that CR is in flight.
+fn cr_events(
+    sctx: &Arc<ServiceCtx>,
+    writer: reflector::store::Writer<LoadBalancer>,
+) -> impl futures::Stream<Item = Result<LoadBalancer, watcher::Error>> + Send + 'static {
+    let lb_watch = watcher::Config::default()
+        .labels(&format!("{LABEL_CLUSTER}={}", sctx.settings.cluster_name));
+    let (indexed, settle) = (sctx.clone(), sctx.clone());
+    cached_watch(writer, sctx.lbs(), lb_watch, move |lb| {
+        lb.managed_fields_mut().clear();
+        indexed.crs_of.saw(lb);
+    })
+    .then(move |event| {
+        let ctx = settle.clone();
+        async move {
+            if let Ok(lb) = &event {
+                ctx.written.settled(&cr_key(&lb.name_any())).await;
+            }
+            event
+        }
+    })
+}
+
+/// The reconciles' context on the Service cache `store`, with empty CR and NAD mapping caches.
+fn service_ctx(
+    ctx: Arc<Context>,
+    settings: LbSettings,
+    store: Store<Service>,
+) -> (Arc<ServiceCtx>, Writers) {
+    // A DHCP lease lost or re-acquired outside a reconcile wakes its Service through this channel.
+    let (wake, woken) = tokio::sync::mpsc::unbounded_channel();
+    let leases = (settings.dhcp_mode == DhcpMode::Ccm).then(|| {
+        Leases::new(
+            Default::default(),
+            wake,
+            Some(ctx.telemetry.metrics.clone()),
+        )
+    });
+    let (crs, cr_writer) = kube::runtime::reflector::store::<LoadBalancer>();
+    // The one NAD mapping ConfigMap, watched by name (the chart's Role names it for get, list and
+    // watch; upstream's chart grants configmaps cluster-wide).
+    let (nad, nad_writer) = kube::runtime::reflector::store::<ConfigMap>();
+    let (caches_listed, caches_ready) = tokio::sync::watch::channel(false);
+    let metrics = ctx.telemetry.metrics.clone();
+    let sctx = Arc::new(ServiceCtx {
+        ctx,
+        settings,
+        crs,
+        services: store.clone(),
+        nad,
+        backoff: Backoff::new(BACKOFF_FIRST, BACKOFF_MAX),
+        leases,
+        written: WriteLog::default(),
+        caches_ready,
+        secondaries: Default::default(),
+        crs_of: Default::default(),
+        cr_changes: Default::default(),
+        triggers: Arc::new(Triggers::new("service", metrics, store)),
+    });
+    let writers = Writers {
+        crs: cr_writer,
+        nad: nad_writer,
+        caches_listed,
+        woken,
+    };
+    (sctx, writers)
 }
 
 /// What the service controller never reads, dropped before a Service is cached: the managed
