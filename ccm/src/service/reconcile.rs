@@ -136,19 +136,26 @@ struct Writers {
 }
 
 /// The Service events that wake their own reconcile: not the echo of our own write (told once
-/// the write's answer is recorded: the echo may come first).
+/// the write's answer is recorded: the echo may come first, and then waits for it).
 fn own_events(
     ctx: Arc<ServiceCtx>,
     own: impl futures::Stream<Item = Arc<Service>> + Send + 'static,
 ) -> impl futures::Stream<Item = Arc<Service>> + Send + 'static {
-    own.filter(move |svc| {
-        let (ctx, svc) = (ctx.clone(), svc.clone());
+    own.map(move |svc| {
+        let ctx = ctx.clone();
         async move {
             ctx.written.settled(&svc_key(&svc)).await;
-            woken_by_service(&ctx, &svc)
+            woken_by_service(&ctx, &svc).then_some(svc)
         }
     })
+    // Each event waits for its own key only: one write's slow answer holds no other Service's
+    // event (a trigger only names the object, so their order does not matter).
+    .buffer_unordered(EVENTS_SETTLING)
+    .filter_map(futures::future::ready)
 }
+
+/// Events that may wait at once for the answer of a write to their object.
+const EVENTS_SETTLING: usize = 1024;
 
 /// The watch of this cluster's CRs into their cache (managed fields dropped, indexed by
 /// Service), each event held while a write of ours to that CR is in flight.
@@ -163,7 +170,7 @@ fn cr_events(
         lb.managed_fields_mut().clear();
         indexed.crs_of.saw(lb);
     })
-    .then(move |event| {
+    .map(move |event| {
         let ctx = settle.clone();
         async move {
             if let Ok(lb) = &event {
@@ -172,6 +179,10 @@ fn cr_events(
             event
         }
     })
+    // As for Services: one CR's wait holds no other CR's event. Two events of one CR taken out
+    // of order can only wake its Service once more, never once less (the digest of what the
+    // reconcile reads differs from the last one seen).
+    .buffer_unordered(EVENTS_SETTLING)
 }
 
 /// The reconciles' context on the Service cache `store`, with empty CR and NAD mapping caches.
