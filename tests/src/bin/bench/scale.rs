@@ -29,20 +29,12 @@ pub(crate) const NO_VMI: &str = "bench-no-vmi";
 
 /// `(controller, trigger) -> reconciles` scraped from a provider process's `/metrics`.
 pub(crate) async fn scraped_triggers(port: u16) -> anyhow::Result<BTreeMap<(String, String), u64>> {
-    let (_, body) = testbed::util::scrape::get(port, "/metrics")
-        .await
-        .map_err(anyhow::Error::msg)?;
-    let samples = testbed::util::scrape::parse(&body).map_err(anyhow::Error::msg)?;
-    let mut out = BTreeMap::new();
-    for s in samples
-        .iter()
-        .filter(|s| s.name == "harvester_reconcile_triggers_total")
-    {
-        let label = |k: &str| s.labels.get(k).cloned().unwrap_or_default();
-        *out.entry((label("controller"), label("trigger")))
-            .or_insert(0) += s.value as u64;
-    }
-    Ok(out)
+    scraped_pairs(
+        port,
+        "harvester_reconcile_triggers_total",
+        ["controller", "trigger"],
+    )
+    .await
 }
 
 /// The per-level table of reconciles by controller and what woke them.
@@ -86,6 +78,20 @@ pub(crate) const BAD_SERVICE: &str = "bench-bad-annotation";
 
 /// `(verb, resource) -> requests` scraped from a provider process's `/metrics`.
 pub(crate) async fn scraped_requests(port: u16) -> anyhow::Result<BTreeMap<(String, String), u64>> {
+    scraped_pairs(
+        port,
+        "harvester_kube_api_requests_total",
+        ["verb", "resource"],
+    )
+    .await
+}
+
+/// The counter `name` scraped from a provider process's `/metrics`, summed by two of its labels.
+async fn scraped_pairs(
+    port: u16,
+    name: &str,
+    [a, b]: [&str; 2],
+) -> anyhow::Result<BTreeMap<(String, String), u64>> {
     let (code, body) = testbed::util::scrape::get(port, "/metrics")
         .await
         .map_err(anyhow::Error::msg)?;
@@ -94,12 +100,9 @@ pub(crate) async fn scraped_requests(port: u16) -> anyhow::Result<BTreeMap<(Stri
     }
     let samples = testbed::util::scrape::parse(&body).map_err(anyhow::Error::msg)?;
     let mut out = BTreeMap::new();
-    for s in samples
-        .iter()
-        .filter(|s| s.name == "harvester_kube_api_requests_total")
-    {
+    for s in samples.iter().filter(|s| s.name == name) {
         let label = |k: &str| s.labels.get(k).cloned().unwrap_or_default();
-        *out.entry((label("verb"), label("resource"))).or_insert(0) += s.value as u64;
+        *out.entry((label(a), label(b))).or_insert(0) += s.value as u64;
     }
     Ok(out)
 }
