@@ -133,7 +133,7 @@ pub struct ServiceFlags {
     /// without it, the default route's interface (kube-vip's choice when `vip_interface` is empty).
     #[arg(long)]
     pub dhcp_interface: Option<String>,
-    /// How many Services are reconciled at once; 16 when not given (upstream's flag: given, it
+    /// How many Services are reconciled at once; 64 when not given (upstream's flag: given, it
     /// bounds the service controller as upstream's does).
     #[arg(long)]
     pub concurrent_service_syncs: Option<u16>,
