@@ -3,7 +3,8 @@
 //! - [`publish_event`]: the one way an Event is written (one [`recorder`], notes cut to the
 //!   Events API's limit), with [`digest_action`] for controllers whose notes change;
 //! - [`measured`]: a reconcile counted and timed in the reconcile metrics;
-//! - [`ticks`]: the resync stream of `reconcile_all_on`.
+//! - [`ticks`]: the resync stream;
+//! - [`Triggers`]: what woke each reconcile, counted by trigger.
 //!
 //! A new controller is a module with a `run(Arc<Context>, Shutdown)` that builds a kube-runtime
 //! `Controller` on these, like `node::init` or `service`.
@@ -17,7 +18,9 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use harvester_common::telemetry::Metrics;
 use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
 use tokio_stream::wrappers::IntervalStream;
 
 use crate::context::FIELD_MANAGER;
@@ -134,6 +137,95 @@ pub async fn measured<T, E>(
 pub fn ticks(every: Duration) -> impl Stream<Item = ()> + Send {
     let start = tokio::time::Instant::now() + every;
     IntervalStream::new(tokio::time::interval_at(start, every)).map(|_| ())
+}
+
+/// The trigger of a reconcile nothing noted: the controller's own requeue (`Action::requeue`, or
+/// the retry after a failure).
+pub const REQUEUE: &str = "requeue";
+
+/// What woke each object's reconcile, counted when it runs
+/// (`harvester_reconcile_triggers_total{controller, trigger}`), so that a wake-up that concerns
+/// nobody shows as a number. As kube's scheduler keeps the first reason of a pending request,
+/// the first trigger noted since the object's last reconcile began is the one counted.
+pub struct Triggers<K>
+where
+    K: Resource + 'static,
+    K::DynamicType: Eq + Hash,
+{
+    controller: &'static str,
+    metrics: Metrics,
+    store: Store<K>,
+    pending: Mutex<HashMap<ObjectRef<K>, &'static str>>,
+}
+
+impl<K> Triggers<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + Hash + Clone + Default,
+{
+    pub fn new(controller: &'static str, metrics: Metrics, store: Store<K>) -> Self {
+        Triggers {
+            controller,
+            metrics,
+            store,
+            pending: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Notes that `trigger` asks for a reconcile of each of `refs`, and hands them on. An object
+    /// not in the cache is skipped: the controller runs no reconcile for it.
+    pub fn note(
+        &self,
+        trigger: &'static str,
+        refs: impl IntoIterator<Item = ObjectRef<K>>,
+    ) -> Vec<ObjectRef<K>> {
+        let refs: Vec<ObjectRef<K>> = refs
+            .into_iter()
+            .filter(|r| self.store.get(r).is_some())
+            .collect();
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        for r in &refs {
+            pending.entry(r.clone()).or_insert(trigger);
+        }
+        refs
+    }
+
+    /// Every cached object, noted as woken by `trigger` (a resync).
+    pub fn all(&self, trigger: &'static str) -> Vec<ObjectRef<K>> {
+        let refs = self
+            .store
+            .state()
+            .iter()
+            .map(|o| ObjectRef::from_obj(o.as_ref()))
+            .collect::<Vec<_>>();
+        self.note(trigger, refs)
+    }
+
+    /// A stream of every cached object on each tick of `ticks`, noted as `trigger`.
+    pub fn every(
+        self: &std::sync::Arc<Self>,
+        trigger: &'static str,
+        ticks: impl Stream<Item = ()> + Send + 'static,
+    ) -> impl Stream<Item = ObjectRef<K>> + Send + 'static
+    where
+        K: Send + Sync,
+        K::DynamicType: Send + Sync,
+    {
+        let me = self.clone();
+        ticks.flat_map(move |()| futures::stream::iter(me.all(trigger)))
+    }
+
+    /// Counts the reconcile of `obj` that is starting, under what woke it.
+    pub fn woke(&self, obj: &K) {
+        let key = ObjectRef::from_obj(obj);
+        let trigger = self
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key)
+            .unwrap_or(REQUEUE);
+        self.metrics.reconcile_woken(self.controller, trigger);
+    }
 }
 
 #[cfg(test)]

@@ -2,17 +2,19 @@
 //! LoadBalancer Services and 5 tainted Nodes on one bed, the provider's binary as a child
 //! process), so the section `make bench` runs at 5 000 Services cannot rot. The figures mean
 //! nothing at this size; the test checks that the section ran to the end and reported every row,
-//! the request breakdowns and the growth table, and that it fails when the section fails.
+//! the request breakdowns, the reconciles by trigger (issue 26) and the growth table, and that it
+//! fails when the section fails.
 
 use std::process::Command;
 
 /// The rows the scale section writes for each level.
-const ROWS: [&str; 5] = [
+const ROWS: [&str; 6] = [
     "scale: provider's own step Service created → its LoadBalancer CR exists",
     "scale: provider's own step CR allocated → Service ingress seen",
     "scale: Node tainted → initialised",
     "scale: the `harvester-cloud-provider` release binary holding them",
     "scale: one Service with a malformed annotation among them",
+    "scale: one tainted Node whose VM has no VMI, created under the Service load",
 ];
 
 #[test]
@@ -61,9 +63,23 @@ fn bench_scale_section_smoke_run_reports_every_figure() {
             && report.contains("cloudprovider.harvesterhci.io/ipam"),
         "the malformed Service's Warning is quoted:\n{report}"
     );
+    assert!(
+        report.contains("VirtualMachineNotRunning`: ") && report.contains("bench-no-vmi"),
+        "the Warning of the VM without a VMI is quoted:\n{report}"
+    );
+    let converging = figure(&report, "service reconciles per Service**");
+    assert!(
+        converging > 0.0,
+        "service reconciles by trigger were counted: {converging}"
+    );
+    assert!(
+        report.contains("| service | service | ") && report.contains("| service | loadbalancer | "),
+        "the trigger table shows what woke the service reconciles:\n{report}"
+    );
     for heading in [
         "### Scale: cloud provider API requests, 20 LoadBalancer Services",
         "### Scale: cloud provider API requests, 5 Nodes",
+        "### Scale: reconciles by trigger, 20 Services + 5 Nodes",
         "### Scale: how the figures grow",
     ] {
         assert!(report.contains(heading), "no {heading:?}:\n{report}");

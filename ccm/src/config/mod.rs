@@ -138,8 +138,8 @@ pub struct ServiceFlags {
     /// ranges in ConfigMap `kube-system/kubevip`, kube-vip-cloud-provider's format).
     #[arg(long, default_value = "pool")]
     pub default_ipam: crate::service::annotations::Ipam,
-    /// How many Services are reconciled at once; unbounded when not given (upstream's flag:
-    /// given, it bounds the service controller as upstream's does).
+    /// How many Services are reconciled at once; 64 when not given (upstream's flag: given, it
+    /// bounds the service controller as upstream's does).
     #[arg(long)]
     pub concurrent_service_syncs: Option<u16>,
 }
@@ -172,6 +172,12 @@ pub struct CommonFlags {
     pub verbosity: u8,
 }
 
+/// Nodes each node-side controller reconciles at once when `--concurrent-node-syncs` is not
+/// given. Upstream's default is one worker, which makes Nodes that register together (a cluster
+/// scaling up, 16 at a time) wait in line behind each other's API round trips; a Node's
+/// reconcile is independent of every other Node's, so they run side by side.
+pub const DEFAULT_NODE_SYNCS: u16 = 16;
+
 /// Flags of the node-side controllers (node, lifecycle, topology).
 #[derive(Args, Debug, Clone)]
 pub struct NodeFlags {
@@ -191,9 +197,10 @@ pub struct NodeFlags {
     #[arg(long, default_value = "false", num_args = 0..=1, require_equals = true,
           default_missing_value = "true", value_parser = go_bool)]
     pub disable_vmi_controller: bool,
-    /// How many Nodes each node-side controller reconciles at once.
-    #[arg(long, default_value_t = 1)]
-    pub concurrent_node_syncs: u16,
+    /// How many Nodes each node-side controller reconciles at once; 16 when not given (upstream's
+    /// flag: given, it bounds the node-side controllers as upstream's workers do).
+    #[arg(long)]
+    pub concurrent_node_syncs: Option<u16>,
     /// Period of the full resync of every Node (Go duration, e.g. `5m`, `30s`); changes are
     /// picked up from watches at once, this only bounds how long a missed event can go unseen.
     #[arg(long, default_value = "5m")]
@@ -307,7 +314,7 @@ impl Config {
                 parse_prefix(s).map_err(|r| ConfigError::new("--node-exclude-ip-ranges", s, r))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        if n.concurrent_node_syncs == 0 {
+        if n.concurrent_node_syncs == Some(0) {
             return Err(ConfigError::new(
                 "--concurrent-node-syncs",
                 "0",
@@ -329,7 +336,7 @@ impl Config {
                     use_node_annotations: !n.disable_annotation_alpha_provided_ip_addr,
                 },
                 topology: !n.disable_vmi_controller,
-                concurrency: n.concurrent_node_syncs,
+                concurrency: n.concurrent_node_syncs.unwrap_or(DEFAULT_NODE_SYNCS),
                 resync,
             },
             management_network,

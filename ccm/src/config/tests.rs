@@ -21,7 +21,7 @@ fn defaults_match_upstream() {
     assert!(c.node.addresses.node_ip_cidr.is_empty());
     assert!(c.node.addresses.use_node_annotations);
     assert!(c.node.topology);
-    assert_eq!(c.node.concurrency, 1);
+    assert_eq!(c.node.concurrency, super::DEFAULT_NODE_SYNCS);
     assert_eq!(c.node.resync, Duration::from_secs(300));
     for name in KNOWN_CONTROLLERS {
         assert!(c.controllers.enabled(name), "{name}");

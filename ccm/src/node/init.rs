@@ -102,10 +102,13 @@ pub async fn run(nctx: Arc<NodeCtx>, shutdown: Shutdown) {
         return;
     };
     let (a, b) = (nctx.inventory.clone(), nctx.inventory.clone());
+    let (ta, tb) = (nctx.triggers(NAME), nctx.triggers(NAME));
     let controller = controller
-        .watches_stream(nctx.inventory.vm_events(), move |vm| a.nodes_for_vm(&vm))
-        .watches_stream(nctx.inventory.vmi_events(), move |vmi| {
-            b.nodes_for_vmi(&vmi)
+        .watches_shared_stream(nctx.inventory.vm_events(), move |vm| {
+            ta.note("vm", a.nodes_for_vm(&vm))
+        })
+        .watches_shared_stream(nctx.inventory.vmi_events(), move |vmi| {
+            tb.note("vmi", b.nodes_for_vmi(&vmi))
         });
     run_node_controller(nctx, NAME, controller, reconcile).await;
 }

@@ -16,7 +16,9 @@ use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
-use harvester_common::harvester::{VirtualMachine, VirtualMachineInstance, lenient};
+use harvester_common::harvester::{
+    TOPOLOGY_REGION, TOPOLOGY_ZONE, VirtualMachine, VirtualMachineInstance, lenient,
+};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -73,12 +75,13 @@ impl<K: Clone + Send + Sync + 'static> Fanout<K> {
         }
     }
 
-    fn subscribe(&self) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static {
+    /// Every object published from now on, shared (no copy per subscriber).
+    fn subscribe(&self) -> impl Stream<Item = Arc<K>> + Send + 'static {
         let (tx, rx) = mpsc::unbounded_channel();
         if let Ok(mut subs) = self.subscribers.lock() {
             subs.push(tx);
         }
-        tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(|obj| Ok((*obj).clone()))
+        tokio_stream::wrappers::UnboundedReceiverStream::new(rx)
     }
 
     fn publish(&self, obj: K) {
@@ -131,18 +134,21 @@ impl Inventory {
                     "guest Nodes",
                     watcher(node_api, watcher::Config::default()),
                     node_writer,
+                    strip_node,
                     |n| inv.node_events.publish(n)
                 ),
                 watch(
                     "Harvester VMs",
                     lenient_watcher::<VirtualMachine>(&harvester, &ns),
                     vm_writer,
+                    strip_vm,
                     |v| inv.vm_events.publish(v)
                 ),
                 watch(
                     "Harvester VMIs",
                     lenient_watcher::<VirtualMachineInstance>(&harvester, &ns),
                     vmi_writer,
+                    strip_vmi,
                     |v| inv.vmi_events.publish(v)
                 ),
             );
@@ -160,17 +166,13 @@ impl Inventory {
     }
 
     /// Every Node the watch touches from now on (added, changed or deleted).
-    pub fn node_events(&self) -> impl Stream<Item = Result<Node, watcher::Error>> + Send + 'static {
+    pub fn node_events(&self) -> impl Stream<Item = Arc<Node>> + Send + 'static {
         self.node_events.subscribe()
     }
-    pub fn vm_events(
-        &self,
-    ) -> impl Stream<Item = Result<VirtualMachine, watcher::Error>> + Send + 'static {
+    pub fn vm_events(&self) -> impl Stream<Item = Arc<VirtualMachine>> + Send + 'static {
         self.vm_events.subscribe()
     }
-    pub fn vmi_events(
-        &self,
-    ) -> impl Stream<Item = Result<VirtualMachineInstance, watcher::Error>> + Send + 'static {
+    pub fn vmi_events(&self) -> impl Stream<Item = Arc<VirtualMachineInstance>> + Send + 'static {
         self.vmi_events.subscribe()
     }
 
@@ -405,11 +407,57 @@ where
     })
 }
 
-/// Runs one watch into its cache and hands every touched object to `publish`; never ends.
+/// What the node-side controllers never read, dropped before an object is cached: managed
+/// fields everywhere, a Node's image list, a VM's spec (its template: domain, disks, cloud-init
+/// user data) and annotations, and of a VMI its domain, volumes and volume status. What is read
+/// is kept: a Node's taints, labels, annotations, addresses and conditions; a VM's UID and
+/// `status.ready`; a VMI's networks, hostname, interfaces, host, conditions, migration state,
+/// labels and topology annotations. Nothing of these caches is ever written back.
+fn strip_node(node: &mut Node) {
+    node.managed_fields_mut().clear();
+    if let Some(status) = node.status.as_mut() {
+        status.images = None;
+    }
+}
+
+fn strip_vm(vm: &mut VirtualMachine) {
+    vm.managed_fields_mut().clear();
+    vm.metadata.annotations = None;
+    vm.spec = Default::default();
+    if let Some(status) = vm.status.as_mut() {
+        status.rest.clear();
+    }
+}
+
+/// VMI spec fields besides `networks` that the inventory reads.
+const VMI_SPEC_READ: [&str; 1] = ["hostname"];
+/// VMI status fields in `rest` that the node-side controllers read.
+const VMI_STATUS_READ: [&str; 2] = ["conditions", "migrationState"];
+
+fn strip_vmi(vmi: &mut VirtualMachineInstance) {
+    vmi.managed_fields_mut().clear();
+    vmi.annotations_mut()
+        .retain(|k, _| k == TOPOLOGY_REGION || k == TOPOLOGY_ZONE);
+    vmi.spec.domain = Default::default();
+    vmi.spec.volumes.clear();
+    vmi.spec
+        .rest
+        .retain(|k, _| VMI_SPEC_READ.contains(&k.as_str()));
+    if let Some(status) = vmi.status.as_mut() {
+        status.volume_status.clear();
+        status
+            .rest
+            .retain(|k, _| VMI_STATUS_READ.contains(&k.as_str()));
+    }
+}
+
+/// Runs one watch into its cache (each object through `strip` first) and hands every touched
+/// object to `publish`; never ends.
 async fn watch<K>(
     what: &'static str,
     events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
     writer: reflector::store::Writer<K>,
+    strip: fn(&mut K),
     publish: impl Fn(K),
 ) where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -417,7 +465,7 @@ async fn watch<K>(
 {
     let stream = events
         .default_backoff()
-        .modify(|obj: &mut K| obj.managed_fields_mut().clear())
+        .modify(strip)
         .reflect(writer)
         .touched_objects();
     let mut stream = std::pin::pin!(stream);

@@ -101,8 +101,10 @@ pub async fn run(nctx: Arc<NodeCtx>, shutdown: Shutdown) {
         return;
     };
     let inv = nctx.inventory.clone();
-    let controller =
-        controller.watches_stream(nctx.inventory.vm_events(), move |vm| inv.nodes_for_vm(&vm));
+    let t = nctx.triggers(NAME);
+    let controller = controller.watches_shared_stream(nctx.inventory.vm_events(), move |vm| {
+        t.note("vm", inv.nodes_for_vm(&vm))
+    });
     run_node_controller(nctx, NAME, controller, reconcile).await;
 }
 

@@ -31,7 +31,7 @@ use kube::runtime::watcher;
 
 use crate::config::{CLOUD_NODE_CONTROLLER, CLOUD_NODE_LIFECYCLE_CONTROLLER};
 use crate::context::{Context, Shutdown};
-use crate::controller::{self as harness, Backoff};
+use crate::controller::{self as harness, Backoff, Triggers};
 use crate::error::{Error, one_line};
 use crate::node::inventory::Inventory;
 
@@ -49,16 +49,37 @@ pub struct NodeCtx {
     /// annotations only.
     pub host_reads: AtomicBool,
     failures: Backoff<(&'static str, String)>,
+    /// What woke each reconcile, per controller.
+    triggers: std::collections::HashMap<&'static str, Arc<Triggers<Node>>>,
 }
 
 impl NodeCtx {
     pub fn new(ctx: Arc<Context>, inventory: Arc<Inventory>) -> Self {
+        let triggers = [init::NAME, lifecycle::NAME, topology::NAME]
+            .into_iter()
+            .map(|name| {
+                let t = Triggers::new(name, ctx.telemetry.metrics.clone(), inventory.nodes.clone());
+                (name, Arc::new(t))
+            })
+            .collect();
         NodeCtx {
             ctx,
             inventory,
             host_reads: AtomicBool::new(true),
             failures: Backoff::new(BACKOFF_FIRST, BACKOFF_MAX),
+            triggers,
         }
+    }
+
+    /// What woke the reconciles of `controller` (one of the three node-side names).
+    pub fn triggers(&self, controller: &'static str) -> Arc<Triggers<Node>> {
+        self.triggers.get(controller).cloned().unwrap_or_else(|| {
+            Arc::new(Triggers::new(
+                controller,
+                self.ctx.telemetry.metrics.clone(),
+                self.inventory.nodes.clone(),
+            ))
+        })
     }
 
     /// The node-side context, and the future that runs its shared watches until `shutdown`
@@ -89,6 +110,9 @@ impl NodeCtx {
         node: &Node,
         sync: impl Future<Output = Result<Action, Error>>,
     ) -> Result<Action, Error> {
+        if let Some(t) = self.triggers.get(controller) {
+            t.woke(node);
+        }
         let metrics = &self.ctx.telemetry.metrics;
         let result = harness::measured(metrics, controller, sync, Error::reason).await;
         match &result {
@@ -165,18 +189,24 @@ pub async fn start_node_controller(
     if !nctx.wait_ready(&shutdown).await {
         return None;
     }
-    Some(node_controller(nctx, shutdown))
+    Some(node_controller(nctx, name, shutdown))
 }
 
 /// A `Controller<Node>` on the shared Node cache: every Node once at start, on every Node
-/// change, and on every resync tick; stops on `shutdown`. Callers add their `.watches_stream`.
-pub fn node_controller(nctx: &NodeCtx, shutdown: Shutdown) -> Controller<Node> {
+/// change, and on every resync tick, each trigger noted in `name`'s [`Triggers`]; stops on
+/// `shutdown`. Callers add their `.watches_shared_stream`.
+pub fn node_controller(nctx: &NodeCtx, name: &'static str, shutdown: Shutdown) -> Controller<Node> {
     let inv = &nctx.inventory;
     let node = &nctx.ctx.config.node;
-    Controller::for_stream(inv.node_events(), inv.nodes.clone())
+    let triggers = nctx.triggers(name);
+    let own = triggers.clone();
+    let changed = inv.node_events().inspect(move |n| {
+        own.note("node", [ObjectRef::from_obj(n.as_ref())]);
+    });
+    Controller::for_shared_stream(changed, inv.nodes.clone())
         .with_config(controller::Config::default().concurrency(node.concurrency))
-        .reconcile_all_on(futures::stream::once(async {}))
-        .reconcile_all_on(harness::ticks(node.resync))
+        .reconcile_on(triggers.every("start", futures::stream::once(async {})))
+        .reconcile_on(triggers.every("resync", harness::ticks(node.resync)))
         .graceful_shutdown_on(shutdown)
 }
 

@@ -157,8 +157,9 @@ pub async fn run(nctx: Arc<NodeCtx>, shutdown: Shutdown) {
         return;
     };
     let inv = nctx.inventory.clone();
-    let controller = controller.watches_stream(nctx.inventory.vmi_events(), move |vmi| {
-        inv.nodes_for_vmi(&vmi)
+    let t = nctx.triggers(NAME);
+    let controller = controller.watches_shared_stream(nctx.inventory.vmi_events(), move |vmi| {
+        t.note("vmi", inv.nodes_for_vmi(&vmi))
     });
     run_node_controller(nctx, NAME, controller, reconcile).await;
 }

@@ -1,6 +1,8 @@
 //! What a reconcile of a Service has at hand: the provider's [`Context`], the Service,
-//! LoadBalancer and NAD mapping caches (and the interface a network maps to), the DHCP leases, the log of our own writes, and the error type. The
-//! other service modules stand on this one; it imports none of them.
+//! LoadBalancer and NAD mapping caches (and the interface a network maps to), the indexes over
+//! them (`wake`), the DHCP leases, the log of our own writes, what woke each reconcile, and the
+//! error type. The other service modules stand on this one; it imports none of them but `wake`
+//! and `written`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,13 +15,14 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 
-use super::annotations::{ServiceKey, ServiceLbSpec};
+use super::annotations::ServiceKey;
 use super::dhcp::Leases;
 use super::plan::{self, LbSettings, SYNC_FAILED, ServiceProblem};
+use super::wake::{CrChanges, CrsOf, Secondaries};
 use super::written::WriteLog;
 use super::{NAD_MAPPING_KEY, NAD_MAPPING_NAME, NAD_MAPPING_NAMESPACE};
 use crate::context::Context;
-use crate::controller::{Backoff, digest_action, publish_event};
+use crate::controller::{Backoff, Triggers, digest_action, publish_event};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -81,6 +84,14 @@ pub struct ServiceCtx {
     /// `DelayedInit` polls a `futures` oneshot), so of many reconciles waiting at once all but
     /// the last would never wake.
     pub(super) caches_ready: tokio::sync::watch::Receiver<bool>,
+    /// Who names which primary, fed by the Service watch before its cache.
+    pub(super) secondaries: Secondaries,
+    /// Which CRs carry which Service's labels, fed by the CR watch before its cache.
+    pub(super) crs_of: CrsOf,
+    /// Whether a CR event changed what the reconcile reads.
+    pub(super) cr_changes: CrChanges,
+    /// What woke each reconcile.
+    pub(super) triggers: Arc<Triggers<Service>>,
 }
 
 /// kube-vip's interface for `network`, from the NAD mapping ConfigMap (its cache) when it exists.
@@ -183,19 +194,15 @@ impl ServiceCtx {
         self.event(svc, EventType::Normal, reason, note).await;
     }
 
-    /// Services in the cache whose primary-service annotation names `primary`.
+    /// Services in the cache whose primary-service annotation names `primary` (from the index:
+    /// no sweep over every Service).
     pub(super) fn secondaries_of(&self, primary: &ServiceKey) -> Vec<Arc<Service>> {
-        self.services
-            .state()
+        self.secondaries
+            .of(&self.services, primary)
             .into_iter()
             .filter(|s| {
                 s.meta().deletion_timestamp.is_none()
                     && plan::wants_load_balancer(s, &self.settings)
-                    && ServiceLbSpec::from_service(s)
-                        .ok()
-                        .and_then(|sp| sp.primary)
-                        .as_ref()
-                        == Some(primary)
             })
             .collect()
     }

@@ -58,6 +58,7 @@ pub(super) async fn ensure_cr(
         return Ok((None, Vec::new()));
     }
     let Some(existing) = cached else {
+        let _sending = ctx.written.sending(&cr_key(&name));
         return match ctx.lbs().create(&PostParams::default(), desired).await {
             Ok(made) => {
                 ctx.written.wrote(
@@ -107,6 +108,7 @@ async fn update_cr(
     let based_on = cr.resource_version();
     change(&mut cr);
     cr.metadata.managed_fields = None;
+    let _sending = ctx.written.sending(&cr_key(&name));
     match ctx.lbs().replace(&name, &params, &cr).await {
         Ok(lb) => {
             // Harvester's webhook may have reverted every change: then the answer carries the
@@ -122,6 +124,7 @@ async fn update_cr(
             tracing::debug!(
                 "LoadBalancer {name} changed since the cache saw it; waiting for the watch"
             );
+            ctx.written.await_next(&cr_key(&name));
             Ok(None)
         }
         Err(e) => Err(Error::Harvester(e)),
@@ -165,16 +168,10 @@ pub(super) async fn delete_cached_crs_of(ctx: &ServiceCtx, key: &ServiceKey) -> 
 /// Deletes the cached CRs of `key` other than `keep` (those of an earlier UID of the Service).
 async fn delete_stale_crs(ctx: &ServiceCtx, key: &ServiceKey, keep: &str) -> Result<(), Error> {
     let stale: Vec<String> = ctx
-        .crs
-        .state()
-        .iter()
-        .filter(|cr| {
-            let l = cr.labels();
-            cr.name_any() != keep
-                && l.get(LABEL_SERVICE_NAMESPACE) == Some(&key.namespace)
-                && l.get(LABEL_SERVICE_NAME) == Some(&key.name)
-        })
-        .map(|cr| cr.name_any())
+        .crs_of
+        .of(&ctx.crs, ctx.namespace(), key)
+        .into_iter()
+        .filter(|name| name != keep)
         .collect();
     for name in stale {
         if delete_cr(ctx, &name).await? {
@@ -210,7 +207,7 @@ pub(super) async fn delete_crs_of(
 }
 
 /// Deletes CRs of this cluster whose Service is gone, is no LoadBalancer, shares another one's
-/// address, or has another UID now; at start and on every resync.
+/// address, or has another UID now; at start and on every resync, from the CR cache.
 pub(super) async fn garbage_collector(ctx: Arc<ServiceCtx>, shutdown: impl Future<Output = ()>) {
     let work = async {
         if !ctx.caches_listed().await {
@@ -246,13 +243,9 @@ async fn collect_garbage(ctx: &ServiceCtx) -> Result<(), Error> {
             .get(&ObjectRef::new(&key.name).within(&key.namespace))
             .is_some()
     });
-    let selector = format!("{LABEL_CLUSTER}={}", ctx.settings.cluster_name);
-    let crs = ctx
-        .lbs()
-        .list(&ListParams::default().labels(&selector))
-        .await
-        .map_err(Error::Harvester)?;
-    for cr in crs.items {
+    // The CR cache holds every CR of this cluster (its watch selects them by the cluster label):
+    // no list of thousands of CRs per resync. One it has not shown yet is looked at next time.
+    for cr in ctx.crs.state() {
         let Some(owner) = service_of_cr(&cr) else {
             continue;
         };

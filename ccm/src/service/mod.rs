@@ -21,6 +21,7 @@ pub mod name;
 pub mod plan;
 mod reconcile;
 mod service_io;
+mod wake;
 mod written;
 
 pub use context::{Error, ServiceCtx};

@@ -16,22 +16,28 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 
 use super::annotations::{ANN_NETWORK, Ipam, ServiceKey, ServiceLbSpec};
-use super::context::{Error, ServiceCtx, interface_for, svc_key};
+use super::context::{Error, ServiceCtx, cr_key, interface_for, svc_key};
 use super::crs::{self, delete_crs_of, ensure_cr, mirror_address};
 use super::dhcp::{DhcpMode, KUBE_VIP_HWADDR, KUBE_VIP_REQUESTED_IP, Leases};
 use super::plan::{
     self, DELETED, DELETING, ENSURED, LABEL_CLUSTER, LbSettings, ServiceChange, ServiceProblem,
 };
 use super::service_io::{add_finalizer, apply_change, remove_finalizer};
-use super::written::WriteLog;
+use super::written::{Echo, WriteLog};
 use super::{FINALIZER, NAD_MAPPING_NAME, NAD_MAPPING_NAMESPACE, guest};
 use crate::config::SERVICE_LB_CONTROLLER;
 use crate::context::{Context, READY_SERVICE_CACHES, Shutdown};
-use crate::controller::{Backoff, measured, ticks};
+use crate::controller::{Backoff, Triggers, measured, ticks};
 
 /// First and longest retry delay after a failed reconcile of a Service (doubling in between).
 const BACKOFF_FIRST: std::time::Duration = std::time::Duration::from_millis(500);
 const BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(300);
+/// Services reconciled at once when `--concurrent-service-syncs` is not given (upstream: 1).
+/// Every reconcile in flight holds an HTTP/1.1 connection per API write (kube's client opens one
+/// per concurrent request and keeps it idle afterwards): unbounded, 1 000 Services created within
+/// seconds left about 950 TLS connections open (VmHWM 84 MiB); with 64, 1 000 Services + 200
+/// Nodes peak at 34 MiB (16: 30 MiB, but the queue doubled the Service -> CR p99).
+const DEFAULT_SERVICE_SYNCS: u16 = 64;
 /// Service events the watch may be ahead of its slowest subscriber (then it waits).
 const SERVICE_EVENT_BUFFER: usize = 1024;
 
@@ -54,11 +60,164 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         // store_shared always makes a subscribable writer.
         return;
     };
-    let service_watch =
-        watcher::watcher(Api::<Service>::all(ctx.guest.clone()), Default::default())
-            .default_backoff()
-            .reflect_shared(writer)
-            .for_each(|_| async {});
+    let concurrency = settings.concurrency.unwrap_or(DEFAULT_SERVICE_SYNCS);
+    let (
+        sctx,
+        Writers {
+            crs: cr_writer,
+            nad: nad_writer,
+            caches_listed,
+            woken,
+            pool_events,
+            pools_synced,
+        },
+    ) = service_ctx(ctx, settings, store.clone(), &shutdown);
+    let indexed = sctx.clone();
+    let service_watch = watcher::watcher(
+        Api::<Service>::all(sctx.ctx.guest.clone()),
+        Default::default(),
+    )
+    .default_backoff()
+    .modify(move |svc| {
+        strip_service(svc);
+        indexed.secondaries.saw(svc);
+    })
+    .reflect_shared(writer)
+    .for_each(|_| async {});
+    let cr_events = cr_events(&sctx, cr_writer);
+    let nad_events = configmap_watch(
+        nad_writer,
+        &sctx.ctx.guest,
+        NAD_MAPPING_NAMESPACE,
+        NAD_MAPPING_NAME,
+    );
+    let gc = crs::garbage_collector(sctx.clone(), shutdown.clone());
+    let watch_shutdown = shutdown.clone();
+    // Polled in the controller's own task (the join below), which every watch event wakes.
+    let synced = caches_synced(
+        (store.clone(), sctx.crs.clone(), sctx.nad.clone()),
+        caches_listed,
+        readiness,
+        shutdown.clone(),
+    );
+    let (own_ctx, cr_ctx, related_ctx, nad_ctx, pools_ctx) = (
+        sctx.clone(),
+        sctx.clone(),
+        sctx.clone(),
+        sctx.clone(),
+        sctx.clone(),
+    );
+    let triggers = sctx.triggers.clone();
+    let dhcp_triggers = sctx.triggers.clone();
+    let own = own_events(own_ctx, own);
+    let ctrl = Controller::for_shared_stream(own, store.clone())
+        .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
+        // A CR's status changed: reconcile its Service (no polling while an address is pending).
+        .watches_stream(cr_events, move |lb| woken_by_cr(&cr_ctx, &lb))
+        // A primary or secondary changed: reconcile the other side of the shared address.
+        .watches_shared_stream(others, move |svc| related_services(&related_ctx, &svc))
+        // The NAD mapping changed: reconcile the Services that name a network.
+        .watches_stream(nad_events, move |_| woken_by_nad_mapping(&nad_ctx))
+        // The guest pools changed: reconcile the Services that take their address there.
+        .watches_stream(pool_events, move |_| woken_by_guest_pools(&pools_ctx))
+        .reconcile_on(triggers.every("resync", ticks(sctx.resync())))
+        .reconcile_on(
+            tokio_stream::wrappers::UnboundedReceiverStream::new(woken)
+                .flat_map(move |r| futures::stream::iter(dhcp_triggers.note("dhcp lease", [r]))),
+        )
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, sctx)
+        .for_each(|_| async {});
+    let service_watch = async move {
+        tokio::select! {
+            () = service_watch => {},
+            _ = watch_shutdown => {},
+        }
+    };
+    futures::join!(ctrl, gc, synced, service_watch, pools_synced);
+}
+
+/// The Services a change of the NAD mapping wakes: those that name a network.
+fn woken_by_nad_mapping(ctx: &ServiceCtx) -> Vec<ObjectRef<Service>> {
+    ctx.triggers
+        .note("nad mapping", services_with_network(&ctx.services))
+}
+
+/// The Services a change of the guest pools wakes: those that take their address there.
+fn woken_by_guest_pools(ctx: &ServiceCtx) -> Vec<ObjectRef<Service>> {
+    let guests = guest::guest_services(&ctx.services, ctx.settings.default_ipam);
+    ctx.triggers.note("guest pools", guests)
+}
+
+/// The other ends of what [`service_ctx`] made: the CR and NAD mapping caches' writers, the
+/// "caches listed" flag, the wake-ups from outside the watches (DHCP leases, guest-pool addresses
+/// freed), and the guest pools' watch events and its "listed" task.
+struct Writers {
+    crs: reflector::store::Writer<LoadBalancer>,
+    nad: reflector::store::Writer<ConfigMap>,
+    caches_listed: tokio::sync::watch::Sender<bool>,
+    woken: tokio::sync::mpsc::UnboundedReceiver<ObjectRef<Service>>,
+    pool_events: futures::stream::BoxStream<'static, Result<ConfigMap, watcher::Error>>,
+    pools_synced: futures::future::BoxFuture<'static, ()>,
+}
+
+/// The Service events that wake their own reconcile: not the echo of our own write (told once
+/// the write's answer is recorded: the echo may come first, and then waits for it).
+fn own_events(
+    ctx: Arc<ServiceCtx>,
+    own: impl futures::Stream<Item = Arc<Service>> + Send + 'static,
+) -> impl futures::Stream<Item = Arc<Service>> + Send + 'static {
+    own.map(move |svc| {
+        let ctx = ctx.clone();
+        async move {
+            ctx.written.settled(&svc_key(&svc)).await;
+            woken_by_service(&ctx, &svc).then_some(svc)
+        }
+    })
+    // Each event waits for its own key only: one write's slow answer holds no other Service's
+    // event (a trigger only names the object, so their order does not matter).
+    .buffer_unordered(EVENTS_SETTLING)
+    .filter_map(futures::future::ready)
+}
+
+/// Events that may wait at once for the answer of a write to their object.
+const EVENTS_SETTLING: usize = 1024;
+
+/// The watch of this cluster's CRs into their cache (managed fields dropped, indexed by
+/// Service), each event held while a write of ours to that CR is in flight.
+fn cr_events(
+    sctx: &Arc<ServiceCtx>,
+    writer: reflector::store::Writer<LoadBalancer>,
+) -> impl futures::Stream<Item = Result<LoadBalancer, watcher::Error>> + Send + 'static {
+    let lb_watch = watcher::Config::default()
+        .labels(&format!("{LABEL_CLUSTER}={}", sctx.settings.cluster_name));
+    let (indexed, settle) = (sctx.clone(), sctx.clone());
+    cached_watch(writer, sctx.lbs(), lb_watch, move |lb| {
+        lb.managed_fields_mut().clear();
+        indexed.crs_of.saw(lb);
+    })
+    .map(move |event| {
+        let ctx = settle.clone();
+        async move {
+            if let Ok(lb) = &event {
+                ctx.written.settled(&cr_key(&lb.name_any())).await;
+            }
+            event
+        }
+    })
+    // As for Services: one CR's wait holds no other CR's event. Two events of one CR taken out
+    // of order can only wake its Service once more, never once less (the digest of what the
+    // reconcile reads differs from the last one seen).
+    .buffer_unordered(EVENTS_SETTLING)
+}
+
+/// The reconciles' context on the Service cache `store`, with empty CR and NAD mapping caches.
+fn service_ctx(
+    ctx: Arc<Context>,
+    settings: LbSettings,
+    store: Store<Service>,
+    shutdown: &Shutdown,
+) -> (Arc<ServiceCtx>, Writers) {
     // A DHCP lease lost or re-acquired outside a reconcile wakes its Service through this channel.
     let (wake, woken) = tokio::sync::mpsc::unbounded_channel();
     let leases = (settings.dhcp_mode == DhcpMode::Ccm).then(|| {
@@ -68,15 +227,13 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
             Some(ctx.telemetry.metrics.clone()),
         )
     });
-    let concurrency = settings.concurrency.unwrap_or(0); // 0: kube-runtime's "unbounded"
-    let controller = Controller::for_shared_stream(own, store.clone())
-        .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
     let (crs, cr_writer) = kube::runtime::reflector::store::<LoadBalancer>();
     // The one NAD mapping ConfigMap, watched by name (the chart's Role names it for get, list and
     // watch; upstream's chart grants configmaps cluster-wide).
     let (nad, nad_writer) = kube::runtime::reflector::store::<ConfigMap>();
     let pools = guest::pool_watch(&ctx.guest, shutdown.clone());
     let (caches_listed, caches_ready) = tokio::sync::watch::channel(false);
+    let metrics = ctx.telemetry.metrics.clone();
     let sctx = Arc::new(ServiceCtx {
         ctx,
         settings,
@@ -87,59 +244,77 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         leases,
         written: WriteLog::default(),
         caches_ready,
+        secondaries: Default::default(),
+        crs_of: Default::default(),
+        cr_changes: Default::default(),
+        triggers: Arc::new(Triggers::new("service", metrics, store)),
         guest_pools: pools.store,
         pools_ready: pools.ready,
         ledger: Default::default(),
         wake,
     });
-    let lb_watch = watcher::Config::default()
-        .labels(&format!("{LABEL_CLUSTER}={}", sctx.settings.cluster_name));
-    let cr_events = cached_watch(cr_writer, sctx.lbs(), lb_watch);
-    let nad_events = configmap_watch(
-        nad_writer,
-        &sctx.ctx.guest,
-        NAD_MAPPING_NAMESPACE,
-        NAD_MAPPING_NAME,
-    );
-    let (guests, default_ipam) = (store.clone(), sctx.settings.default_ipam);
-    let related = store.clone();
-    let with_network = store.clone();
-    let gc = crs::garbage_collector(sctx.clone(), shutdown.clone());
-    let watch_shutdown = shutdown.clone();
-    // Polled in the controller's own task (the join below), which every watch event wakes.
-    let synced = caches_synced(
-        (store.clone(), sctx.crs.clone(), sctx.nad.clone()),
+    let writers = Writers {
+        crs: cr_writer,
+        nad: nad_writer,
         caches_listed,
-        readiness,
-        shutdown.clone(),
-    );
-    let ctrl = controller
-        // A CR's status changed: reconcile its Service (no polling while an address is pending).
-        .watches_stream(cr_events, |lb| crs::service_of_cr(&lb))
-        // A primary or secondary changed: reconcile the other side of the shared address.
-        .watches_shared_stream(others, move |svc| related_services(&related, &svc))
-        // The NAD mapping changed: reconcile the Services that name a network.
-        .watches_stream(nad_events, move |_| services_with_network(&with_network))
-        // The guest pools changed: reconcile the Services that take their address there.
-        .watches_stream(pools.events, move |_| {
-            guest::guest_services(&guests, default_ipam)
-        })
-        .reconcile_all_on(ticks(sctx.resync()))
-        .reconcile_on(tokio_stream::wrappers::UnboundedReceiverStream::new(woken))
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, sctx)
-        .for_each(|_| async {});
-    let service_watch = async move {
-        tokio::select! {
-            () = service_watch => {},
-            _ = watch_shutdown => {},
-        }
+        woken,
+        pool_events: pools.events,
+        pools_synced: pools.synced,
     };
-    futures::join!(ctrl, gc, synced, service_watch, pools.synced);
+    (sctx, writers)
+}
+
+/// What the service controller never reads, dropped before a Service is cached: the managed
+/// fields and kubectl's copy of the whole object. Our writes are patches of the fields we own,
+/// so nothing dropped here is ever written back.
+fn strip_service(svc: &mut Service) {
+    svc.managed_fields_mut().clear();
+    svc.annotations_mut().remove(LAST_APPLIED);
+}
+
+/// kubectl's `apply` copy of the object.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Whether a Service event wakes its reconcile: not the echo of our own write, which the
+/// reconcile that made it already planned with.
+fn woken_by_service(ctx: &ServiceCtx, svc: &Service) -> bool {
+    let echo = ctx
+        .written
+        .classify(&svc_key(svc), svc.resource_version().as_deref());
+    if echo == Echo::Ours {
+        return false;
+    }
+    !ctx.triggers
+        .note("service", [ObjectRef::from_obj(svc)])
+        .is_empty()
+}
+
+/// The Service a CR event wakes: none for the echo of our own write or a change of nothing the
+/// reconcile reads (Harvester's finalizer), unless a reconcile waits for this CR's next event.
+fn woken_by_cr(ctx: &ServiceCtx, lb: &LoadBalancer) -> Vec<ObjectRef<Service>> {
+    let name = lb.name_any();
+    let cached = ctx
+        .crs
+        .get(&ObjectRef::new(&name).within(ctx.namespace()))
+        .is_some();
+    let changed = ctx.cr_changes.changed(lb, cached);
+    let wake = match ctx
+        .written
+        .classify(&cr_key(&name), lb.resource_version().as_deref())
+    {
+        Echo::Ours => false,
+        Echo::Awaited => true,
+        Echo::Other => changed,
+    };
+    tracing::trace!(cr = %name, rv = ?lb.resource_version(), cached, changed, wake, "CR event");
+    if !wake {
+        return Vec::new();
+    }
+    ctx.triggers.note("loadbalancer", crs::service_of_cr(lb))
 }
 
 /// A watch of ConfigMap `namespace/name` alone (the chart's Role names each for get, list and
-/// watch), keeping `writer`'s cache.
+/// watch), keeping `writer`'s cache without the managed fields.
 pub(super) fn configmap_watch(
     writer: reflector::store::Writer<ConfigMap>,
     client: &kube::Client,
@@ -147,20 +322,27 @@ pub(super) fn configmap_watch(
     name: &str,
 ) -> impl futures::Stream<Item = Result<ConfigMap, watcher::Error>> + use<> {
     let by_name = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    cached_watch(writer, Api::namespaced(client.clone(), namespace), by_name)
+    cached_watch(
+        writer,
+        Api::namespaced(client.clone(), namespace),
+        by_name,
+        |cm| cm.managed_fields_mut().clear(),
+    )
 }
 
-/// A watch of `api` that keeps `writer`'s cache and yields the objects it touched.
+/// A watch of `api` that keeps `writer`'s cache (each object through `modify` first) and yields
+/// the objects it touched.
 fn cached_watch<K>(
     writer: reflector::store::Writer<K>,
     api: Api<K>,
     config: watcher::Config,
+    modify: impl FnMut(&mut K) + Send + 'static,
 ) -> impl futures::Stream<Item = Result<K, watcher::Error>>
 where
     K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
     K: Send + Sync + 'static,
 {
-    kube::runtime::reflector(writer, watcher::watcher(api, config))
+    kube::runtime::reflector(writer, watcher::watcher(api, config).modify(modify))
         .default_backoff()
         .touched_objects()
 }
@@ -187,7 +369,9 @@ async fn caches_synced(
     }
 }
 
-fn related_services(store: &Store<Service>, svc: &Service) -> Vec<ObjectRef<Service>> {
+/// The other side of a shared address: the primary a secondary names, and the secondaries of
+/// a primary (from the index, not a sweep over every Service).
+fn related_services(ctx: &ServiceCtx, svc: &Service) -> Vec<ObjectRef<Service>> {
     let key = ServiceKey::of(svc);
     let mut refs: Vec<ObjectRef<Service>> = Vec::new();
     if let Ok(ServiceLbSpec {
@@ -196,16 +380,13 @@ fn related_services(store: &Store<Service>, svc: &Service) -> Vec<ObjectRef<Serv
     {
         refs.push(ObjectRef::new(&p.name).within(&p.namespace));
     }
-    for s in store.state() {
-        if let Ok(ServiceLbSpec {
-            primary: Some(p), ..
-        }) = ServiceLbSpec::from_service(&s)
-            && p == key
-        {
-            refs.push(ObjectRef::from_obj(s.as_ref()));
-        }
-    }
-    refs
+    refs.extend(
+        ctx.secondaries
+            .of(&ctx.services, &key)
+            .iter()
+            .map(|s| ObjectRef::from_obj(s.as_ref())),
+    );
+    ctx.triggers.note("related service", refs)
 }
 
 fn services_with_network(store: &Store<Service>) -> Vec<ObjectRef<Service>> {
@@ -224,6 +405,7 @@ fn error_policy(svc: Arc<Service>, err: &Error, ctx: Arc<ServiceCtx>) -> Action 
 }
 
 async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceCtx>) -> Result<Action, Error> {
+    ctx.triggers.woke(&svc);
     let metrics = &ctx.ctx.telemetry.metrics;
     let result = measured(
         metrics,
@@ -264,11 +446,15 @@ async fn reconcile_service(svc: &Service, ctx: &ServiceCtx) -> Result<Action, Er
             return Ok(Action::await_change());
         }
     };
-    if !has_finalizer {
-        add_finalizer(svc, ctx).await?;
-        // The patch produces a new version of the Service, which wakes us again.
-        return Ok(Action::await_change());
-    }
+    // The reconcile goes on with the Service as the finalizer patch stored it; that patch's
+    // watch event is only our echo and wakes nobody.
+    let stored;
+    let svc = if has_finalizer {
+        svc
+    } else {
+        stored = add_finalizer(svc, ctx).await?;
+        &stored
+    };
     if spec.ipam != Ipam::Guest {
         // A guest-pool address it had is not kept for it any more.
         guest::released(ctx, &ServiceKey::of(svc), false);
@@ -329,19 +515,19 @@ async fn reconcile_primary(
         let note = format!("Ensured load balancer with address {ip}");
         ctx.normal(svc, ENSURED, note).await;
     }
-    // Mirror what the Service shows to the CR, as upstream does (the leased IP in DHCP mode).
-    // Right after writing the Service, the watch event of that write wakes us again and the
-    // mirror follows from what the Service then shows: by then Harvester's writes that came with
-    // the allocation have reached the cache, and the CR update does not run into them (409).
+    // Mirror what the Service shows to the CR, as upstream does (the leased IP in DHCP mode),
+    // right after the Service's write: the CR in the cache is the version whose allocation woke
+    // us. Should Harvester have written it again since (409), the event of that write wakes us
+    // (`WriteLog::await_next`) and the mirror follows from it.
     let shown = if is_dhcp_sentinel {
         ingress.first().cloned()
     } else {
         Some(ip.clone())
     };
-    if let Some(addr) = shown.filter(|_| !wrote) {
+    if let Some(addr) = shown {
         mirror_address(ctx, lb, &addr).await?;
     }
-    Ok(Action::requeue(ctx.resync()))
+    Ok(Action::await_change())
 }
 
 /// Time from the Service's creation to its first address, for `service_address_seconds`.
@@ -433,7 +619,7 @@ async fn reconcile_dhcp(
         ctx.normal(svc, ENSURED, note).await;
     }
     mirror_address(ctx, lb.clone(), &ip).await?;
-    Ok(Action::requeue(ctx.resync()))
+    Ok(Action::await_change())
 }
 
 /// A secondary: its primary (from the cache) checked, then the primary's address written.
@@ -477,7 +663,7 @@ async fn reconcile_secondary(
         let note = format!("Sharing address {ip} of {primary_key}");
         ctx.normal(svc, ENSURED, note).await;
     }
-    Ok(Action::requeue(ctx.resync()))
+    Ok(Action::await_change())
 }
 
 /// A Service that no longer has a load balancer (deleted, or no LoadBalancer any more): its CRs

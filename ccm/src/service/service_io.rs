@@ -27,8 +27,9 @@ pub(super) fn patch_params() -> PatchParams {
 }
 
 /// Adds the cleanup finalizer to `svc`, as of the version the cache shows (a test of its
-/// resourceVersion: a concurrent change fails the patch rather than being overwritten).
-pub(super) async fn add_finalizer(svc: &Service, ctx: &ServiceCtx) -> Result<(), Error> {
+/// resourceVersion: a concurrent change fails the patch rather than being overwritten); returns
+/// the Service as stored, which the reconcile goes on with (its watch event is only our echo).
+pub(super) async fn add_finalizer(svc: &Service, ctx: &ServiceCtx) -> Result<Service, Error> {
     let ops = if svc.finalizers().is_empty() {
         json!([{"op": "test", "path": "/metadata/resourceVersion", "value": svc.resource_version()},
                {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}])
@@ -46,19 +47,24 @@ pub(super) async fn remove_finalizer(svc: &Service, ctx: &ServiceCtx) -> Result<
     };
     let ops = json!([{"op": "test", "path": format!("/metadata/finalizers/{i}"), "value": FINALIZER},
                      {"op": "remove", "path": format!("/metadata/finalizers/{i}")}]);
-    patch_json(svc, ctx, ops).await
+    patch_json(svc, ctx, ops).await.map(|_| ())
 }
 
-async fn patch_json(svc: &Service, ctx: &ServiceCtx, ops: serde_json::Value) -> Result<(), Error> {
+async fn patch_json(
+    svc: &Service,
+    ctx: &ServiceCtx,
+    ops: serde_json::Value,
+) -> Result<Service, Error> {
     let patch: json_patch::Patch =
         serde_json::from_value(ops).map_err(|e| Error::Guest(kube::Error::SerdeError(e)))?;
+    let _sending = ctx.written.sending(&svc_key(svc));
     let stored = ctx
         .services_in(&svc.namespace().unwrap_or_default())
         .patch(&svc.name_any(), &patch_params(), &Patch::<()>::Json(patch))
         .await
         .map_err(Error::Guest)?;
     wrote(ctx, svc, &stored);
-    Ok(())
+    Ok(stored)
 }
 
 /// Records our write of `svc` (as the cache showed it) that the API server stored as `stored`.
@@ -84,6 +90,7 @@ pub(super) async fn apply_change(
     };
     let api = ctx.services_in(&svc.namespace().unwrap_or_default());
     let name = svc.name_any();
+    let _sending = ctx.written.sending(&svc_key(svc));
     let stored = if change.ingress.is_some() {
         api.patch_status(&name, &patch_params(), &Patch::Merge(&body))
             .await

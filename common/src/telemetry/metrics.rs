@@ -17,6 +17,12 @@ pub struct ControllerLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TriggerLabels {
+    pub controller: String,
+    pub trigger: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     pub controller: String,
     pub error: String,
@@ -57,6 +63,7 @@ fn latency() -> Histogram {
 pub struct Metrics {
     pub registry: Arc<Registry>,
     pub reconciles: Family<ControllerLabels, Counter>,
+    pub reconcile_triggers: Family<TriggerLabels, Counter>,
     pub reconcile_errors: Family<ErrorLabels, Counter>,
     pub reconcile_duration: Hist<ControllerLabels>,
     pub api_requests: Family<ApiLabels, Counter>,
@@ -78,6 +85,12 @@ impl Metrics {
         let mut r = Registry::with_prefix("harvester");
         let reconciles = Family::<ControllerLabels, Counter>::default();
         r.register("reconciles", "Reconciles by controller", reconciles.clone());
+        let reconcile_triggers = Family::<TriggerLabels, Counter>::default();
+        r.register(
+            "reconcile_triggers",
+            "Reconciles by controller and what woke them",
+            reconcile_triggers.clone(),
+        );
         let reconcile_errors = Family::<ErrorLabels, Counter>::default();
         r.register(
             "reconcile_errors",
@@ -129,6 +142,7 @@ impl Metrics {
         Metrics {
             registry: Arc::new(r),
             reconciles,
+            reconcile_triggers,
             reconcile_errors,
             reconcile_duration,
             api_requests,
@@ -160,6 +174,16 @@ impl Metrics {
             labels,
             start: Instant::now(),
         }
+    }
+
+    /// Counts one reconcile of `controller` woken by `trigger`.
+    pub fn reconcile_woken(&self, controller: &str, trigger: &str) {
+        self.reconcile_triggers
+            .get_or_create(&TriggerLabels {
+                controller: controller.to_string(),
+                trigger: trigger.to_string(),
+            })
+            .inc();
     }
 
     pub fn reconcile_failed(&self, controller: &str, error: &str) {

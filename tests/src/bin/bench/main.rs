@@ -221,8 +221,8 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
                     Err(e) => report.record(Err(e), "6", "scale", level.services),
                 }
             }
-            if let Some(largest) = levels.iter().max_by_key(|l| l.level.services) {
-                report.targets.extend(scale_targets(largest));
+            if !levels.is_empty() {
+                report.targets.extend(scale_targets(&levels));
                 report.details.push(growth_table(&levels));
             }
         }
