@@ -44,13 +44,12 @@ async fn the_binary_serves_probes_and_metrics_leads_with_a_lease_and_stops_on_si
         .unwrap();
     assert_eq!(http_get(port, "/healthz").unwrap().0, 200);
 
-    // It leads and works: the Node gets initialised.
+    // It leads and works: the Node gets initialised. Ready is not leading (a standby is ready
+    // too, as upstream's), so the Lease is waited for, not read once.
     let leases: Api<Lease> = Api::namespaced(bed.guest.client.clone(), "kube-system");
-    let lease = leases.get(LEASE).await.expect("lease created");
-    assert_eq!(
-        lease.spec.and_then(|s| s.holder_identity).as_deref(),
-        Some("ccm-0")
-    );
+    wait::lease_held_by(&leases, LEASE, "ccm-0", Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     bed.sim.create_guest_node("w1").await.unwrap();
     let nodes: Api<Node> = Api::all(bed.guest.client.clone());
     wait::until("Node w1 initialised", Duration::from_secs(30), || {
