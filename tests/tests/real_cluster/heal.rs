@@ -117,70 +117,8 @@ pub async fn attachments_heal_at_the_attachers_resync(bed: &TestBed, real: &Gues
     let removed = Instant::now();
     eprintln!("disks {a} (VMI only) and {b} (VM spec and VMI) removed behind the driver's back");
 
-    for d in &disks {
-        let noticed = wait::until(
-            &format!("the csi-attacher's resync to notice VA {}", d.va),
-            RESYNC,
-            || async {
-                let lines = attacher_lines(&real.node.dirs.pod_logs, &d.va);
-                Ok(if lines.is_empty() {
-                    Err("no line")
-                } else {
-                    Ok(())
-                })
-            },
-        )
-        .await;
-        noticed.unwrap_or_else(|e| panic!("{e}"));
-        eprintln!(
-            "VA {} ({}) seen as not published by the attacher {:.1}s after the removal",
-            d.va,
-            d.claim,
-            removed.elapsed().as_secs_f64()
-        );
-    }
-    for d in &disks {
-        wait::until(
-            &format!(
-                "disk {} Ready in the VMI again with its by-id link",
-                d.handle
-            ),
-            RESYNC + REPAIR,
-            || async {
-                let vmi = vmis.get(NODE).await.map_err(|e| e.to_string())?;
-                let phase = vmi.status.as_ref().and_then(|s| {
-                    s.volume_status
-                        .iter()
-                        .find(|v| v.name == d.handle)
-                        .and_then(|v| v.phase.clone())
-                });
-                let linked = by_id(&d.serial).exists();
-                Ok(if phase.as_deref() == Some("Ready") && linked {
-                    Ok(())
-                } else {
-                    Err((phase, linked))
-                })
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-        let vm = vms.get(NODE).await.expect("VM");
-        assert!(
-            vm.spec
-                .template
-                .spec
-                .volumes
-                .iter()
-                .any(|v| v.name == d.handle),
-            "{} is back in the VM spec",
-            d.handle
-        );
-        eprintln!(
-            "disk of {} attached again {:.1}s after the removal",
-            d.claim,
-            removed.elapsed().as_secs_f64()
-        );
-    }
+    // Both at once, so each is measured on its own.
+    futures::future::join_all(disks.iter().map(|d| heals(&vmis, &vms, real, d, removed))).await;
     let healed = std::time::SystemTime::now();
     for d in &disks {
         pod_still_uses_its_volume(bed, d, healed).await;
@@ -215,6 +153,77 @@ pub async fn attachments_heal_at_the_attachers_resync(bed: &TestBed, real: &Gues
     for d in &disks {
         delete_pod(bed, d.pod).await;
     }
+}
+
+/// Waits until the attacher's resync noticed disk `d` (its mismatch line for the VA), then
+/// until the disk is Ready in the VMI again, linked, and back in the VM spec; prints when.
+async fn heals(
+    vmis: &Api<VirtualMachineInstance>,
+    vms: &Api<VirtualMachine>,
+    real: &GuestCluster,
+    d: &Disk,
+    removed: Instant,
+) {
+    wait::until(
+        &format!("the csi-attacher's resync to notice VA {}", d.va),
+        RESYNC,
+        || async {
+            let lines = attacher_lines(&real.node.dirs.pod_logs, &d.va);
+            Ok(if lines.is_empty() {
+                Err("no line")
+            } else {
+                Ok(())
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!(
+        "VA {} ({}) seen as not published by the attacher {:.1}s after the removal",
+        d.va,
+        d.claim,
+        removed.elapsed().as_secs_f64()
+    );
+    wait::until(
+        &format!(
+            "disk {} Ready in the VMI again with its by-id link",
+            d.handle
+        ),
+        REPAIR,
+        || async {
+            let vmi = vmis.get(NODE).await.map_err(|e| e.to_string())?;
+            let phase = vmi.status.as_ref().and_then(|s| {
+                s.volume_status
+                    .iter()
+                    .find(|v| v.name == d.handle)
+                    .and_then(|v| v.phase.clone())
+            });
+            let linked = by_id(&d.serial).exists();
+            Ok(if phase.as_deref() == Some("Ready") && linked {
+                Ok(())
+            } else {
+                Err((phase, linked))
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let vm = vms.get(NODE).await.expect("VM");
+    assert!(
+        vm.spec
+            .template
+            .spec
+            .volumes
+            .iter()
+            .any(|v| v.name == d.handle),
+        "{} is back in the VM spec",
+        d.handle
+    );
+    eprintln!(
+        "disk of {} attached again {:.1}s after the removal",
+        d.claim,
+        removed.elapsed().as_secs_f64()
+    );
 }
 
 /// The PV's volume handle, the VolumeAttachment and the disk serial of `claim`, used by `pod`.
