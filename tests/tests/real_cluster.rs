@@ -23,6 +23,9 @@ use testbed::real::node::{KUBELET_SYSCTLS, SysctlSnapshot, kubepods_cgroups};
 use testbed::real::pod_logs::LogWatch;
 use testbed::{TestBed, util::wait};
 
+#[path = "real_cluster/heal.rs"]
+mod heal;
+
 const DRIVER: &str = "driver.harvesterhci.io";
 const POD_READY: Duration = Duration::from_secs(150);
 const NS: &str = "default";
@@ -69,6 +72,7 @@ async fn a_users_day_on_a_real_guest_cluster_root() {
     node_plugin_restart_keeps_mounts_and_serves_again(&bed, real).await;
     unknown_storageclass_parameter_is_named_in_an_event(&bed).await;
     stuck_pod_fails_its_wait_with_its_events(&bed).await;
+    heal::attachments_heal_at_the_attachers_resync(&bed, real).await;
     everything_deleted_leaves_nothing(&bed, real).await;
     no_chart_container_logged_forbidden(&bed, logs).await;
 
