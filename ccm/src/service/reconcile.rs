@@ -15,7 +15,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 
-use super::annotations::{ANN_NETWORK, Ipam, ServiceKey, ServiceLbSpec};
+use super::annotations::{Ipam, ServiceKey, ServiceLbSpec};
 use super::context::{Error, ServiceCtx, cr_key, interface_for, svc_key};
 use super::crs::{self, delete_crs_of, ensure_cr, mirror_address};
 use super::dhcp::{DhcpMode, KUBE_VIP_HWADDR, KUBE_VIP_REQUESTED_IP, Leases};
@@ -23,7 +23,10 @@ use super::plan::{
     self, DELETED, DELETING, ENSURED, LABEL_CLUSTER, LbSettings, ServiceChange, ServiceProblem,
 };
 use super::service_io::{add_finalizer, apply_change, remove_finalizer};
-use super::written::{Echo, WriteLog};
+use super::wake::{
+    related_services, woken_by_cr, woken_by_guest_pools, woken_by_nad_mapping, woken_by_service,
+};
+use super::written::WriteLog;
 use super::{FINALIZER, NAD_MAPPING_NAME, NAD_MAPPING_NAMESPACE, guest};
 use crate::config::SERVICE_LB_CONTROLLER;
 use crate::context::{Context, READY_SERVICE_CACHES, Shutdown};
@@ -135,18 +138,6 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         }
     };
     futures::join!(ctrl, gc, synced, service_watch, pools_synced);
-}
-
-/// The Services a change of the NAD mapping wakes: those that name a network.
-fn woken_by_nad_mapping(ctx: &ServiceCtx) -> Vec<ObjectRef<Service>> {
-    ctx.triggers
-        .note("nad mapping", services_with_network(&ctx.services))
-}
-
-/// The Services a change of the guest pools wakes: those that take their address there.
-fn woken_by_guest_pools(ctx: &ServiceCtx) -> Vec<ObjectRef<Service>> {
-    let guests = guest::guest_services(&ctx.services, ctx.settings.default_ipam);
-    ctx.triggers.note("guest pools", guests)
 }
 
 /// The other ends of what [`service_ctx`] made: the CR and NAD mapping caches' writers, the
@@ -275,44 +266,6 @@ fn strip_service(svc: &mut Service) {
 /// kubectl's `apply` copy of the object.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-/// Whether a Service event wakes its reconcile: not the echo of our own write, which the
-/// reconcile that made it already planned with.
-fn woken_by_service(ctx: &ServiceCtx, svc: &Service) -> bool {
-    let echo = ctx
-        .written
-        .classify(&svc_key(svc), svc.resource_version().as_deref());
-    if echo == Echo::Ours {
-        return false;
-    }
-    !ctx.triggers
-        .note("service", [ObjectRef::from_obj(svc)])
-        .is_empty()
-}
-
-/// The Service a CR event wakes: none for the echo of our own write or a change of nothing the
-/// reconcile reads (Harvester's finalizer), unless a reconcile waits for this CR's next event.
-fn woken_by_cr(ctx: &ServiceCtx, lb: &LoadBalancer) -> Vec<ObjectRef<Service>> {
-    let name = lb.name_any();
-    let cached = ctx
-        .crs
-        .get(&ObjectRef::new(&name).within(ctx.namespace()))
-        .is_some();
-    let changed = ctx.cr_changes.changed(lb, cached);
-    let wake = match ctx
-        .written
-        .classify(&cr_key(&name), lb.resource_version().as_deref())
-    {
-        Echo::Ours => false,
-        Echo::Awaited => true,
-        Echo::Other => changed,
-    };
-    tracing::trace!(cr = %name, rv = ?lb.resource_version(), cached, changed, wake, "CR event");
-    if !wake {
-        return Vec::new();
-    }
-    ctx.triggers.note("loadbalancer", crs::service_of_cr(lb))
-}
-
 /// A watch of ConfigMap `namespace/name` alone (the chart's Role names each for get, list and
 /// watch), keeping `writer`'s cache without the managed fields.
 pub(super) fn configmap_watch(
@@ -367,35 +320,6 @@ async fn caches_synced(
         }
         _ = shutdown => {}
     }
-}
-
-/// The other side of a shared address: the primary a secondary names, and the secondaries of
-/// a primary (from the index, not a sweep over every Service).
-fn related_services(ctx: &ServiceCtx, svc: &Service) -> Vec<ObjectRef<Service>> {
-    let key = ServiceKey::of(svc);
-    let mut refs: Vec<ObjectRef<Service>> = Vec::new();
-    if let Ok(ServiceLbSpec {
-        primary: Some(p), ..
-    }) = ServiceLbSpec::from_service(svc)
-    {
-        refs.push(ObjectRef::new(&p.name).within(&p.namespace));
-    }
-    refs.extend(
-        ctx.secondaries
-            .of(&ctx.services, &key)
-            .iter()
-            .map(|s| ObjectRef::from_obj(s.as_ref())),
-    );
-    ctx.triggers.note("related service", refs)
-}
-
-fn services_with_network(store: &Store<Service>) -> Vec<ObjectRef<Service>> {
-    store
-        .state()
-        .iter()
-        .filter(|s| s.annotations().contains_key(ANN_NETWORK))
-        .map(|s| ObjectRef::from_obj(s.as_ref()))
-        .collect()
 }
 
 fn error_policy(svc: Arc<Service>, err: &Error, ctx: Arc<ServiceCtx>) -> Action {

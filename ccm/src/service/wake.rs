@@ -5,6 +5,8 @@
 //! - [`CrChanges`]: whether a CR event changed anything the reconcile reads (labels,
 //!   annotations, spec, status, deletion); Harvester's own finalizer on a new CR does not.
 //!
+//! The `woken_by_*` functions apply these per watch (and count each wake-up by trigger).
+//!
 //! The indexes are hints checked against the cache at each lookup: an entry whose object is gone
 //! or changed is dropped then, so they hold no more than the caches do.
 
@@ -18,8 +20,11 @@ use k8s_openapi::api::core::v1::Service;
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-use super::annotations::{ServiceKey, ServiceLbSpec};
+use super::annotations::{ANN_NETWORK, ServiceKey, ServiceLbSpec};
+use super::context::{ServiceCtx, cr_key, svc_key};
 use super::plan::{LABEL_SERVICE_NAME, LABEL_SERVICE_NAMESPACE};
+use super::written::Echo;
+use super::{crs, guest};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -152,6 +157,85 @@ impl CrChanges {
         let d = digest(lb);
         seen.insert(lb.name_any(), d) != Some(d)
     }
+}
+
+/// The Services a change of the NAD mapping wakes: those that name a network.
+pub(super) fn woken_by_nad_mapping(ctx: &ServiceCtx) -> Vec<ObjectRef<Service>> {
+    ctx.triggers
+        .note("nad mapping", services_with_network(&ctx.services))
+}
+
+/// The Services a change of the guest pools wakes: those that take their address there.
+pub(super) fn woken_by_guest_pools(ctx: &ServiceCtx) -> Vec<ObjectRef<Service>> {
+    let guests = guest::guest_services(&ctx.services, ctx.settings.default_ipam);
+    ctx.triggers.note("guest pools", guests)
+}
+
+/// Whether a Service event wakes its reconcile: not the echo of our own write, which the
+/// reconcile that made it already planned with.
+pub(super) fn woken_by_service(ctx: &ServiceCtx, svc: &Service) -> bool {
+    let echo = ctx
+        .written
+        .classify(&svc_key(svc), svc.resource_version().as_deref());
+    if echo == Echo::Ours {
+        return false;
+    }
+    !ctx.triggers
+        .note("service", [ObjectRef::from_obj(svc)])
+        .is_empty()
+}
+
+/// The Service a CR event wakes: none for the echo of our own write or a change of nothing the
+/// reconcile reads (Harvester's finalizer), unless a reconcile waits for this CR's next event.
+pub(super) fn woken_by_cr(ctx: &ServiceCtx, lb: &LoadBalancer) -> Vec<ObjectRef<Service>> {
+    let name = lb.name_any();
+    let cached = ctx
+        .crs
+        .get(&ObjectRef::new(&name).within(ctx.namespace()))
+        .is_some();
+    let changed = ctx.cr_changes.changed(lb, cached);
+    let wake = match ctx
+        .written
+        .classify(&cr_key(&name), lb.resource_version().as_deref())
+    {
+        Echo::Ours => false,
+        Echo::Awaited => true,
+        Echo::Other => changed,
+    };
+    tracing::trace!(cr = %name, rv = ?lb.resource_version(), cached, changed, wake, "CR event");
+    if !wake {
+        return Vec::new();
+    }
+    ctx.triggers.note("loadbalancer", crs::service_of_cr(lb))
+}
+
+/// The other side of a shared address: the primary a secondary names, and the secondaries of
+/// a primary (from the index, not a sweep over every Service).
+pub(super) fn related_services(ctx: &ServiceCtx, svc: &Service) -> Vec<ObjectRef<Service>> {
+    let key = ServiceKey::of(svc);
+    let mut refs: Vec<ObjectRef<Service>> = Vec::new();
+    if let Ok(ServiceLbSpec {
+        primary: Some(p), ..
+    }) = ServiceLbSpec::from_service(svc)
+    {
+        refs.push(ObjectRef::new(&p.name).within(&p.namespace));
+    }
+    refs.extend(
+        ctx.secondaries
+            .of(&ctx.services, &key)
+            .iter()
+            .map(|s| ObjectRef::from_obj(s.as_ref())),
+    );
+    ctx.triggers.note("related service", refs)
+}
+
+fn services_with_network(store: &Store<Service>) -> Vec<ObjectRef<Service>> {
+    store
+        .state()
+        .iter()
+        .filter(|s| s.annotations().contains_key(ANN_NETWORK))
+        .map(|s| ObjectRef::from_obj(s.as_ref()))
+        .collect()
 }
 
 #[cfg(test)]

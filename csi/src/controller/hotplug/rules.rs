@@ -306,11 +306,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn virt_api_answers_are_read_by_what_they_mean() {
+    /// kubevirt/kubevirt v1.6.0-v1.8.3 pkg/virt-api/rest/volumes.go: (verb, code, text) -> meaning.
+    fn virt_api_rows() -> [(&'static str, u16, &'static str, VirtApiAnswer); 14] {
         use VirtApiAnswer::*;
-        // kubevirt/kubevirt v1.6.0-v1.8.3 pkg/virt-api/rest/volumes.go: (verb, code, text) -> meaning
-        let rows: [(&str, u16, &str, VirtApiAnswer); 14] = [
+        [
             (
                 "addvolume",
                 409,
@@ -395,8 +394,13 @@ mod tests {
                 Done,
             ),
             ("addvolume", 500, "unable to patch vm status: boom", Failed),
-        ];
-        for (verb, code, text, want) in rows {
+        ]
+    }
+
+    #[test]
+    fn virt_api_answers_are_read_by_what_they_mean() {
+        use VirtApiAnswer::*;
+        for (verb, code, text, want) in virt_api_rows() {
             let got = virt_api_answer(verb, &virt_api(code, text));
             match (&got, &want) {
                 (Refused(why), Refused(_)) => assert!(why.contains(text), "{why}"),
