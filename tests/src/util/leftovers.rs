@@ -125,7 +125,9 @@ mod tests {
         let (mut a, mut b) = (start(&ours), start(&theirs));
         let found = |address: &str| find("containerd-shim", &["-address", address]);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while found(&ours).is_empty() && Instant::now() < deadline {
+        // The shell's child carries the shell's command line from its fork until it execs
+        // `sleep`, so for a moment it is found too: wait for the stand-in alone.
+        while found(&ours) != vec![a.id() as i32] && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
         let pids = found(&ours);
@@ -148,6 +150,9 @@ mod tests {
             wait_gone(&sleep, Duration::from_secs(10)).is_empty(),
             "its process group too"
         );
+        while found(&theirs) != vec![b.id() as i32] && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         assert_eq!(
             found(&theirs),
             vec![b.id() as i32],
