@@ -37,7 +37,7 @@ use kube::ResourceExt;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher::Event;
 use serde_json::{Value, json};
 
 use super::snapshot::{self, Jobs};
@@ -115,8 +115,8 @@ pub async fn run(client: kube::Client, storage: Arc<Storage>, dir: PathBuf) {
     let jobs = Arc::new(Jobs::default());
     let vrbs: Api<DynamicObject> = Api::all_with(client.clone(), &backup_resource());
     let vrrs: Api<DynamicObject> = Api::all_with(client, &restore_resource());
-    let mut vrb_events = watcher::watcher(vrbs, watcher::Config::default()).boxed();
-    let mut vrr_events = watcher::watcher(vrrs, watcher::Config::default()).boxed();
+    let mut vrb_events = super::watch(vrbs);
+    let mut vrr_events = super::watch(vrrs);
     loop {
         tokio::select! {
             Some(ev) = vrb_events.next() => match ev {

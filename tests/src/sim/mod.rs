@@ -30,6 +30,26 @@ use crate::bed::certs::Pki;
 use storage::Storage;
 use virt_api::{HotplugCtx, VirtApi};
 
+/// A stand-in controller's watch: kube's watcher with its default backoff. Without one a watcher
+/// retries a failed request at once, so with the API server gone (a restart, or the bed's
+/// teardown while the runtime shuts down and every request fails at once) its task never yields
+/// and spins a worker thread; a test once hung that way after it had passed.
+pub fn watch<K>(
+    api: kube::Api<K>,
+) -> futures::stream::BoxStream<
+    'static,
+    Result<kube::runtime::watcher::Event<K>, kube::runtime::watcher::Error>,
+>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed()
+}
+
 pub use vm::GuestVm;
 
 pub struct Sim {

@@ -52,7 +52,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher::Event;
 use serde_json::json;
 
 use super::storage::{Storage, backing, capacity_bytes, requested_quantity};
@@ -626,9 +626,9 @@ async fn disable(fs: &NetworkFs, name: &str) -> Result<(), BedError> {
 /// second apart); and PVCs, `OnPVCChange`, which enqueue their CR.
 pub async fn run(client: kube::Client, storage: Arc<Storage>, fs: Arc<NetworkFs>) {
     let api: Api<NetworkFilesystem> = Api::all(client.clone());
-    let mut events = watcher::watcher(api, watcher::Config::default()).boxed();
+    let mut events = super::watch(api);
     let claims: Api<PersistentVolumeClaim> = Api::all(client.clone());
-    let mut claim_events = watcher::watcher(claims, watcher::Config::default()).boxed();
+    let mut claim_events = super::watch(claims);
     loop {
         tokio::select! {
             Some(ev) = events.next() => match ev {

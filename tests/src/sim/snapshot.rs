@@ -18,7 +18,7 @@ use harvester_common::quantity;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher::Event;
 use serde_json::json;
 
 use super::storage::{CLONED_ANNOTATION, Storage, backing, clone_volume, flush, write_over};
@@ -111,8 +111,8 @@ pub async fn run(client: kube::Client, storage: Arc<Storage>, dir: PathBuf) {
     });
     let snaps: Api<DynamicObject> = Api::all_with(client.clone(), &snapshot_resource());
     let pvcs: Api<PersistentVolumeClaim> = Api::all(client);
-    let mut snap_events = watcher::watcher(snaps, watcher::Config::default()).boxed();
-    let mut pvc_events = watcher::watcher(pvcs, watcher::Config::default()).boxed();
+    let mut snap_events = super::watch(snaps);
+    let mut pvc_events = super::watch(pvcs);
     loop {
         tokio::select! {
             Some(ev) = snap_events.next() => match ev {

@@ -14,7 +14,7 @@ use harvester_common::quantity;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher::Event;
 use serde_json::json;
 
 use crate::BedError;
@@ -209,8 +209,8 @@ pub const PVC_PROTECTION: &str = "kubernetes.io/pvc-protection";
 pub async fn run_pvc_binder(client: kube::Client, storage: Arc<Storage>) {
     let pvcs: Api<PersistentVolumeClaim> = Api::all(client.clone());
     let vmis: Api<VirtualMachineInstance> = Api::all(client.clone());
-    let mut pvc_events = watcher::watcher(pvcs, watcher::Config::default()).boxed();
-    let mut vmi_events = watcher::watcher(vmis, watcher::Config::default()).boxed();
+    let mut pvc_events = super::watch(pvcs);
+    let mut vmi_events = super::watch(vmis);
     loop {
         tokio::select! {
             Some(ev) = pvc_events.next() => match ev {

@@ -1251,25 +1251,23 @@ fn hotplugged(
 /// ([`sync_declarative`]). Runs for the whole bed.
 pub async fn run_controller(ctx: Arc<HotplugCtx>) {
     use futures::StreamExt;
-    use kube::runtime::{WatchStreamExt, watcher};
+    use kube::runtime::WatchStreamExt;
     // virt-controller's VM loop is woken by its VMs and by their VMIs; it decides from the VM as
     // it is now (an event may be older than the VMI it would be compared with).
     let vms: Api<VirtualMachine> = Api::all(ctx.client.clone());
     let vmis: Api<VirtualMachineInstance> = Api::all(ctx.client.clone());
     let key =
         |m: kube::api::ObjectMeta| (m.namespace.unwrap_or_default(), m.name.unwrap_or_default());
-    let by_vm = watcher(vms, watcher::Config::default())
-        .applied_objects()
-        .map(move |e| {
-            e.map(|vm| {
-                // Under HotplugVolumes alone, only a VM with requests has anything to apply.
-                let requests = volume_requests(&vm)
-                    .as_array()
-                    .is_some_and(|r| !r.is_empty());
-                (requests, key(vm.metadata))
-            })
-        });
-    let by_vmi = watcher(vmis, watcher::Config::default())
+    let by_vm = super::watch(vms).applied_objects().map(move |e| {
+        e.map(|vm| {
+            // Under HotplugVolumes alone, only a VM with requests has anything to apply.
+            let requests = volume_requests(&vm)
+                .as_array()
+                .is_some_and(|r| !r.is_empty());
+            (requests, key(vm.metadata))
+        })
+    });
+    let by_vmi = super::watch(vmis)
         .applied_objects()
         .map(move |e| e.map(|vmi| (false, key(vmi.metadata))));
     let mut stream = std::pin::pin!(futures::stream::select(by_vm, by_vmi));
