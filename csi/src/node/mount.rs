@@ -167,6 +167,68 @@ pub async fn run_any(cmd: &Cmd) -> Result<Output, NodeError> {
     })
 }
 
+/// How long a killed command may take to exit before it is left to the runtime to reap (a mount
+/// helper inside an NFS call exits on SIGKILL once the kernel's RPC notices).
+const REAP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Runs `cmd` as [`run_any`] does, for at most `limit`: `None` when it had not finished by then.
+/// It is then killed (SIGKILL) and waited for (at most [`REAP_WAIT`]), so no helper outlives
+/// the answer saying it was killed; dropping a `kill_on_drop` future instead leaves the child to
+/// be reaped later, and a check right after the answer still finds it.
+pub async fn run_bounded(
+    cmd: &Cmd,
+    limit: std::time::Duration,
+) -> Result<Option<Output>, NodeError> {
+    use tokio::io::AsyncReadExt;
+    let (program, args) = cmd.argv();
+    let failed = |status: &str, e: std::io::Error| NodeError::Command {
+        command: cmd.display(),
+        status: status.into(),
+        stderr: e.to_string(),
+    };
+    let mut child = tokio::process::Command::new(program)
+        .args(&args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| failed("could not start", e))?;
+    let (mut stdout, mut stderr) = (child.stdout.take(), child.stderr.take());
+    let finished = tokio::time::timeout(limit, async {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let read_out = async {
+            if let Some(s) = stdout.as_mut() {
+                let _ = s.read_to_end(&mut out).await;
+            }
+        };
+        let read_err = async {
+            if let Some(s) = stderr.as_mut() {
+                let _ = s.read_to_end(&mut err).await;
+            }
+        };
+        let (status, (), ()) = tokio::join!(child.wait(), read_out, read_err);
+        status.map(|status| Output {
+            code: status.code(),
+            stdout: String::from_utf8_lossy(&out).into_owned(),
+            stderr: String::from_utf8_lossy(&err).into_owned(),
+        })
+    })
+    .await;
+    match finished {
+        Ok(out) => out
+            .map(Some)
+            .map_err(|e| failed("could not be waited for", e)),
+        Err(_) => {
+            let _ = child.start_kill();
+            if tokio::time::timeout(REAP_WAIT, child.wait()).await.is_err() {
+                tracing::warn!(command = %cmd.display(), "killed after {limit:?} but not gone after {REAP_WAIT:?}");
+            }
+            Ok(None)
+        }
+    }
+}
+
 /// Runs `cmd`; a non-zero exit is an error carrying its stderr.
 pub async fn run(cmd: &Cmd) -> Result<String, NodeError> {
     let out = run_any(cmd).await?;
@@ -223,6 +285,42 @@ pub async fn unmount_all(path: &Path) -> Result<(), NodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_bounded_command_reports_its_output_or_is_killed_and_reaped() {
+        let quick = Cmd::new("sh")
+            .arg("-c")
+            .arg("echo out; echo err >&2; exit 3");
+        let out = run_bounded(&quick, std::time::Duration::from_secs(10))
+            .await
+            .expect("sh runs")
+            .expect("sh finishes in time");
+        assert_eq!(
+            (out.code, out.stdout.as_str(), out.stderr.as_str()),
+            (Some(3), "out\n", "err\n")
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pid_file = dir.path().join("pid");
+        let slow = Cmd::new("sh")
+            .arg("-c")
+            .arg(format!("echo $$ > {}; exec sleep 30", pid_file.display()));
+        let t = std::time::Instant::now();
+        let out = run_bounded(&slow, std::time::Duration::from_millis(300))
+            .await
+            .expect("sh runs");
+        assert!(out.is_none(), "not finished within the limit");
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(5),
+            "{:?}",
+            t.elapsed()
+        );
+        let pid = std::fs::read_to_string(&pid_file).expect("pid written");
+        // A zombie keeps its /proc entry: gone means killed and reaped.
+        assert!(
+            !Path::new(&format!("/proc/{}", pid.trim())).exists(),
+            "the killed command is reaped by the time the answer comes"
+        );
+    }
 
     #[test]
     fn a_command_that_dies_with_the_plugin_runs_under_setpriv() {

@@ -12,7 +12,7 @@
 //! upstream, the mount has a deadline: an
 //! unreachable endpoint makes `mount.nfs` retry for minutes (a hard mount, `retry=2` minutes by
 //! default) or block in the kernel. The helper is run directly (not through `mount -t nfs`, whose
-//! child would survive a kill), dies with the plugin, and is SIGKILLed at the deadline
+//! child would survive a kill), dies with the plugin, and is SIGKILLed at the deadline and reaped before the answer
 //! ([`crate::Timeouts::nfs_mount`]); a mount that got through anyway is lazily unmounted; the answer is
 //! UNAVAILABLE, which the CO retries. The CR's mount options are used as they are: soft mounts
 //! and short timeouts would change how the volume behaves for its users, the deadline does not.
@@ -39,7 +39,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::Api;
 
 use super::NodeService;
-use super::mount::{Cmd, MountInfo, canonical, mount_at, mounts, run_any};
+use super::mount::{Cmd, MountInfo, canonical, mount_at, mounts, run_bounded};
 use super::netns::NfsNetns;
 use crate::error::NodeError;
 
@@ -194,9 +194,9 @@ impl NodeService {
         };
         let limit = self.nfs_mount_timeout;
         let helper = mount_cmd(&m, &staging, &self.nfs_netns);
-        match tokio::time::timeout(limit, run_any(&helper)).await {
-            Ok(Ok(out)) if out.code == Some(0) => Ok(()),
-            Ok(Ok(out)) => {
+        match run_bounded(&helper, limit).await {
+            Ok(Some(out)) if out.code == Some(0) => Ok(()),
+            Ok(Some(out)) => {
                 undo_mount(&staging).await;
                 Err(failed(format!(
                     "mount.nfs exited {}: {}",
@@ -204,9 +204,9 @@ impl NodeService {
                     out.stderr.trim()
                 )))
             }
-            Ok(Err(e)) => Err(e),
-            Err(_) => {
-                // Dropping the future killed mount.nfs (SIGKILL; kill_on_drop).
+            Err(e) => Err(e),
+            Ok(None) => {
+                // run_bounded killed mount.nfs (SIGKILL) and reaped it.
                 undo_mount(&staging).await;
                 Err(failed(format!(
                     "no answer within {limit:?}; the mount helper was killed and nothing is left mounted"
@@ -309,9 +309,9 @@ impl NodeService {
             }
             // `-i`: no umount.nfs helper, which would outlive a killed umount.
             let umount = Cmd::new("umount").arg("-i").arg(key).dies_with_plugin();
-            match tokio::time::timeout(limit, run_any(&umount)).await {
-                Ok(Ok(out)) if out.code == Some(0) => {}
-                Ok(Ok(out)) => {
+            match run_bounded(&umount, limit).await {
+                Ok(Some(out)) if out.code == Some(0) => {}
+                Ok(Some(out)) => {
                     return Err(NodeError::Command {
                         command: format!("umount -i {}", key.display()),
                         status: out
@@ -320,9 +320,9 @@ impl NodeService {
                         stderr: out.stderr.trim().to_string(),
                     });
                 }
-                Ok(Err(e)) => return Err(e),
-                Err(_) => {
-                    // Dropping the future killed umount (SIGKILL; kill_on_drop).
+                Err(e) => return Err(e),
+                Ok(None) => {
+                    // run_bounded killed umount (SIGKILL) and reaped it.
                     tracing::warn!(volume, path = %key.display(), export = %m.source, "NFS server does not answer the unmount; detaching it forced and lazily");
                     let detached = detach(key, Duration::from_secs(3)).await;
                     return Err(self.server_down(
@@ -360,7 +360,7 @@ async fn detach(key: &Path, limit: Duration) -> bool {
         .arg("-l")
         .arg(key)
         .dies_with_plugin();
-    let out = tokio::time::timeout(limit, run_any(&umount)).await;
+    let out = run_bounded(&umount, limit).await;
     let gone = mounts().is_ok_and(|all| mount_at(&all, key).is_none());
     if !gone {
         tracing::warn!(path = %key.display(), "forced lazy unmount: {:?}", out.map(|r| r.map(|o| o.stderr)));
@@ -377,8 +377,8 @@ async fn undo_mount(path: &PathBuf) {
             _ => return,
         }
         let umount = Cmd::new("umount").arg("-f").arg("-l").arg(path);
-        match tokio::time::timeout(Duration::from_secs(10), run_any(&umount)).await {
-            Ok(Ok(out)) if out.code == Some(0) => {}
+        match run_bounded(&umount, Duration::from_secs(10)).await {
+            Ok(Some(out)) if out.code == Some(0) => {}
             other => {
                 tracing::warn!(path = %path.display(), "lazy unmount after a failed NFS mount: {:?}", other.map(|r| r.map(|o| o.stderr)));
                 return;
