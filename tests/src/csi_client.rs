@@ -44,6 +44,23 @@ pub fn create_request(name: &str, size: u64, cap: &VolumeCapability) -> CreateVo
     }
 }
 
+/// CreateSnapshot `name` of volume `source`: a local snapshot (no parameters).
+pub fn snapshot_request(name: &str, source: &str) -> CreateSnapshotRequest {
+    CreateSnapshotRequest {
+        name: name.into(),
+        source_volume_id: source.into(),
+        ..Default::default()
+    }
+}
+
+/// CreateSnapshot `name` of volume `source` as a remote backup (class parameter `type: backup`).
+pub fn backup_request(name: &str, source: &str) -> CreateSnapshotRequest {
+    CreateSnapshotRequest {
+        parameters: HashMap::from([("type".to_string(), "backup".to_string())]),
+        ..snapshot_request(name, source)
+    }
+}
+
 /// `request` restoring snapshot `snapshot_id`.
 pub fn from_snapshot(request: CreateVolumeRequest, snapshot_id: &str) -> CreateVolumeRequest {
     CreateVolumeRequest {

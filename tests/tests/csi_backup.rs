@@ -6,7 +6,6 @@
 
 use testbed::suites::csi as common;
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use common::{
@@ -18,6 +17,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 use testbed::TestBed;
+use testbed::csi_client::backup_request;
 use testbed::sim::backup::{
     BACKUP_DELAY_ANNOTATION, RESTORE_DELAY_ANNOTATION, backup_resource, restore_resource,
     target_file,
@@ -39,25 +39,10 @@ use tonic::Code;
 const GROUP_VERSION: &str = "harvesterhci.io/v1beta1";
 const LABEL_SOURCE: &str = "harvesterhci.io/backupSourceVolume";
 const TYPE_LH: &str = "lh";
-const PARAM_TYPE: (&str, &str) = ("type", "backup");
-
-fn backup_params() -> HashMap<String, String> {
-    HashMap::from([(PARAM_TYPE.0.to_string(), PARAM_TYPE.1.to_string())])
-}
-
-fn snapshot_request(name: &str, source: &str) -> CreateSnapshotRequest {
-    CreateSnapshotRequest {
-        name: name.into(),
-        source_volume_id: source.into(),
-        parameters: backup_params(),
-        ..Default::default()
-    }
-}
-
 /// CreateSnapshot with `type: backup`: the snapshot, or the error.
 async fn take(d: &Driver, name: &str, source: &str) -> Result<Snapshot, tonic::Status> {
     d.controller()
-        .create_snapshot(snapshot_request(name, source))
+        .create_snapshot(backup_request(name, source))
         .await?
         .into_inner()
         .snapshot
@@ -435,7 +420,7 @@ async fn running_backups_and_restores_are_not_ready_then_ready() {
         let id = vol.volume_id.clone();
         async move {
             let s = c
-                .create_snapshot(snapshot_request("snap-slow", &id))
+                .create_snapshot(backup_request("snap-slow", &id))
                 .await
                 .map_err(|e| e.to_string())?
                 .into_inner()
@@ -526,7 +511,7 @@ async fn bad_backup_input_is_refused_naming_it() {
         );
     }
 
-    let mut unknown_type = snapshot_request("snap-bad", &vols[0]);
+    let mut unknown_type = backup_request("snap-bad", &vols[0]);
     unknown_type
         .parameters
         .insert("type".into(), "offsite".into());

@@ -9,7 +9,7 @@ use std::time::Duration;
 use csi_proto::csi::v1::*;
 use harvester_common::harvester::VirtualMachineInstance;
 use kube::api::Api;
-use testbed::csi_client::{block_cap, create_request};
+use testbed::csi_client::{block_cap, create_request, snapshot_request};
 use testbed::suites::csi::{Driver, NODE, assert_root, bed_with_vm, publish_request};
 use tonic::Code;
 
@@ -233,11 +233,7 @@ async fn get_snapshot_finds_a_snapshot_and_not_what_does_not_exist_root() {
         .volume
         .expect("volume");
     let snap = c
-        .create_snapshot(CreateSnapshotRequest {
-            name: "snap-get-1".into(),
-            source_volume_id: v.volume_id.clone(),
-            ..Default::default()
-        })
+        .create_snapshot(snapshot_request("snap-get-1", &v.volume_id))
         .await
         .expect("CreateSnapshot")
         .into_inner()

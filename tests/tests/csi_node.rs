@@ -12,6 +12,7 @@ use common::{
     mount_cap, mounted, node_dir, publish, stage, unpublish_and_unstage,
 };
 use csi_proto::csi::v1::*;
+use testbed::csi_client::snapshot_request;
 use tonic::Code;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -203,11 +204,7 @@ async fn a_snapshot_restores_the_data_and_mounts_beside_its_xfs_source_root() {
 
     let snap = d
         .controller()
-        .create_snapshot(CreateSnapshotRequest {
-            name: "Snap-Of-Src".into(),
-            source_volume_id: src.id.clone(),
-            ..Default::default()
-        })
+        .create_snapshot(snapshot_request("Snap-Of-Src", &src.id))
         .await
         .expect("CreateSnapshot")
         .into_inner()

@@ -26,7 +26,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node, Service};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
-use testbed::csi_client::{create_request, from_snapshot, mount_cap};
+use testbed::csi_client::{
+    backup_request, create_request, from_snapshot, mount_cap, snapshot_request,
+};
 use testbed::sim::GuestVm;
 use testbed::suites::deploy::*;
 use testbed::{TestBed, util::wait};
@@ -488,11 +490,7 @@ async fn csi_controller_runs_the_volume_flow_with_only_the_documented_harvester_
     .await
     .expect("ControllerExpandVolume");
     let snap = c
-        .create_snapshot(CreateSnapshotRequest {
-            name: "snap-rbac-proof".into(),
-            source_volume_id: id.clone(),
-            ..Default::default()
-        })
+        .create_snapshot(snapshot_request("snap-rbac-proof", &id))
         .await
         .expect("CreateSnapshot")
         .into_inner()
@@ -517,12 +515,7 @@ async fn csi_controller_runs_the_volume_flow_with_only_the_documented_harvester_
 
     // A remote backup (`type: backup`): taken, listed by its source, restored, deleted.
     let backup = c
-        .create_snapshot(CreateSnapshotRequest {
-            name: "backup-rbac-proof".into(),
-            source_volume_id: id.clone(),
-            parameters: HashMap::from([("type".to_string(), "backup".into())]),
-            ..Default::default()
-        })
+        .create_snapshot(backup_request("backup-rbac-proof", &id))
         .await
         .expect("CreateSnapshot type=backup")
         .into_inner()
