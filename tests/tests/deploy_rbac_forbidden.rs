@@ -10,7 +10,7 @@ use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume}
 use csi_proto::csi::v1::*;
 use harvester_cloud_provider::Config;
 use harvester_cloud_provider::node::patch::UNINITIALIZED_TAINT;
-use harvester_common::harvester::{HotplugMode, IPPool};
+use harvester_common::harvester::HotplugMode;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
@@ -63,17 +63,8 @@ async fn warning(bed: &TestBed, namespace: &str, name: &str, reason: &str, text:
 
 /// An IPPool of 192.168.50.0/24 for every guest cluster.
 async fn create_pool(bed: &TestBed) {
-    Api::<IPPool>::all(bed.harvester.client.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "IPPool",
-                "metadata": {"name": "pool-1"},
-                "spec": {"ranges": [{"subnet": "192.168.50.0/24"}],
-                         "selector": {"scope": [{"project": "*", "namespace": "*", "guestCluster": "*"}]}}
-            }))
-            .expect("pool literal"),
-        )
+    bed.sim
+        .create_pool("pool-1", "192.168.50.0/24")
         .await
         .expect("pool");
 }
