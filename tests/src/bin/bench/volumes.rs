@@ -330,32 +330,27 @@ pub(crate) async fn publish_in_namespace(
                 .context("CreateVolume returned no volume")?
                 .volume_id;
             wait_bound(&pvcs, &id).await?;
-            let before = api_requests(&metrics);
-            let t = Instant::now();
-            controller
-                .controller_publish_volume(publish_request(&id, VOLUME_NODE, &mount_cap("ext4")))
-                .await
-                .context("ControllerPublishVolume")?;
-            if i > 0 {
-                cost.publish.push(t.elapsed());
-                add(
-                    &mut cost.publish_requests,
-                    delta(&api_requests(&metrics), &before),
-                );
-            }
-            let before = api_requests(&metrics);
-            let t = Instant::now();
-            controller
-                .controller_unpublish_volume(unpublish_request(&id, VOLUME_NODE))
-                .await
-                .context("ControllerUnpublishVolume")?;
-            if i > 0 {
-                cost.unpublish.push(t.elapsed());
-                add(
-                    &mut cost.unpublish_requests,
-                    delta(&api_requests(&metrics), &before),
-                );
-            }
+            let counted = i > 0;
+            measure(
+                &metrics,
+                counted,
+                (&mut cost.publish, &mut cost.publish_requests),
+                controller.controller_publish_volume(publish_request(
+                    &id,
+                    VOLUME_NODE,
+                    &mount_cap("ext4"),
+                )),
+            )
+            .await
+            .context("ControllerPublishVolume")?;
+            measure(
+                &metrics,
+                counted,
+                (&mut cost.unpublish, &mut cost.unpublish_requests),
+                controller.controller_unpublish_volume(unpublish_request(&id, VOLUME_NODE)),
+            )
+            .await
+            .context("ControllerUnpublishVolume")?;
             controller
                 .delete_volume(DeleteVolumeRequest {
                     volume_id: id,
@@ -384,6 +379,23 @@ pub(crate) struct NamespaceCost {
     /// `(verb, resource) -> requests`, summed over the counted calls.
     publish_requests: BTreeMap<(String, String), u64>,
     unpublish_requests: BTreeMap<(String, String), u64>,
+}
+
+/// `call`'s outcome; when `counted`, its time and the API requests it made are added to `into`.
+async fn measure<T>(
+    metrics: &Metrics,
+    counted: bool,
+    into: (&mut Vec<Duration>, &mut BTreeMap<(String, String), u64>),
+    call: impl std::future::Future<Output = T>,
+) -> T {
+    let before = api_requests(metrics);
+    let t = Instant::now();
+    let out = call.await;
+    if counted {
+        into.0.push(t.elapsed());
+        add(into.1, delta(&api_requests(metrics), &before));
+    }
+    out
 }
 
 fn add(sum: &mut BTreeMap<(String, String), u64>, more: BTreeMap<(String, String), u64>) {
