@@ -6,8 +6,9 @@
 #
 # Why lanes: most suites wait (API servers, watches, hot-plug delays) more than they compute, so
 # two run side by side in about the time of the longer. The suites that boot QEMU guests or use
-# what exists once per machine (the Pod bridge, the NFS server's port 2049, /dev/disk/by-id) are
-# all in lane `machine`, one after another, never beside each other; the rest is in lane `bed`.
+# what exists once per machine (the Pod bridge, the NFS server's port 2049, the provider's default
+# port 10258, /dev/disk/by-id) are all in lane `machine`, one after another, never beside each
+# other; the rest is in lane `bed`.
 # Ports, bed directories and network namespace names are per process (util::process::free_port
 # reserves its ports across processes), so the lanes share nothing else.
 #
@@ -25,8 +26,9 @@ rm -f "$LOGS"/*.log
 say() { printf '[suites] %s\n' "$*"; }
 
 # The suites of lane `machine`: QEMU guests (guest_vm, contract_guestosinfo), the real guest
-# cluster (real_cluster, install_docs) and the NFS server on port 2049 (csi_rwx).
-MACHINE=(real_cluster install_docs guest_vm csi_rwx contract_guestosinfo)
+# cluster (real_cluster, install_docs), the NFS server on port 2049 (csi_rwx) and the provider's
+# default HTTPS port 10258, which the real cluster's hostNetwork provider binds too (dropin_args).
+MACHINE=(real_cluster install_docs guest_vm csi_rwx contract_guestosinfo dropin_args)
 # The CSI suites again under each KubeVirt hot-plug gate set Harvester can run: v1.7's
 # HotplugVolumes (the bed's default, in the first run), v1.8's DeclarativeHotplugVolumes alone,
 # and (a focused subset) both gates.

@@ -31,7 +31,10 @@ use testbed::sim::GuestVm;
 use testbed::{TestBed, util::scrape, util::wait};
 
 /// Upstream's HTTPS port (k8s.io/cloud-provider `--secure-port` default; no flag in upstream's
-/// chart), where `/readyz` is open without a token: one provider at a time in this file.
+/// chart), where `/readyz` is open without a token: one provider at a time in this file, and on
+/// the machine: the real guest cluster's provider (hostNetwork) binds it too, so this suite is in
+/// `make test`'s lane `machine` (tests/scripts/suites.sh), never beside real_cluster or
+/// install_docs.
 const DEFAULT_PORT: u16 = 10258;
 
 /// The documented extraArgs (harvester/charts values.yaml and questions.yml, the provider's README).
@@ -49,7 +52,14 @@ struct Provider {
 }
 
 impl Provider {
+    /// Starts the binary with `args` once [`DEFAULT_PORT`] is free: another process's `/readyz`
+    /// there would pass for this one's.
     fn start(bed: &TestBed, args: &[String]) -> Provider {
+        if let Err(e) = std::net::TcpListener::bind(("0.0.0.0", DEFAULT_PORT)) {
+            panic!(
+                "port {DEFAULT_PORT} is taken by another process ({e}): ss -ltnp sport = :{DEFAULT_PORT}"
+            );
+        }
         let mut child = Command::new(testbed::util::process::built_binary(
             "harvester-cloud-provider",
         ))
@@ -61,6 +71,19 @@ impl Provider {
         .expect("start the binary");
         let logs = testbed::util::process::collect_lines(child.stderr.take().unwrap());
         Provider { child, logs }
+    }
+
+    /// Waits for `/readyz` on [`DEFAULT_PORT`], then checks that this process is the one
+    /// answering (it still runs: had it lost the port, it would have exited).
+    async fn ready(&mut self) {
+        scrape::wait_for_https_200(DEFAULT_PORT, "/readyz", Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|e| panic!("/readyz on {DEFAULT_PORT}: {e}"));
+        if let Some(exit) = self.child.try_wait().unwrap() {
+            panic!(
+                "the provider exited ({exit}) while something answered /readyz on {DEFAULT_PORT}"
+            );
+        }
     }
 
     /// SIGTERM (the Lease is released for the next one), then the log lines.
@@ -171,28 +194,22 @@ async fn the_cloud_provider_runs_with_the_args_upstreams_chart_renders() {
     let leases: Api<Lease> = Api::namespaced(bed.guest.client.clone(), "kube-system");
 
     // Default values: no cluster name (the framework's "kubernetes").
-    let p = Provider::start(&bed, &chart_args(&bed, None, &[]));
-    scrape::wait_for_https_200(DEFAULT_PORT, "/readyz", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let mut p = Provider::start(&bed, &chart_args(&bed, None, &[]));
+    p.ready().await;
     lb_served_as(&bed, "svc-default", "kubernetes").await;
     held_by_this_host(&leases).await;
     p.stop().await;
 
     // Node-driver values: global.cattle.clusterName -> --cluster-name.
-    let p = Provider::start(&bed, &chart_args(&bed, Some(CLUSTER), &[]));
-    scrape::wait_for_https_200(DEFAULT_PORT, "/readyz", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let mut p = Provider::start(&bed, &chart_args(&bed, Some(CLUSTER), &[]));
+    p.ready().await;
     lb_served_as(&bed, "svc-rancher", CLUSTER).await;
     p.stop().await;
 
     // Each documented extraArg alone, with the node driver's --cluster-name before it.
     for (i, extra) in DOCUMENTED.iter().enumerate() {
-        let p = Provider::start(&bed, &chart_args(&bed, Some(CLUSTER), &[extra]));
-        scrape::wait_for_https_200(DEFAULT_PORT, "/readyz", Duration::from_secs(30))
-            .await
-            .unwrap_or_else(|e| panic!("{extra}: {e}"));
+        let mut p = Provider::start(&bed, &chart_args(&bed, Some(CLUSTER), &[extra]));
+        p.ready().await;
         let svc = format!("svc-extra-{i}");
         // pflag: of two --cluster-name, the last counts (and names the CRs).
         let cluster = extra.strip_prefix("--cluster-name=").unwrap_or(CLUSTER);
@@ -226,10 +243,8 @@ async fn the_cloud_provider_runs_with_the_args_upstreams_chart_renders() {
     }
 
     // All of them together.
-    let p = Provider::start(&bed, &chart_args(&bed, Some(CLUSTER), DOCUMENTED));
-    scrape::wait_for_https_200(DEFAULT_PORT, "/readyz", Duration::from_secs(30))
-        .await
-        .unwrap();
+    let mut p = Provider::start(&bed, &chart_args(&bed, Some(CLUSTER), DOCUMENTED));
+    p.ready().await;
     lb_served_as(&bed, "svc-all", "from-extra-args").await;
     node_with_a_stale_node_ip(&bed, "w-all", "10.0.0.23").await;
     initialised(&bed, "w-all").await;
