@@ -20,10 +20,11 @@
 
 use serde_json::Value;
 
-use super::webhook::{Refusal, Registration, Rule, Verdict, WebhookServer};
+use super::cache::Cache;
+use super::webhook::{Refusal, Registration, Rule, Verdict, WebhookServer, handler};
 use crate::BedError;
 use crate::bed::certs::Pki;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 
 /// Where upstream's webhook server serves its validators (harvester/webhook `server.go`).
 pub const PATH: &str = "/v1/webhook/validation";
@@ -259,18 +260,10 @@ fn vm_resource() -> ApiResource {
 }
 
 /// Upstream's vmCache.List: the guest cluster's node-driver VMs in `namespace`.
-async fn list_vms(client: &kube::Client, namespace: &str, gc: &str) -> Result<Vec<Vm>, String> {
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &vm_resource());
-    let selector = format!(
-        "{}={},{LABEL_CLUSTER_ON_VM}={gc}",
-        LABEL_CREATOR.0, LABEL_CREATOR.1
-    );
-    let list = api
-        .list(&ListParams::default().labels(&selector))
+async fn list_vms(vms: &Cache, namespace: &str, gc: &str) -> Vec<Vm> {
+    let selector = [LABEL_CREATOR, (LABEL_CLUSTER_ON_VM, gc)];
+    vms.list(namespace, &selector)
         .await
-        .map_err(|e| e.to_string())?;
-    Ok(list
-        .items
         .into_iter()
         .map(|vm| Vm {
             namespace: vm.metadata.namespace.clone().unwrap_or_default(),
@@ -282,19 +275,19 @@ async fn list_vms(client: &kube::Client, namespace: &str, gc: &str) -> Result<Ve
                 .is_some_and(|v| v == "true"),
             name: vm.metadata.name.unwrap_or_default(),
         })
-        .collect())
+        .collect()
 }
 
 /// One AdmissionReview `request` (DELETE and CONNECT are not registered; allowed).
-async fn admit(client: kube::Client, request: Value) -> Verdict {
+async fn admit(vms: Cache, request: Value) -> Verdict {
     let lb = request.get("object").cloned().unwrap_or(Value::Null);
     let answer = match s(&request, "/operation") {
         "CREATE" => {
             let vms = match guest_cluster_to_check(&lb) {
-                Some(gc) => list_vms(&client, s(&lb, "/metadata/namespace"), &gc).await,
-                None => Ok(Vec::new()),
+                Some(gc) => list_vms(&vms, s(&lb, "/metadata/namespace"), &gc).await,
+                None => Vec::new(),
             };
-            validate_create(&lb, vms.as_deref().map_err(Clone::clone))
+            validate_create(&lb, Ok(&vms))
         }
         "UPDATE" => validate_update(request.get("oldObject").unwrap_or(&Value::Null), &lb),
         _ => Ok(()),
@@ -306,15 +299,16 @@ async fn admit(client: kube::Client, request: Value) -> Verdict {
 }
 
 /// Routes the validator at [`PATH`] of `server` and registers it; `client` is the Harvester admin
-/// client it lists VMs with. [`wait_called`] then waits until the API server calls it.
+/// client it watches VMs with (on the current runtime, as long as the route lives).
+/// [`wait_called`] then waits until the API server calls it.
 pub async fn install(
     server: &WebhookServer,
     client: kube::Client,
     pki: &Pki,
 ) -> Result<(), BedError> {
-    server
-        .install(&client, pki, &registration(), PATH, admit)
-        .await
+    let vms = Cache::start(client.clone(), &vm_resource());
+    server.route(PATH, handler(move |request| admit(vms.clone(), request)));
+    server.register(&client, pki, &registration()).await
 }
 
 /// Waits until the API server calls the validator: a dry-run create of a `vm` LoadBalancer

@@ -21,9 +21,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::{Value, json};
 
+use super::cache::Cache;
 use super::webhook::{Refusal, Registration, Rule, Verdict, WebhookServer, handler};
 use crate::bed::certs::Pki;
 use crate::{BedError, util::wait};
@@ -389,7 +390,9 @@ pub fn changes_owned_key(old: &Value, new: &Value) -> bool {
 }
 
 struct Ctx {
-    client: kube::Client,
+    /// Upstream's namespaceCache and vmiCache.
+    namespaces: Cache,
+    vmis: Cache,
     rules: Rules,
     calls: Arc<std::sync::atomic::AtomicUsize>,
     owned_key_writes: Arc<std::sync::Mutex<Vec<(String, String)>>>,
@@ -412,13 +415,14 @@ pub fn registration() -> Registration {
 }
 
 impl LbWebhook {
-    /// Routes the mutator at [`PATH`] of `server`; `client` is the Harvester admin client it reads
-    /// Namespaces and VMIs with.
+    /// Routes the mutator at [`PATH`] of `server`; `client` is the Harvester admin client it
+    /// watches Namespaces and VMIs with (on the current runtime, as long as the route lives).
     pub fn install(server: &WebhookServer, client: kube::Client, rules: Rules) -> LbWebhook {
         let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let owned_key_writes = Arc::new(std::sync::Mutex::new(Vec::new()));
         let ctx = Arc::new(Ctx {
-            client,
+            namespaces: Cache::start(client.clone(), &ApiResource::erase::<Namespace>(&())),
+            vmis: Cache::start(client, &vmi_resource()),
             rules,
             calls: calls.clone(),
             owned_key_writes: owned_key_writes.clone(),
@@ -524,51 +528,42 @@ async fn handle(request: Value, ctx: &Ctx) -> Verdict {
     verdict(mutate(ctx.rules, op, &lb, &facts))
 }
 
-/// Reads what the mutator may need: the LB's Namespace and its guest-cluster VMIs.
+/// Reads what the mutator may need from its caches: the LB's Namespace and its guest-cluster
+/// VMIs.
 async fn facts(ctx: &Ctx, lb: &Value) -> Facts {
     let namespace = str_at(lb, "/metadata/namespace").to_string();
     let cluster = annotations(lb)
         .and_then(|a| a.get(ANN_CLUSTER).cloned())
         .unwrap_or_default();
-    let ns = Api::<Namespace>::all(ctx.client.clone())
+    let ns = ctx
+        .namespaces
         .get(&namespace)
         .await
         .map(|n| n.metadata.annotations.unwrap_or_default())
-        .map_err(|e| kube_message(&e));
-    let vmis: Api<DynamicObject> =
-        Api::namespaced_with(ctx.client.clone(), &namespace, &vmi_resource());
-    let list = |selector: String| {
-        let vmis = vmis.clone();
+        // The lister's NotFound, as the API server words it.
+        .ok_or_else(|| format!("namespaces \"{namespace}\" not found"));
+    let list = |label: &'static str, value: String| {
+        let vmis = ctx.vmis.clone();
+        let namespace = namespace.clone();
         async move {
-            vmis.list(&ListParams::default().labels(&selector))
-                .await
-                .map(|l| {
-                    l.items
-                        .iter()
-                        .filter_map(|o| serde_json::to_value(o).ok())
-                        .map(|o| Vmi::from_object(&o))
-                        .collect::<Vec<_>>()
-                })
-                .map_err(|e| kube_message(&e))
+            let found = vmis.list(&namespace, &[(label, value.as_str())]).await;
+            Ok(found
+                .iter()
+                .filter_map(|o| serde_json::to_value(o).ok())
+                .map(|o| Vmi::from_object(&o))
+                .collect::<Vec<_>>())
         }
     };
     let by_cluster_name = if cluster.is_empty() {
         Ok(Vec::new())
     } else {
-        list(format!("{LABEL_GUEST_CLUSTER}={cluster}")).await
+        list(LABEL_GUEST_CLUSTER, cluster).await
     };
-    let by_creator = list(format!("{LABEL_CREATOR}={NODE_DRIVER}")).await;
+    let by_creator = list(LABEL_CREATOR, NODE_DRIVER.to_string()).await;
     Facts {
         namespace: ns,
         by_cluster_name,
         by_creator,
-    }
-}
-
-fn kube_message(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(s) => s.message.clone(),
-        other => other.to_string(),
     }
 }
 

@@ -5,6 +5,7 @@
 
 pub mod backup;
 pub mod backup_validator;
+pub mod cache;
 pub mod ipam;
 pub mod kubevirt_webhook;
 pub mod lb;
