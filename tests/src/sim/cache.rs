@@ -1,6 +1,7 @@
-//! What Harvester's webhooks read besides the object under admission comes from informer caches
-//! (harvester/harvester `pkg/webhook/...`: `vmCache.List`, `vmiCache.List`, `namespaceCache.Get`),
-//! not from the API server per request. A stand-in that listed per admission made the bed's
+//! What Harvester's LoadBalancer webhooks read besides the object under admission comes from
+//! informer caches (harvester/load-balancer-harvester v1.8.2 and v1.9.0-rc4
+//! `pkg/webhook/loadbalancer/mutator.go`: `namespaceCache.Get`, `vmiCache.List`; `validator.go`:
+//! `vmCache.List`), not from the API server per request. A stand-in that listed per admission made the bed's
 //! Harvester API server serialise every VMI of the namespace on each LoadBalancer write (at 1 000
 //! VMs: about one core, and the CR creates of the bench's 5 000-Service level queued behind it).
 //! [`Cache`] is that informer: one watch into a store, read with a namespace and an equality label
@@ -11,8 +12,8 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
 
 /// A watch cache of one kind of object (all namespaces).
 #[derive(Clone)]
@@ -35,12 +36,7 @@ impl Cache {
         let writer = reflector::store::Writer::new(resource.clone());
         let store = writer.as_reader();
         let api: Api<DynamicObject> = Api::all_with(client, resource);
-        let watch = tokio::spawn(
-            watcher(api, watcher::Config::default())
-                .default_backoff()
-                .reflect(writer)
-                .for_each(|_| async {}),
-        );
+        let watch = tokio::spawn(super::watch(api).reflect(writer).for_each(|_| async {}));
         Cache {
             store,
             _watch: Arc::new(AbortOnDrop(watch)),
