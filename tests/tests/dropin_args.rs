@@ -74,14 +74,15 @@ impl Provider {
     }
 
     /// Waits for `/readyz` on [`DEFAULT_PORT`], then checks that this process is the one
-    /// answering (it still runs: had it lost the port, it would have exited).
-    async fn ready(&mut self) {
+    /// answering (it still runs: had it lost the port, it would have exited). `args` names the
+    /// run in a failure.
+    async fn ready(&mut self, args: &str) {
         scrape::wait_for_https_200(DEFAULT_PORT, "/readyz", Duration::from_secs(30))
             .await
-            .unwrap_or_else(|e| panic!("/readyz on {DEFAULT_PORT}: {e}"));
+            .unwrap_or_else(|e| panic!("{args}: /readyz on {DEFAULT_PORT}: {e}"));
         if let Some(exit) = self.child.try_wait().unwrap() {
             panic!(
-                "the provider exited ({exit}) while something answered /readyz on {DEFAULT_PORT}"
+                "{args}: the provider exited ({exit}) while something answered /readyz on {DEFAULT_PORT}"
             );
         }
     }
@@ -195,21 +196,21 @@ async fn the_cloud_provider_runs_with_the_args_upstreams_chart_renders() {
 
     // Default values: no cluster name (the framework's "kubernetes").
     let mut p = Provider::start(&bed, &chart_args(&bed, None, &[]));
-    p.ready().await;
+    p.ready("default values").await;
     lb_served_as(&bed, "svc-default", "kubernetes").await;
     held_by_this_host(&leases).await;
     p.stop().await;
 
     // Node-driver values: global.cattle.clusterName -> --cluster-name.
     let mut p = Provider::start(&bed, &chart_args(&bed, Some(CLUSTER), &[]));
-    p.ready().await;
+    p.ready("--cluster-name").await;
     lb_served_as(&bed, "svc-rancher", CLUSTER).await;
     p.stop().await;
 
     // Each documented extraArg alone, with the node driver's --cluster-name before it.
     for (i, extra) in DOCUMENTED.iter().enumerate() {
         let mut p = Provider::start(&bed, &chart_args(&bed, Some(CLUSTER), &[extra]));
-        p.ready().await;
+        p.ready(extra).await;
         let svc = format!("svc-extra-{i}");
         // pflag: of two --cluster-name, the last counts (and names the CRs).
         let cluster = extra.strip_prefix("--cluster-name=").unwrap_or(CLUSTER);
@@ -244,7 +245,7 @@ async fn the_cloud_provider_runs_with_the_args_upstreams_chart_renders() {
 
     // All of them together.
     let mut p = Provider::start(&bed, &chart_args(&bed, Some(CLUSTER), DOCUMENTED));
-    p.ready().await;
+    p.ready("all documented extraArgs").await;
     lb_served_as(&bed, "svc-all", "from-extra-args").await;
     node_with_a_stale_node_ip(&bed, "w-all", "10.0.0.23").await;
     initialised(&bed, "w-all").await;
