@@ -4,15 +4,23 @@ use super::*;
 
 /// `VmHWM` and `VmRSS` of a process, in KiB.
 pub(crate) fn memory_kib(pid: u32) -> anyhow::Result<(u64, u64)> {
+    let [hwm, rss] = status_kib(pid, ["VmHWM:", "VmRSS:"])?;
+    Ok((hwm, rss))
+}
+
+/// Fields of `/proc/<pid>/status` given in kB, in the order asked.
+fn status_kib<const N: usize>(pid: u32, names: [&str; N]) -> anyhow::Result<[u64; N]> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .with_context(|| format!("reading /proc/{pid}/status"))?;
-    let field = |name: &str| {
-        text.lines()
+    let mut values = [0; N];
+    for (value, name) in values.iter_mut().zip(names) {
+        *value = text
+            .lines()
             .find_map(|l| l.strip_prefix(name))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .with_context(|| format!("{name} in /proc/{pid}/status"))
-    };
-    Ok((field("VmHWM:")?, field("VmRSS:")?))
+            .with_context(|| format!("{name} in /proc/{pid}/status"))?;
+    }
+    Ok(values)
 }
 
 pub(crate) fn mib(kib: u64) -> String {
@@ -146,7 +154,10 @@ pub(crate) async fn memory(
     wait_for_socket(&socket, || csi.check_alive().is_err()).await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
     csi.check_alive()?;
-    let (hwm, rss) = memory_kib(csi.pid())?;
+    // Anonymous against file-backed: the idle plugin's resident set is mostly code pages of the
+    // binary and libc that the kernel maps around each fault, not heap.
+    let [hwm, rss, anon, file] =
+        status_kib(csi.pid(), ["VmHWM:", "VmRSS:", "RssAnon:", "RssFile:"])?;
     csi.stop();
     report.targets.push(Target {
         what: "CSI node plugin idle VmHWM".into(),
@@ -162,9 +173,11 @@ pub(crate) async fn memory(
         p50: "—".into(),
         p99: "—".into(),
         figures: format!(
-            "**VmHWM {}** (VmRSS {}), 5 s after its socket appeared; binary {}",
+            "**VmHWM {}** (VmRSS {}: anonymous {}, file-backed {}), 5 s after its socket appeared; binary {}",
             mib(hwm),
             mib(rss),
+            mib(anon),
+            mib(file),
             binary_size(&csi_bin)
         ),
     });
