@@ -8,7 +8,6 @@ use std::path::Path;
 use futures::future::{BoxFuture, Shared};
 use harvester_common::cloud_config::Harvester;
 use harvester_common::telemetry::{Metrics, Readiness};
-use kube::runtime::events::Recorder;
 
 use crate::config::Config;
 use crate::error::Error;
@@ -38,7 +37,7 @@ pub struct Context {
     pub namespace: String,
     pub config: Config,
     /// Publishes Events into the guest cluster ([`crate::controller::publish_event`]).
-    pub recorder: Recorder,
+    pub recorder: crate::event_recorder::EventRecorder,
     pub telemetry: Telemetry,
     /// The loaded cloud-config, kept for as long as the context: its client follows the file
     /// (new credentials) through a weak reference to it. `None` for [`Context::from_clients`].

@@ -19,11 +19,12 @@ use futures::{Stream, StreamExt};
 use harvester_common::telemetry::Metrics;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio_stream::wrappers::IntervalStream;
 
 use crate::context::FIELD_MANAGER;
+use crate::event_recorder::EventRecorder;
 
 /// The Events API refuses a note longer than this (bytes).
 const NOTE_LIMIT: usize = 1000;
@@ -70,19 +71,13 @@ pub fn backoff_delay(first: Duration, max: Duration, failures: u32) -> Duration 
 }
 
 /// The provider's one Event recorder (reporting controller [`FIELD_MANAGER`], instance `POD_NAME`).
-pub fn recorder(guest: kube::Client) -> Recorder {
-    Recorder::new(
-        guest,
-        Reporter {
-            controller: FIELD_MANAGER.to_string(),
-            instance: std::env::var("POD_NAME").ok(),
-        },
-    )
+pub fn recorder(guest: kube::Client) -> EventRecorder {
+    EventRecorder::new(guest, FIELD_MANAGER, std::env::var("POD_NAME").ok())
 }
 
 /// Publishes an Event on `object`; a failure to publish is only logged.
 pub async fn publish_event(
-    recorder: &Recorder,
+    recorder: &EventRecorder,
     object: &ObjectReference,
     type_: EventType,
     reason: &str,
@@ -109,7 +104,7 @@ pub async fn publish_event(
     }
 }
 
-/// An Event action that changes with the note: kube's Recorder folds Events with the same action
+/// An Event action that changes with the note: the recorder folds Events with the same action
 /// and reason into one series that keeps the first note; a digest of the note in the action keeps
 /// a changed message visible, as client-go's aggregation by message does.
 pub fn digest_action(reason: &str, note: &str) -> String {

@@ -9,18 +9,20 @@
 //! - [`service`]: LoadBalancer Services with addresses from Harvester IP pools.
 //!
 //! Every controller gets the one [`Context`] ([`context`]: clients, flags, Event recorder,
-//! telemetry) and stands on one harness ([`controller`]: backoff, Event publishing, reconcile
-//! metrics, resync ticks). Each reconcile fetches from caches, computes a pure plan and applies
-//! it; errors become Warning Events with a stable reason and a per-object backoff. The node-side
-//! controllers share one watch per resource ([`node::inventory`]) and write with at most two
-//! patches ([`node::patch`]). Around the controllers, for `main`: [`leader`] (upstream's Lease
-//! election) and [`secure`] (`/healthz`, `/readyz`, `/metrics` over HTTPS with delegated
-//! authentication). This module only wires; it defines no shared type.
+//! telemetry) and stands on one harness ([`controller`]: backoff, Event publishing through
+//! [`event_recorder`], reconcile metrics, resync ticks). Each reconcile fetches from caches,
+//! computes a pure plan and applies it; errors become Warning Events with a stable reason and a
+//! per-object backoff. The node-side controllers share one watch per resource
+//! ([`node::inventory`]) and write with at most two patches ([`node::patch`]). Around the
+//! controllers, for `main`: [`leader`] (upstream's Lease election) and [`secure`] (`/healthz`,
+//! `/readyz`, `/metrics` over HTTPS with delegated authentication). This module only wires; it
+//! defines no shared type.
 
 pub mod config;
 pub mod context;
 pub mod controller;
 pub mod error;
+pub mod event_recorder;
 pub mod leader;
 pub mod network;
 pub mod node;

@@ -457,3 +457,68 @@ async fn a_lease_held_by_upstream_keeps_ours_standby_until_it_expires() {
     ours.kill().unwrap();
     let _ = ours.wait();
 }
+
+/// The provider's Event recorder against the real API server: a repeat is counted on the first
+/// Event (`series.count`), and a repeat after that Event was deleted (expired or cleaned up)
+/// creates a new one instead of failing on the gone Event.
+#[tokio::test]
+async fn a_repeated_event_is_counted_in_its_series_and_one_whose_event_is_gone_starts_anew() {
+    use harvester_cloud_provider::event_recorder::EventRecorder;
+    use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference};
+    use k8s_openapi::api::events::v1::Event as K8sEvent;
+    use kube::api::{DeleteParams, ListParams, PostParams};
+    use kube::runtime::events::{Event, EventType};
+
+    let bed = TestBed::started().await;
+    let client = bed.guest.client.clone();
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), "default")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": "regarded"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let regarding = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("ConfigMap".into()),
+        namespace: Some("default".into()),
+        name: Some("regarded".into()),
+        uid: cm.metadata.uid.clone(),
+        ..ObjectReference::default()
+    };
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "Tested".into(),
+        note: Some("the same occurrence".into()),
+        action: "Test".into(),
+        secondary: None,
+    };
+    let recorder = EventRecorder::new(client.clone(), "ops-test", Some("ops-0".into()));
+    let events = Api::<K8sEvent>::namespaced(client, "default");
+    let ours = || async {
+        let mut list = events.list(&ListParams::default()).await.unwrap().items;
+        list.retain(|e| e.reason.as_deref() == Some("Tested"));
+        list
+    };
+
+    for _ in 0..3 {
+        recorder.publish(&event, &regarding).await.unwrap();
+    }
+    let first = ours().await;
+    assert_eq!(first.len(), 1, "three occurrences, one Event: {first:?}");
+    assert_eq!(first[0].series.as_ref().map(|s| s.count), Some(3));
+    assert_eq!(first[0].reporting_controller.as_deref(), Some("ops-test"));
+    assert_eq!(first[0].reporting_instance.as_deref(), Some("ops-0"));
+    assert_eq!(first[0].note.as_deref(), Some("the same occurrence"));
+
+    let name = first[0].metadata.name.clone().unwrap();
+    events
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    recorder.publish(&event, &regarding).await.unwrap();
+    let after = ours().await;
+    assert_eq!(after.len(), 1, "{after:?}");
+    assert_ne!(after[0].metadata.name.as_deref(), Some(name.as_str()));
+    assert!(after[0].series.is_none(), "a new series: {after:?}");
+}
