@@ -1,9 +1,10 @@
 //! What Harvester's LoadBalancer webhooks read besides the object under admission comes from
 //! informer caches (harvester/load-balancer-harvester v1.8.2 and v1.9.0-rc4
 //! `pkg/webhook/loadbalancer/mutator.go`: `namespaceCache.Get`, `vmiCache.List`; `validator.go`:
-//! `vmCache.List`), not from the API server per request. A stand-in that listed per admission made the bed's
-//! Harvester API server serialise every VMI of the namespace on each LoadBalancer write (at 1 000
-//! VMs: about one core, and the CR creates of the bench's 5 000-Service level queued behind it).
+//! `vmCache.List`), not from the API server per request. A stand-in that listed per admission
+//! made the bed's Harvester API server serialise every VMI of the namespace on each LoadBalancer
+//! write (at 1 000 VMs: about one core, and the CR creates of the bench's 5 000-Service level
+//! queued behind it).
 //! [`Cache`] is that informer: one watch into a store, read with a namespace and an equality label
 //! selector as the listers do; the watch stops when the last handle goes.
 
