@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use harvester_common::harvester::{LoadBalancer, VirtualMachine};
+use harvester_common::quantity;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
@@ -377,15 +378,25 @@ async fn finished_log(bed: &TestBed, name: &str) -> String {
 
 async fn delete_pod(bed: &TestBed, name: &str) {
     let pods: Api<Pod> = api(bed);
-    let _ = pods.delete(name, &DeleteParams::default()).await;
-    wait::until(&format!("Pod {name} gone"), POD_READY, || async {
+    match pods.delete(name, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => return,
+        Err(e) => panic!("deleting Pod {name}: {e}"),
+    }
+    let gone = wait::until(&format!("Pod {name} gone"), POD_READY, || async {
         Ok(match pods.get_opt(name).await.map_err(|e| e.to_string())? {
             None => Ok(()),
             Some(p) => Err(guest_cluster::pod_state(&p)),
         })
     })
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .await;
+    if let Err(e) = gone {
+        panic!(
+            "{e}\nEvents:\n{}\nthe kubelet's last lines naming it:\n{}",
+            events_of(&bed.guest.client, NS, "Pod", name).await,
+            bed.real().node.kubelet_log_lines(name, 40)
+        );
+    }
 }
 
 async fn bound(bed: &TestBed, claim: &str) -> PersistentVolumeClaim {
@@ -576,6 +587,33 @@ async fn volume_grows_online_in_a_running_pod(bed: &TestBed) {
     .await
     .unwrap_or_else(|e| panic!("{e}"));
     eprintln!("online growth seen in the Pod: {before} KiB -> {after} KiB");
+    // The kubelet ends an online expansion by writing the new size into the claim's status; a
+    // Pod deleted before then waits for the pod worker's volume check of its current sync.
+    wait::until(
+        "PVC growing to report at least 640Mi with no resize condition",
+        POD_READY,
+        || async {
+            let p = pvcs.get("growing").await.map_err(|e| e.to_string())?;
+            let status = p.status.unwrap_or_default();
+            let capacity = status
+                .capacity
+                .and_then(|c| c.get("storage").map(|q| q.0.clone()));
+            let conditions: Vec<String> = status
+                .conditions
+                .unwrap_or_default()
+                .into_iter()
+                .map(|c| c.type_)
+                .collect();
+            let bytes = capacity.as_deref().and_then(quantity::to_bytes);
+            Ok(if bytes >= Some(640 << 20) && conditions.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("capacity {capacity:?}, conditions {conditions:?}"))
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     delete_pod(bed, "grower").await;
 }
 

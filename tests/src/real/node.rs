@@ -350,6 +350,17 @@ impl RealNode {
 }
 
 impl RealNode {
+    /// The last `n` lines of the kubelet's log that contain `needle` (a Pod's name, say), for a
+    /// failure message.
+    pub fn kubelet_log_lines(&self, needle: &str, n: usize) -> String {
+        let Some(kubelet) = &self.kubelet else {
+            return "(the kubelet is stopped)".into();
+        };
+        let text = std::fs::read_to_string(&kubelet.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains(needle)).collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
     /// Pids of containerd and the kubelet.
     pub fn pids(&self) -> Vec<u32> {
         self.containerd
