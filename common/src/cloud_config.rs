@@ -105,7 +105,7 @@ async fn build(path: &Path, metrics: Option<&Metrics>) -> Result<Loaded, CloudCo
             source,
         })?;
     let namespace = config.default_namespace.clone();
-    let client = crate::telemetry::kube_client(config, metrics).map_err(|source| {
+    let client = crate::api_client::kube_client(config, metrics).map_err(|source| {
         CloudConfigError::Client {
             path: path.to_path_buf(),
             source,

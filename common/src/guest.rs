@@ -23,5 +23,5 @@ pub async fn config(path: Option<&Path>) -> Result<kube::Config, String> {
 
 /// A client from `config`, its requests counted into `metrics`.
 pub fn client(config: kube::Config, metrics: Option<&Metrics>) -> Result<kube::Client, String> {
-    crate::telemetry::kube_client(config, metrics).map_err(|e| e.to_string())
+    crate::api_client::kube_client(config, metrics).map_err(|e| e.to_string())
 }

@@ -9,6 +9,7 @@
 //! - [`quantity`]: Kubernetes quantities as bytes.
 //! - [`running`]: a program's run loop as a task with a stop handle (both `spawn`s).
 //! - [`telemetry`]: logs, metrics, health endpoints, API request counts, shutdown signal.
+//! - [`api_client`]: the kube client both programs use (HTTP/2, counted requests).
 //! - [`api_error`]: reading the API server's error answers (status predicates, messages).
 //!
 //! What only one side uses lives with it: the DHCP client in `ccm/dhcp` (crate `harvester-dhcp`),
@@ -19,6 +20,7 @@
 //! NetworkFilesystem and snapshot types the driver's), because the test bed's stand-ins read
 //! the same types; [`quantity`] is the driver's, and the test bed's storage stand-in reads it.
 
+pub mod api_client;
 pub mod api_error;
 pub mod cloud_config;
 pub mod flags;

@@ -94,6 +94,31 @@ async fn cloud_config_rotation_switches_credentials_without_a_restart() {
     assert_eq!(list_vms(&h).await, Ok(()));
 }
 
+/// Requests at once share one HTTP/2 connection (ALPN h2, as client-go), not a TLS connection each.
+#[tokio::test]
+async fn concurrent_requests_to_harvester_go_over_http2() {
+    let bed = TestBed::started().await;
+    let h = Harvester::load_with(&bed.cloud_config, None, RELOAD)
+        .await
+        .expect("load");
+    let versions = futures::future::join_all((0..32).map(|_| {
+        let client = h.client.clone();
+        async move {
+            let req = http::Request::get("/version")
+                .body(kube::client::Body::empty())
+                .unwrap();
+            let res = client.send(req).await.expect("GET /version");
+            assert!(res.status().is_success(), "GET /version: {}", res.status());
+            res.version()
+        }
+    }))
+    .await;
+    assert!(
+        versions.iter().all(|v| *v == http::Version::HTTP_2),
+        "answered over {versions:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_401_from_harvester_marks_the_credentials_bad_naming_the_file() {
     let bed = TestBed::started().await;

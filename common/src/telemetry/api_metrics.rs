@@ -74,18 +74,6 @@ where
     }
 }
 
-/// A kube client whose requests are counted in `metrics` (when given).
-pub fn kube_client(
-    config: kube::Config,
-    metrics: Option<&Metrics>,
-) -> Result<kube::Client, kube::Error> {
-    let builder = kube::client::ClientBuilder::try_from(config)?;
-    Ok(match metrics {
-        Some(m) => builder.with_layer(&ApiMetricsLayer::new(m.clone())).build(),
-        None => builder.build(),
-    })
-}
-
 /// `(verb, resource[/subresource])` of an API request path, as kube-apiserver's audit names them.
 pub fn classify(method: &Method, path: &str, query: Option<&str>) -> (&'static str, String) {
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();

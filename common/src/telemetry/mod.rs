@@ -8,7 +8,7 @@ pub mod logging;
 pub mod metrics;
 pub mod server;
 
-pub use api_metrics::{ApiMetricsLayer, kube_client};
+pub use api_metrics::ApiMetricsLayer;
 pub use logging::{LogFormat, init_logging};
 pub use metrics::Metrics;
 pub use server::{Readiness, serve};
