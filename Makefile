@@ -64,10 +64,14 @@ charts-check: tools
 	  done; \
 	done
 
+# The binaries the suites' build makes (`cargo test --workspace --no-run`, which
+# tests/scripts/suites.sh runs again as a no-op): `cargo run --bin` would select one package and
+# compile kube and the binary again with that package's features.
 help-check:
 	@echo "[test] both binaries answer --help"
-	$(CARGO) run --quiet --bin harvester-cloud-provider -- --help >/dev/null
-	$(CARGO) run --quiet --bin harvester-csi-driver -- --help >/dev/null
+	$(CARGO) test --workspace --no-run --quiet
+	$${CARGO_TARGET_DIR:-target}/debug/harvester-cloud-provider --help >/dev/null
+	$${CARGO_TARGET_DIR:-target}/debug/harvester-csi-driver --help >/dev/null
 
 # Every unit, property and test-bed suite, built once and run in two lanes side by side (the
 # suites that boot QEMU guests or use what exists once per machine in one lane, one after

@@ -39,6 +39,10 @@ pub fn kube_client(
     tcp.set_connect_timeout(config.connect_timeout);
     // client-go's dialer keep-alive: a dead peer is found on an HTTP/1.1 connection too.
     tcp.set_keepalive(Some(PING_EVERY));
+    // Go's default too. HTTP/2 writes a request's HEADERS and DATA frames, and the flow-control
+    // and ping frames, as separate small writes; with Nagle each waited for the server's delayed
+    // ACK (the CR allocated -> Service address step went from 7 to 48 ms at its median).
+    tcp.set_nodelay(true);
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http();
