@@ -33,7 +33,10 @@ async fn bed(rules: Rules) -> TestBed {
     .unwrap_or_else(|e| panic!("the test bed must start for this test: {e}"))
 }
 
-/// Gives the bed's VM namespace a Rancher project, as a Harvester imported into Rancher has.
+/// Gives the bed's VM namespace a Rancher project, as a Harvester imported into Rancher has, and
+/// waits until the webhook reads it: like upstream's, it reads Namespaces from a watch cache, so
+/// a LoadBalancer written right after the patch may still get the old project. A dry-run create
+/// goes through the admission chain and stores nothing.
 async fn set_project(bed: &TestBed, project_id: &str) {
     Api::<Namespace>::all(bed.harvester.client.clone())
         .patch(
@@ -43,6 +46,33 @@ async fn set_project(bed: &TestBed, project_id: &str) {
         )
         .await
         .expect("annotate the VM namespace");
+    let want = project_id.replacen(':', "/", 1);
+    let probe: LoadBalancer = serde_json::from_value(json!({
+        "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
+        "metadata": {"name": "project-probe", "annotations": {
+            ANN_CLUSTER: "probe", ANN_MANAGEMENT_NETWORK: "default/mgmt", UNMANAGED: "x"}},
+        "spec": {"workloadType": "cluster", "ipam": "pool"}
+    }))
+    .unwrap();
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let lbs = crs(bed);
+    wait::until("the webhook to read the project", LIMIT, || async {
+        let made = lbs
+            .create(&dry_run, &probe)
+            .await
+            .map_err(|e| e.to_string())?;
+        let got = made.annotations().get(ANN_PROJECT).cloned();
+        Ok(if got.as_deref() == Some(want.as_str()) {
+            Ok(())
+        } else {
+            Err(got)
+        })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
 }
 
 fn crs(bed: &TestBed) -> Api<LoadBalancer> {
