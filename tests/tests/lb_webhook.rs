@@ -47,13 +47,10 @@ async fn set_project(bed: &TestBed, project_id: &str) {
         .await
         .expect("annotate the VM namespace");
     let want = project_id.replacen(':', "/", 1);
-    let probe: LoadBalancer = serde_json::from_value(json!({
-        "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
-        "metadata": {"name": "project-probe", "annotations": {
-            ANN_CLUSTER: "probe", ANN_MANAGEMENT_NETWORK: "default/mgmt", UNMANAGED: "x"}},
-        "spec": {"workloadType": "cluster", "ipam": "pool"}
-    }))
-    .unwrap();
+    let probe = lb(
+        "project-probe",
+        json!({ANN_CLUSTER: "probe", ANN_MANAGEMENT_NETWORK: "default/mgmt", UNMANAGED: "x"}),
+    );
     let dry_run = PostParams {
         dry_run: true,
         ..PostParams::default()
@@ -73,6 +70,16 @@ async fn set_project(bed: &TestBed, project_id: &str) {
     })
     .await
     .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// A `cluster` LoadBalancer with IPAM `pool` and annotations `ann`, as the provider writes one.
+fn lb(name: &str, ann: serde_json::Value) -> LoadBalancer {
+    serde_json::from_value(json!({
+        "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
+        "metadata": {"name": name, "annotations": ann},
+        "spec": {"workloadType": "cluster", "ipam": "pool"}
+    }))
+    .unwrap()
 }
 
 fn crs(bed: &TestBed) -> Api<LoadBalancer> {
@@ -233,14 +240,6 @@ async fn lb_webhook_mutates_creates_and_updates_through_the_api_server() {
     set_project(&bed, "c-1:p-2").await;
     // The stand-in's LB controller leaves these alone (UNMANAGED), so only the webhook writes.
     let lbs = crs(&bed);
-    let lb = |name: &str, ann: serde_json::Value| -> LoadBalancer {
-        serde_json::from_value(json!({
-            "apiVersion": "loadbalancer.harvesterhci.io/v1beta1", "kind": "LoadBalancer",
-            "metadata": {"name": name, "annotations": ann},
-            "spec": {"workloadType": "cluster", "ipam": "pool"}
-        }))
-        .unwrap()
-    };
     let made = lbs
         .create(
             &PostParams::default(),
