@@ -11,10 +11,12 @@ COPY . .
 # Only this binary and its crates (csi-proto compiles csi.proto with protox: no protoc needed).
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p harvester-cloud-provider \
+    cargo rustc --release --locked -p harvester-cloud-provider --bin harvester-cloud-provider \
+       -- -C target-feature=+crt-static -C link-arg=-Wl,-z,pack-relative-relocs \
     && install -D -m 0755 target/release/harvester-cloud-provider /out/harvester-cloud-provider
 
-# distroless/cc: glibc and libgcc_s for the Rust binary, nothing else (no shell, no package
+# distroless/cc: the binary links glibc statically (static-pie); the image adds the CA
+# certificates and the /etc files its resolver reads, nothing else (no shell, no package
 # manager). Runs as root: it reads the root-owned cloud-config file from the node, and the
 # chart drops every capability but NET_RAW and NET_BIND_SERVICE (DHCP mode).
 FROM gcr.io/distroless/cc-debian12

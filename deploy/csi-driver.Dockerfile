@@ -13,7 +13,8 @@ WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p harvester-csi-driver \
+    cargo rustc --release --locked -p harvester-csi-driver --bin harvester-csi-driver \
+       -- -C target-feature=+crt-static -C link-arg=-Wl,-z,pack-relative-relocs \
     && install -D -m 0755 target/release/harvester-csi-driver /out/harvester-csi-driver
 
 FROM docker.io/library/debian:bookworm-slim

@@ -19,7 +19,7 @@ use futures::{Stream, StreamExt};
 use harvester_common::harvester::{
     TOPOLOGY_REGION, TOPOLOGY_ZONE, VirtualMachine, VirtualMachineInstance, lenient,
 };
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, NodeStatus};
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -408,15 +408,20 @@ where
 }
 
 /// What the node-side controllers never read, dropped before an object is cached: managed
-/// fields everywhere, a Node's image list, a VM's spec (its template: domain, disks, cloud-init
+/// fields everywhere, a Node's status but its addresses and conditions (images, capacity, node
+/// info), a VM's spec (its template: domain, disks, cloud-init
 /// user data) and annotations, and of a VMI its domain, volumes and volume status. What is read
 /// is kept: a Node's taints, labels, annotations, addresses and conditions; a VM's UID and
 /// `status.ready`; a VMI's networks, hostname, interfaces, host, conditions, migration state,
 /// labels and topology annotations. Nothing of these caches is ever written back.
 fn strip_node(node: &mut Node) {
     node.managed_fields_mut().clear();
-    if let Some(status) = node.status.as_mut() {
-        status.images = None;
+    if let Some(status) = node.status.take() {
+        node.status = Some(NodeStatus {
+            addresses: status.addresses,
+            conditions: status.conditions,
+            ..Default::default()
+        });
     }
 }
 
@@ -490,6 +495,32 @@ mod tests {
             "spec": {"providerID": provider_id}
         }))
         .expect("test node")
+    }
+
+    #[test]
+    fn a_cached_node_keeps_what_the_controllers_read() {
+        let mut n: Node = serde_json::from_value(json!({
+            "metadata": {"name": "w1", "labels": {"a": "b"}, "managedFields": [{"manager": "kubelet"}]},
+            "spec": {"providerID": "harvester://u", "taints": [{"key": "k", "effect": "NoSchedule"}]},
+            "status": {
+                "addresses": [{"type": "InternalIP", "address": "10.0.0.5"}],
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "capacity": {"cpu": "2"}, "nodeInfo": {"kubeletVersion": "v1.34.4", "architecture": "amd64",
+                "bootID": "", "containerRuntimeVersion": "", "kernelVersion": "", "kubeProxyVersion": "",
+                "machineID": "", "operatingSystem": "linux", "osImage": "", "systemUUID": ""},
+                "images": [{"names": ["pause"]}]
+            }
+        }))
+        .expect("test node");
+        let spec = n.spec.clone();
+        strip_node(&mut n);
+        let status = n.status.as_ref().expect("status kept");
+        assert_eq!(status.addresses.as_ref().map(Vec::len), Some(1));
+        assert_eq!(status.conditions.as_ref().map(Vec::len), Some(1));
+        assert!(status.capacity.is_none() && status.node_info.is_none() && status.images.is_none());
+        assert_eq!(n.spec, spec);
+        assert_eq!(n.labels().get("a").map(String::as_str), Some("b"));
+        assert!(n.managed_fields().is_empty());
     }
 
     #[test]

@@ -27,13 +27,13 @@ pub(crate) fn mib(kib: u64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
 }
 
-/// The release binaries `cargo build --release --bins` put next to this program.
+/// The release binaries `make release` puts next to this program.
 pub(crate) fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let path = exe.with_file_name(name);
     if !path.is_file() {
         bail!(
-            "{} is not built: run `cargo build --release --bins` (make bench does)",
+            "{} is not built: run `make release` (make bench does)",
             path.display()
         );
     }

@@ -91,7 +91,7 @@ pub fn build(bin_dir: &Path, out_dir: &Path, prefix: &str) -> Result<Vec<Built>,
         let binary = bin_dir.join(program);
         if !binary.is_file() {
             return Err(BedError::Setup(format!(
-                "{} is not built: run `cargo build --release --bins`",
+                "{} is not built: run `make release`",
                 binary.display()
             )));
         }
@@ -158,7 +158,7 @@ mod tests {
             .to_string();
         assert!(
             e.contains("harvester-cloud-provider is not built")
-                && e.contains("cargo build --release --bins"),
+                && e.contains("make release"),
             "{e}"
         );
     }
