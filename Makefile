@@ -26,15 +26,14 @@ IMAGE_PREFIX ?= localhost
 images: release
 	$(CARGO) run --release --quiet -p testbed --bin testbed -- images --prefix '$(IMAGE_PREFIX)'
 
-# The release binaries (`images` and `bench` build them). The two programs link glibc statically,
+# The two programs' release binaries (`images` and `bench` build them). They link glibc statically,
 # position-independent, with packed relocations (static-pie, DT_RELR): they fault in no shared
 # libc/libm pages and no 440 KiB relocation table, 1.4-1.9 MiB less resident each (docs/
 # benchmarks.md, section 4); DNS still answers from /etc/hosts and resolv.conf (glibc 2.36 has
 # no NSS modules to load for them). `cargo rustc` gives the flags to each program's final link
-# alone: RUSTFLAGS would reach the proc macros too, which cannot link statically.
+# alone: RUSTFLAGS would reach every crate, build script and proc macro (another full build).
 STATIC_LINK := -C target-feature=+crt-static -C link-arg=-Wl,-z,pack-relative-relocs
 release:
-	$(CARGO) build --release --workspace --bins --exclude harvester-cloud-provider --exclude harvester-csi-driver
 	$(CARGO) rustc --release -p harvester-cloud-provider --bin harvester-cloud-provider -- $(STATIC_LINK)
 	$(CARGO) rustc --release -p harvester-csi-driver --bin harvester-csi-driver -- $(STATIC_LINK)
 
