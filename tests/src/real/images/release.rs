@@ -157,8 +157,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("harvester-cloud-provider is not built")
-                && e.contains("make release"),
+            e.contains("harvester-cloud-provider is not built") && e.contains("make release"),
             "{e}"
         );
     }
