@@ -206,7 +206,7 @@ pub(crate) fn render(info: &RunInfo, report: &Report) -> String {
         "| load average (1/5/15 min) | {} before, {} after |",
         info.load_before, info.load_after
     );
-    s.push_str("| build | release profile (`cargo build --release`), the programs under test run in-process or as the release binaries |\n");
+    s.push_str("| build | release profile (fat LTO, one codegen unit; `make release` links the two programs static-pie), the programs under test run in-process or as the release binaries |\n");
     s.push_str("| test bed | real etcd 3.6.16 and two kube-apiserver 1.34.4 on loopback (`--unsafe-no-fsync`), the Harvester stand-in in the bench process |\n\n");
     s.push_str(
         "**The machine is noisy.** Two shared cores run etcd, both kube-apiservers, the stand-in, the \
