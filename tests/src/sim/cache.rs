@@ -46,16 +46,18 @@ impl Cache {
 
     /// The objects of `namespace` whose labels hold every `key=value` of `selector` (as a lister
     /// with `labels.SelectorFromSet`), once the first list is in.
-    pub async fn list(&self, namespace: &str, selector: &[(&str, &str)]) -> Vec<DynamicObject> {
+    /// Shared, as a lister's pointers: a webhook called for every write must not copy whole
+    /// objects per call.
+    pub async fn list(
+        &self,
+        namespace: &str,
+        selector: &[(&str, &str)],
+    ) -> Vec<Arc<DynamicObject>> {
         let _ = self.store.wait_until_ready().await;
-        self.store
-            .state_filter(|o| {
-                o.metadata.namespace.as_deref() == Some(namespace)
-                    && selected(o.metadata.labels.as_ref(), selector)
-            })
-            .iter()
-            .map(|o| o.as_ref().clone())
-            .collect()
+        self.store.state_filter(|o| {
+            o.metadata.namespace.as_deref() == Some(namespace)
+                && selected(o.metadata.labels.as_ref(), selector)
+        })
     }
 
     /// The cluster-scoped object `name`, once the first list is in.

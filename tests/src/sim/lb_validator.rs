@@ -273,7 +273,7 @@ async fn list_vms(vms: &Cache, namespace: &str, gc: &str) -> Vec<Vm> {
                 .as_ref()
                 .and_then(|a| a.get(ANN_ON_REMOVE))
                 .is_some_and(|v| v == "true"),
-            name: vm.metadata.name.unwrap_or_default(),
+            name: vm.metadata.name.clone().unwrap_or_default(),
         })
         .collect()
 }

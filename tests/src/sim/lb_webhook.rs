@@ -85,8 +85,9 @@ pub struct Vmi {
 }
 
 impl Vmi {
-    fn from_object(obj: &Value) -> Vmi {
+    fn from_object(obj: &DynamicObject) -> Vmi {
         let multus = obj
+            .data
             .pointer("/spec/networks")
             .and_then(Value::as_array)
             .into_iter()
@@ -100,11 +101,7 @@ impl Vmi {
             })
             .collect();
         Vmi {
-            name: obj
-                .pointer("/metadata/name")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string(),
+            name: obj.metadata.name.clone().unwrap_or_default(),
             multus,
         }
     }
@@ -561,8 +558,7 @@ async fn vmis_labelled(vmis: &Cache, namespace: &str, label: &str, value: &str) 
     vmis.list(namespace, &[(label, value)])
         .await
         .iter()
-        .filter_map(|o| serde_json::to_value(o).ok())
-        .map(|o| Vmi::from_object(&o))
+        .map(|o| Vmi::from_object(o))
         .collect()
 }
 

@@ -26,18 +26,43 @@ where
         + Sync
         + 'static,
 {
-    let seen: Seen = Arc::default();
+    let ([seen], task) = observe_each(api, move |obj: &K| [done(obj)]);
+    (seen, task)
+}
+
+/// Like [`observe`] for `N` states of the same objects, from one watch (each extra watch of the
+/// observer is load on the API server it measures): `done` says for each state whether the
+/// object is in it.
+pub fn observe_each<K, F, const N: usize>(
+    api: Api<K>,
+    done: F,
+) -> ([Seen; N], tokio::task::JoinHandle<()>)
+where
+    K: kube::Resource
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    F: Fn(&K) -> [Option<(String, String)>; N] + Send + 'static,
+{
+    let seen: [Seen; N] = std::array::from_fn(|_| Seen::default());
     let out = seen.clone();
     let task = tokio::spawn(async move {
         let mut events = watcher::watcher(api, watcher::Config::default())
             .default_backoff()
             .boxed();
         while let Some(ev) = events.next().await {
-            if let Ok(Event::Apply(obj) | Event::InitApply(obj)) = ev
-                && let Some((key, value)) = done(&obj)
-            {
-                let mut seen = out.lock().unwrap_or_else(|p| p.into_inner());
-                seen.entry(key).or_insert((Instant::now(), value));
+            let Ok(Event::Apply(obj) | Event::InitApply(obj)) = ev else {
+                continue;
+            };
+            let now = Instant::now();
+            for (state, out) in done(&obj).into_iter().zip(&out) {
+                if let Some((key, value)) = state {
+                    let mut seen = out.lock().unwrap_or_else(|p| p.into_inner());
+                    seen.entry(key).or_insert((now, value));
+                }
             }
         }
     });

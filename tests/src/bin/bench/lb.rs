@@ -10,8 +10,8 @@ pub(crate) async fn lb_convergence(n: usize, report: &mut Report) -> anyhow::Res
     let services: Api<Service> = Api::namespaced(bed.guest.client.clone(), "default");
     let crs: Api<LoadBalancer> = Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);
     let (seen, watch) = observe(services.clone(), service_address);
-    let (cr_seen, cr_watch) = observe(crs.clone(), cr_created);
-    let (alloc_seen, alloc_watch) = observe(crs, cr_allocated);
+    let ([cr_seen, alloc_seen], cr_watch) =
+        observe_each(crs, |lb| [cr_created(lb), cr_allocated(lb)]);
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let before = api_requests(&ccm.telemetry.metrics);
@@ -45,7 +45,7 @@ pub(crate) async fn lb_convergence(n: usize, report: &mut Report) -> anyhow::Res
     let after = api_requests(&ccm.telemetry.metrics);
     let address_metric =
         histogram_mean(&ccm.telemetry.metrics, "harvester_service_address_seconds");
-    for w in [watch, cr_watch, alloc_watch] {
+    for w in [watch, cr_watch] {
         w.abort();
     }
     ccm.stop().await;

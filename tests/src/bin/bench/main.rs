@@ -53,7 +53,7 @@ use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use testbed::sim::GuestVm;
-use testbed::util::observe::{Seen, observe, seen_now};
+use testbed::util::observe::{Seen, observe, observe_each, seen_now};
 use testbed::util::process::Proc;
 use testbed::{BedOptions, TestBed};
 use tonic::transport::Channel;

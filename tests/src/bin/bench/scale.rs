@@ -240,8 +240,8 @@ pub(crate) async fn scale(level: Level, report: &mut Report) -> anyhow::Result<S
     let svc_api: Api<Service> = Api::namespaced(bed.guest.client.clone(), "default");
     let crs: Api<LoadBalancer> = Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);
     let (seen, watch) = observe(svc_api.clone(), service_address);
-    let (cr_seen, cr_watch) = observe(crs.clone(), cr_created);
-    let (alloc_seen, alloc_watch) = observe(crs, cr_allocated);
+    let ([cr_seen, alloc_seen], cr_watch) =
+        observe_each(crs, |lb| [cr_created(lb), cr_allocated(lb)]);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let t0 = Instant::now();
     // A tainted Node whose VM has no VMI, under the Service load: its Warning, and no delay.
@@ -278,7 +278,7 @@ pub(crate) async fn scale(level: Level, report: &mut Report) -> anyhow::Result<S
     let result = wait_all("Services with an address", &seen, &names, limit).await;
     settle_scraped(port, Duration::from_secs(2), Duration::from_secs(60)).await?;
     let after = scraped_requests(port).await?;
-    for w in [watch, cr_watch, alloc_watch] {
+    for w in [watch, cr_watch] {
         w.abort();
     }
     ccm.check_alive()?;
