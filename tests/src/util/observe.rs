@@ -12,20 +12,27 @@ use kube::runtime::watcher::{self, Event};
 /// Key -> (first time seen done, the value `done` gave then).
 pub type Seen = Arc<Mutex<HashMap<String, (Instant, String)>>>;
 
-/// Watches `api` and records the first time `done` returns `(key, value)` for each key.
-pub fn observe<K>(
-    api: Api<K>,
-    done: impl Fn(&K) -> Option<(String, String)> + Send + 'static,
-) -> (Seen, tokio::task::JoinHandle<()>)
-where
+/// What a watch of the observer can hold.
+pub trait Watched:
+    kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static
+{
+}
+impl<K> Watched for K where
     K: kube::Resource
         + Clone
         + std::fmt::Debug
         + serde::de::DeserializeOwned
         + Send
         + Sync
-        + 'static,
+        + 'static
 {
+}
+
+/// Watches `api` and records the first time `done` returns `(key, value)` for each key.
+pub fn observe<K: Watched>(
+    api: Api<K>,
+    done: impl Fn(&K) -> Option<(String, String)> + Send + 'static,
+) -> (Seen, tokio::task::JoinHandle<()>) {
     let ([seen], task) = observe_each(api, move |obj: &K| [done(obj)]);
     (seen, task)
 }
@@ -38,13 +45,7 @@ pub fn observe_each<K, F, const N: usize>(
     done: F,
 ) -> ([Seen; N], tokio::task::JoinHandle<()>)
 where
-    K: kube::Resource
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: Watched,
     F: Fn(&K) -> [Option<(String, String)>; N] + Send + 'static,
 {
     let seen: [Seen; N] = std::array::from_fn(|_| Seen::default());
