@@ -46,6 +46,7 @@ impl Cache {
 
     /// The objects of `namespace` whose labels hold every `key=value` of `selector` (as a lister
     /// with `labels.SelectorFromSet`), once the first list is in.
+    ///
     /// Shared, as a lister's pointers: a webhook called for every write must not copy whole
     /// objects per call.
     pub async fn list(
