@@ -579,9 +579,21 @@ async fn contract_a_lost_allocation_is_released_as_a_duplicate_and_the_same_addr
     .await
     .unwrap_or_else(|e| panic!("{e}"));
 
-    // Every version of the CR from now on, as the watch delivers them.
+    // Every version of the CR from now on, as the watch delivers them. The first is the initial
+    // list; taking it before the patch starts the watch at that version, so the stand-in's
+    // refusal cannot fall between the patch and a list that already shows the address back.
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut versions = Box::pin(watcher(cr.clone(), config).applied_objects());
+    let listed = tokio::time::timeout(LIMIT, versions.next())
+        .await
+        .expect("the CR's watch lists it")
+        .expect("the watch is open")
+        .expect("the list succeeds");
+    assert_eq!(
+        listed.allocated_ip(),
+        Some(ip.as_str()),
+        "listed before the patch"
+    );
     let t0 = std::time::Instant::now();
     cr.patch(
         &name,

@@ -2,8 +2,13 @@
 //! from IPPools (with [`super::ipam`]), `0.0.0.0` for DHCP, the Ready condition, and the
 //! release of the address when the LoadBalancer goes. Woken by LoadBalancer and IPPool watches:
 //! a LoadBalancer waiting for a pool converges as soon as one matches.
+//!
+//! Like upstream, pools are read from a watch cache and written with `Update` (load-balancer-harvester
+//! v1.8 `pkg/ipam/store/store.go`: `iPPoolCache.Get`, `iPPoolClient.Update`; `pkg/ipam/selector.go`:
+//! `IPPoolCache.List`), never listed from the API server per allocation.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::ipam::{self, PoolState, PoolView, Range, Requirement};
@@ -15,8 +20,8 @@ use harvester_common::harvester::loadbalancer::{
 use harvester_common::harvester::{IPPool, LoadBalancer};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Config as CtrlConfig, Controller};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
@@ -36,25 +41,79 @@ pub const UNMANAGED: &str = "testbed.harvesterhci.io/unmanaged";
 
 struct Ctx {
     client: kube::Client,
+    pools: Pools,
+}
+
+/// The IPPools as the controller sees them: its watch cache, overlaid with what its own writes
+/// returned until the cache has caught up with them (upstream's cache lags its writes too, and a
+/// write from the stale copy then fails with a conflict and is retried; the overlay spares the
+/// stand-in those round trips without changing what it writes).
+struct Pools {
+    cache: Store<IPPool>,
+    written: Mutex<HashMap<String, Arc<IPPool>>>,
+}
+
+impl Pools {
+    fn all(&self) -> Vec<Arc<IPPool>> {
+        let written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        self.cache
+            .state()
+            .into_iter()
+            .map(|cached| match written.get(&cached.name_any()) {
+                Some(w) if newer(w, &cached) => w.clone(),
+                _ => cached,
+            })
+            .collect()
+    }
+
+    fn get(&self, name: &str) -> Option<Arc<IPPool>> {
+        self.all().into_iter().find(|p| p.name_any() == name)
+    }
+
+    fn wrote(&self, pool: IPPool) {
+        let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        written.insert(pool.name_any(), Arc::new(pool));
+    }
+}
+
+/// Whether `a` is a later version of the object than `b`. kube-apiserver's resourceVersions
+/// are etcd revisions (decimal): a stand-in on that server may compare them.
+fn newer(a: &IPPool, b: &IPPool) -> bool {
+    let rv = |p: &IPPool| {
+        p.resource_version()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    a.uid() == b.uid() && rv(a) > rv(b)
 }
 
 /// Runs the controller until the task is aborted.
 pub async fn run(client: kube::Client) {
     let lbs: Api<LoadBalancer> = Api::all(client.clone());
-    let pools: Api<IPPool> = Api::all(client.clone());
+    let (cache, writer) = reflector::store();
+    let pool_events = watcher::watcher(Api::<IPPool>::all(client.clone()), Default::default())
+        .default_backoff()
+        .reflect(writer)
+        .touched_objects();
     let controller = Controller::new(lbs, watcher::Config::default())
         .with_config(CtrlConfig::default().concurrency(1));
     let store = controller.store();
+    let pools = Pools {
+        cache,
+        written: Mutex::default(),
+    };
     controller
-        .watches(pools, watcher::Config::default(), move |_pool: IPPool| {
+        // A pool change wakes the LoadBalancers that found no address (Ready False); one not
+        // tried yet is queued already, so the stand-in's own allocation writes wake nobody.
+        .watches_stream(pool_events, move |_pool: IPPool| {
             store
                 .state()
                 .iter()
-                .filter(|lb| lb.allocated_ip().is_none())
+                .filter(|lb| lb.allocated_ip().is_none() && waiting(lb))
                 .map(|lb| ObjectRef::from_obj(lb.as_ref()))
                 .collect::<Vec<_>>()
         })
-        .run(reconcile, error_policy, Arc::new(Ctx { client }))
+        .run(reconcile, error_policy, Arc::new(Ctx { client, pools }))
         .for_each(|_| async {})
         .await;
 }
@@ -72,6 +131,8 @@ async fn reconcile(lb: Arc<LoadBalancer>, ctx: Arc<Ctx>) -> Result<Action, LbSim
     if lb.annotations().contains_key(UNMANAGED) {
         return Ok(Action::await_change());
     }
+    // Upstream's controllers start once their caches have synced.
+    let _ = ctx.pools.cache.wait_until_ready().await;
     let ns = lb.namespace().unwrap_or_default();
     let api: Api<LoadBalancer> = Api::namespaced(ctx.client.clone(), &ns);
     let has_finalizer = lb.finalizers().iter().any(|f| f == LB_CONTROLLER_FINALIZER);
@@ -87,7 +148,7 @@ async fn reconcile(lb: Arc<LoadBalancer>, ctx: Arc<Ctx>) -> Result<Action, LbSim
                 .and_then(|a| a.ip_pool.clone())
                 .filter(|p| !p.is_empty());
             if let (Some("pool"), Some(pool)) = (lb.spec.ipam.as_deref(), pool) {
-                release_from(&ctx.client, &pool, &applicant(&lb)).await?;
+                release_from(&ctx, &pool, &applicant(&lb)).await?;
             }
             let rest: Vec<String> = lb
                 .finalizers()
@@ -134,12 +195,17 @@ async fn reconcile(lb: Arc<LoadBalancer>, ctx: Arc<Ctx>) -> Result<Action, LbSim
         }
         return Ok(Action::await_change());
     }
-    match allocate(&ctx.client, &lb).await? {
+    match allocate(&ctx, &lb).await? {
         Ok(addr) => set_status(&api, &lb, Some(addr), ready(true, None)).await?,
         // Woken again by the IPPool watch when pools change.
         Err(message) => set_status(&api, &lb, None, ready(false, Some(message))).await?,
     }
     Ok(Action::await_change())
+}
+
+/// Whether `lb` was told it has no address (no pool, pool exhausted, a duplicate released).
+fn waiting(lb: &LoadBalancer) -> bool {
+    lb.ready_condition().is_some_and(|c| c.status != "True")
 }
 
 fn is_ready(lb: &LoadBalancer) -> bool {
@@ -230,18 +296,20 @@ fn ranges(pool: &IPPool) -> Result<Vec<Range>, String> {
 }
 
 fn state(pool: &IPPool) -> PoolState {
-    let status = pool.status.clone().unwrap_or_default();
+    let Some(status) = &pool.status else {
+        return PoolState::default();
+    };
     serde_json::from_value(json!({
-        "allocated": status.allocated,
-        "allocatedHistory": status.allocated_history,
-        "lastAllocated": status.last_allocated,
+        "allocated": &status.allocated,
+        "allocatedHistory": &status.allocated_history,
+        "lastAllocated": &status.last_allocated,
     }))
     .unwrap_or_default()
 }
 
 /// Writes `state` into the pool's status with the pool's resourceVersion (optimistic lock).
 async fn store_state(
-    client: &kube::Client,
+    ctx: &Ctx,
     pool: &IPPool,
     ranges: &[Range],
     state: &PoolState,
@@ -262,11 +330,14 @@ async fn store_state(
     status.total = i64::try_from(ipam::total(ranges)).unwrap_or(i64::MAX);
     status.available = i64::try_from(ipam::available(ranges, state)).unwrap_or(i64::MAX);
     let name = pool.name_any();
-    match Api::<IPPool>::all(client.clone())
+    match Api::<IPPool>::all(ctx.client.clone())
         .replace(&name, &PostParams::default(), &pool)
         .await
     {
-        Ok(_) => Ok(()),
+        Ok(stored) => {
+            ctx.pools.wrote(stored);
+            Ok(())
+        }
         Err(kube::Error::Api(s)) if s.code == 409 => Err(LbSimError::Conflict { pool: name }),
         Err(e) => Err(e.into()),
     }
@@ -277,14 +348,11 @@ pub const DUPLICATE_ALLOCATION: &str = "duplicate allocation is not allowed";
 
 /// `Ok(Err(message))` is a condition to report (no pool, exhausted), not a failure to retry.
 async fn allocate(
-    client: &kube::Client,
+    ctx: &Ctx,
     lb: &LoadBalancer,
 ) -> Result<Result<AllocatedAddress, String>, LbSimError> {
-    let pools = Api::<IPPool>::all(client.clone())
-        .list(&Default::default())
-        .await?
-        .items;
-    let views: Vec<PoolView> = pools.iter().map(view).collect();
+    let pools = ctx.pools.all();
+    let views: Vec<PoolView> = pools.iter().map(|p| view(p)).collect();
     let cluster = lb.spec.workload_type.as_deref() == Some("cluster");
     let wanted = lb.spec.ip_pool.clone().filter(|p| !p.is_empty());
     // v1.8.2 controller.go `requestIP`: a pool without an allocator (missing, or its ranges
@@ -325,22 +393,24 @@ async fn allocate(
     if st.allocated.values().any(|holder| holder == &id) {
         // Only a status really lost is a duplicate: a cache that has not seen our own status
         // write yet (woken by the pool's watch) is not.
-        let fresh =
-            Api::<LoadBalancer>::namespaced(client.clone(), &lb.namespace().unwrap_or_default())
-                .get_opt(&lb.name_any())
-                .await?;
+        let fresh = Api::<LoadBalancer>::namespaced(
+            ctx.client.clone(),
+            &lb.namespace().unwrap_or_default(),
+        )
+        .get_opt(&lb.name_any())
+        .await?;
         if fresh.as_ref().is_some_and(|f| f.allocated_ip().is_some()) {
             return Err(LbSimError::Stale { lb: id });
         }
         ipam::release(&mut st, &id);
-        store_state(client, pool, &ranges, &st).await?;
+        store_state(ctx, pool, &ranges, &st).await?;
         return Ok(Err(format!(
             "fail to get ip from pool {chosen}, error: {DUPLICATE_ALLOCATION}"
         )));
     }
     match ipam::allocate(&ranges, &mut st, &id) {
         Ok(a) => {
-            store_state(client, pool, &ranges, &st).await?;
+            store_state(ctx, pool, &ranges, &st).await?;
             Ok(Ok(AllocatedAddress {
                 ip_pool: Some(chosen),
                 ip: a.ip.to_string(),
@@ -356,14 +426,14 @@ async fn allocate(
 
 /// Releases `id`'s address in pool `name` (kept in its history); a pool that is gone has
 /// nothing to release.
-async fn release_from(client: &kube::Client, name: &str, id: &str) -> Result<(), LbSimError> {
-    let Some(pool) = Api::<IPPool>::all(client.clone()).get_opt(name).await? else {
+async fn release_from(ctx: &Ctx, name: &str, id: &str) -> Result<(), LbSimError> {
+    let Some(pool) = ctx.pools.get(name) else {
         return Ok(());
     };
     let mut st = state(&pool);
     if ipam::release(&mut st, id).is_some() {
         let ranges = ranges(&pool).unwrap_or_default();
-        store_state(client, &pool, &ranges, &st).await?;
+        store_state(ctx, &pool, &ranges, &st).await?;
     }
     Ok(())
 }
