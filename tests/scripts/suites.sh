@@ -54,20 +54,18 @@ done
 # selects the whole workspace, as the build below does: cargo resolves features over the selected
 # packages, so `-p testbed` or `--exclude testbed` would compile kube, the binaries and the bed
 # again with another feature set inside the lanes (4 minutes of a cold run's 2 cores).
-# The gate reruns use nothing of the machine's, so they balance the lanes: lane `machine`'s own
-# suites take about as long as lane `bed`'s, and the v1.8 rerun (about 4 minutes) goes to `bed`.
 lane_bed() {
   $CARGO test --workspace --lib --bins
   $CARGO test --workspace --doc
   # shellcheck disable=SC2046
   $CARGO test --workspace $(tests_args "${OTHERS[@]}" "${BED[@]}")
-  say "the CSI suites again on Harvester v1.8 (TESTBED_HOTPLUG=declarative)"
-  # shellcheck disable=SC2046
-  TESTBED_HOTPLUG=declarative $CARGO test --workspace $(tests_args "${CSI_SUITES[@]}")
 }
 lane_machine() {
   # shellcheck disable=SC2046
   $CARGO test --workspace $(tests_args "${MACHINE[@]}")
+  say "the CSI suites again on Harvester v1.8 (TESTBED_HOTPLUG=declarative)"
+  # shellcheck disable=SC2046
+  TESTBED_HOTPLUG=declarative $CARGO test --workspace $(tests_args "${CSI_SUITES[@]}")
   say "a CSI subset on Harvester v1.8 with HotplugVolumes enabled again (TESTBED_HOTPLUG=both)"
   # shellcheck disable=SC2046
   TESTBED_HOTPLUG=both $CARGO test --workspace $(tests_args "${CSI_BOTH_GATES[@]}")
