@@ -297,6 +297,7 @@ impl RealNode {
             crate::real::podnet::cni_conflist(&dirs.root.join("cni/ipam")),
         )?;
         let config = write(dirs.root.join("containerd.toml"), containerd_config(&dirs))?;
+        crate::real::podnet::ensure_netns_run_dir()?;
         let mut cmd = Command::new(containerd_bin);
         cmd.arg("--config").arg(&config);
         let proc = Proc::spawn(&format!("containerd-{name}"), cmd, dir)?;
