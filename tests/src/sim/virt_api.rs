@@ -1066,8 +1066,9 @@ async fn set_phase(
     .map_err(|e| e.to_string())
 }
 
-/// GET-modify-PUT of a VMI, retried on conflicts (50 times at most, then the conflict); `Ok(None)`
-/// when there is no VMI.
+/// GET-modify-PUT of a VMI, retried (50 times at most, then the error) on conflicts and on what
+/// passes: an API server or webhook that failed or timed out, a dropped connection (virt-handler
+/// and virt-controller requeue such a failure, `AddRateLimited`); `Ok(None)` when there is no VMI.
 pub async fn update_vmi(
     vmis: &Api<VirtualMachineInstance>,
     name: &str,
@@ -1075,20 +1076,51 @@ pub async fn update_vmi(
 ) -> Result<Option<VirtualMachineInstance>, kube::Error> {
     let mut attempt = 0u64;
     loop {
-        let Some(mut vmi) = vmis.get_opt(name).await? else {
-            return Ok(None);
-        };
-        change(&mut vmi);
-        match vmis.replace(name, &PostParams::default(), &vmi).await {
-            Ok(v) => return Ok(Some(v)),
-            // Several hot-plugs of one VMI update it at once: back off, spread by the attempt.
-            Err(kube::Error::Api(s)) if s.code == 409 && attempt < 50 => {
-                attempt += 1;
-                let spread = u64::from(std::process::id()).wrapping_add(attempt * 7919) % 20;
-                tokio::time::sleep(Duration::from_millis(attempt.min(10) * 5 + spread)).await;
+        let result = match vmis.get_opt(name).await {
+            Ok(Some(mut vmi)) => {
+                change(&mut vmi);
+                vmis.replace(name, &PostParams::default(), &vmi)
+                    .await
+                    .map(Some)
             }
-            Err(e) => return Err(e),
+            other => other,
+        };
+        match result {
+            Err(e) if attempt < 50 && retriable(&e).is_some() => {
+                attempt += 1;
+                let wait = match retriable(&e) {
+                    // Several hot-plugs of one VMI update it at once: back off, spread by the
+                    // attempt.
+                    Some(Retry::Conflict) => {
+                        let spread =
+                            u64::from(std::process::id()).wrapping_add(attempt * 7919) % 20;
+                        Duration::from_millis(attempt.min(10) * 5 + spread)
+                    }
+                    _ => Duration::from_millis(100 * attempt.min(10)),
+                };
+                tracing::debug!("sim VMI {name}: {e}; again in {wait:?}");
+                tokio::time::sleep(wait).await;
+            }
+            other => return other,
         }
+    }
+}
+
+/// Why a failed request may succeed when sent again.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Retry {
+    /// 409: the object changed since it was read.
+    Conflict,
+    /// 429, 5xx (a webhook timed out, etcd was slow) or the connection failed.
+    Transient,
+}
+
+fn retriable(e: &kube::Error) -> Option<Retry> {
+    match e {
+        kube::Error::Api(s) if s.code == 409 => Some(Retry::Conflict),
+        kube::Error::Api(s) if s.code == 429 || s.code >= 500 => Some(Retry::Transient),
+        kube::Error::HyperError(_) | kube::Error::Service(_) => Some(Retry::Transient),
+        _ => None,
     }
 }
 
@@ -1270,9 +1302,17 @@ pub async fn run_controller(ctx: Arc<HotplugCtx>) {
     let by_vmi = super::watch(vmis)
         .applied_objects()
         .map(move |e| e.map(|vmi| (false, key(vmi.metadata))));
-    let mut stream = std::pin::pin!(futures::stream::select(by_vm, by_vmi));
+    // A VM whose sync failed comes again after a back-off that doubles per failure (virt-
+    // controller's `Execute`: `c.Queue.AddRateLimited(key)` on an error), as if it had changed.
+    let (requeue, requeued) = futures::channel::mpsc::unbounded::<(String, String)>();
+    let requeued = requeued.map(|key| Ok((true, key)));
+    let mut stream = std::pin::pin!(futures::stream::select(
+        futures::stream::select(by_vm, by_vmi),
+        requeued
+    ));
+    let mut failures: HashMap<(String, String), u32> = HashMap::new();
     while let Some(event) = stream.next().await {
-        let (ns, name) = match event {
+        let key = match event {
             // The declarative hot-plug decides from the VM spec and the VMI's volumes.
             Ok((_, key)) if ctx.gates().declarative_controller() => key,
             Ok((true, key)) if ctx.gates().hotplug_volumes => key,
@@ -1282,24 +1322,46 @@ pub async fn run_controller(ctx: Arc<HotplugCtx>) {
                 continue;
             }
         };
-        let vm = match Api::<VirtualMachine>::namespaced(ctx.client.clone(), &ns)
-            .get_opt(&name)
-            .await
-        {
-            Ok(Some(vm)) => vm,
-            _ => continue,
-        };
-        let gates = ctx.gates();
-        let done = if gates.hotplug_volumes {
-            apply_volume_requests(&ctx, &vm).await
-        } else if gates.declarative_controller() {
-            sync_declarative(&ctx, &vm).await
-        } else {
-            Ok(())
-        };
-        if let Err(e) = done {
-            tracing::warn!("sim virt-controller, VM {:?}: {e}", vm.metadata.name);
+        match sync_vm(&ctx, &key.0, &key.1).await {
+            Ok(()) => {
+                failures.remove(&key);
+            }
+            Err(e) => {
+                let n = failures.entry(key.clone()).or_default();
+                *n += 1;
+                let wait = Duration::from_millis(100 << (*n).min(6));
+                tracing::warn!(
+                    "sim virt-controller, VM {}/{}: {e}; again in {wait:?}",
+                    key.0,
+                    key.1
+                );
+                let requeue = requeue.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(wait).await;
+                    let _ = requeue.unbounded_send(key);
+                });
+            }
         }
+    }
+}
+
+/// One pass of virt-controller's VM loop over the VM as it is now: its volume requests under
+/// `HotplugVolumes`, its spec's hot-plugged volumes under the declarative gate alone.
+async fn sync_vm(ctx: &Arc<HotplugCtx>, ns: &str, name: &str) -> Result<(), String> {
+    let vm = Api::<VirtualMachine>::namespaced(ctx.client.clone(), ns)
+        .get_opt(name)
+        .await
+        .map_err(|e| e.to_string())?;
+    let Some(vm) = vm else {
+        return Ok(());
+    };
+    let gates = ctx.gates();
+    if gates.hotplug_volumes {
+        apply_volume_requests(ctx, &vm).await
+    } else if gates.declarative_controller() {
+        sync_declarative(ctx, &vm).await
+    } else {
+        Ok(())
     }
 }
 
