@@ -385,7 +385,20 @@ async fn wait_lb<F>(api: &Api<LoadBalancer>, name: &str, what: &str, pred: F) ->
 where
     F: Fn(&LoadBalancer) -> bool,
 {
-    wait::until(what, Duration::from_secs(20), || {
+    wait_lb_within(api, name, what, Duration::from_secs(20), pred).await
+}
+
+async fn wait_lb_within<F>(
+    api: &Api<LoadBalancer>,
+    name: &str,
+    what: &str,
+    limit: Duration,
+    pred: F,
+) -> LoadBalancer
+where
+    F: Fn(&LoadBalancer) -> bool,
+{
+    wait::until(what, limit, || {
         let api = api.clone();
         let got = async move { api.get(name).await.map_err(|e| e.to_string()) };
         async {
@@ -619,9 +632,16 @@ async fn harvester_api_server_restarts_on_the_same_address_and_the_stand_in_reco
     lbs.create(&PostParams::default(), &lb("lb-1", "pool"))
         .await
         .expect("lb");
-    wait_lb(&lbs, "lb-1", "an address after the restart", |lb| {
-        lb.allocated_ip().is_some()
-    })
+    // The stand-in's watchers retried through the restart with kube's default back-off (as
+    // client-go's reflector: 800 ms doubling to at most 30 s), so the next attempt of each may
+    // come up to 30 s after the server is back.
+    wait_lb_within(
+        &lbs,
+        "lb-1",
+        "an address after the restart",
+        Duration::from_secs(75),
+        |lb| lb.allocated_ip().is_some(),
+    )
     .await;
 }
 
