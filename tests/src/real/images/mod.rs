@@ -600,13 +600,14 @@ fn pack_in(
             Entry::Symlink(target) => {
                 std::os::unix::fs::symlink(target, &dest).map_err(io_err("linking", &dest))?
             }
-            // A hard link of the real file when it can be (no copy of 70 MB sidecars), else a
-            // copy; the tar stores the content either way.
+            // A copy, not a hard link: GNU tar fails `file changed as we read it` when a file's
+            // ctime moves while it reads it, and a link count does move it: another test packing
+            // the same binary beside this one, or a `cargo` of the other lane putting
+            // `target/debug/<bin>` in place again (4 Dec: `images` lost its second pack of
+            // `pause` so).
             Entry::File(host) => {
                 let real = std::fs::canonicalize(host).map_err(io_err("resolving", host))?;
-                if std::fs::hard_link(&real, &dest).is_err() {
-                    std::fs::copy(&real, &dest).map_err(io_err("copying", &real))?;
-                }
+                std::fs::copy(&real, &dest).map_err(io_err("copying", &real))?;
             }
         }
     }
