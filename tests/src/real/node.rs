@@ -398,6 +398,7 @@ impl Drop for RealNode {
         if let Some(mut k) = self.kubelet.take() {
             k.stop();
         }
+        let mut namespaces = Vec::new();
         // Containers outlive a stopped containerd (pitfall 4): kill its tasks first.
         if let Some(mut c) = self.containerd.take() {
             let ctr = |args: &[&str]| {
@@ -411,6 +412,15 @@ impl Drop for RealNode {
             if let Ok(out) = ctr(&["tasks", "ls", "-q"]) {
                 for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
                     let _ = ctr(&["tasks", "kill", "-s", "SIGKILL", id]);
+                }
+            }
+            // The Pods' network namespaces: containerd's CRI plugin removes one when the kubelet
+            // stops its sandbox, which no one does now; left, each keeps a namespace and its veth.
+            if let Ok(out) = ctr(&["containers", "ls", "-q"]) {
+                for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                    if let Ok(info) = ctr(&["containers", "info", id]) {
+                        namespaces.extend(pod_netns(&String::from_utf8_lossy(&info.stdout)));
+                    }
                 }
             }
             // Each Pod's shim exits once containerd's CRI plugin has seen its tasks exit and
@@ -439,6 +449,10 @@ impl Drop for RealNode {
         if !left.is_empty() {
             eprintln!("real node {}: unmounted leftovers {left:?}", self.name);
         }
+        for ns in namespaces {
+            let _ = Command::new("umount").arg("-l").arg(&ns).status();
+            let _ = std::fs::remove_file(&ns);
+        }
         for cg in kubepods_cgroups(Path::new("/sys/fs/cgroup")) {
             let _ = std::fs::remove_dir(&cg);
         }
@@ -452,9 +466,67 @@ impl Drop for RealNode {
     }
 }
 
+/// The network namespace file of a Pod sandbox from `ctr containers info` (a container record
+/// with its OCI spec under `Spec`): the `network` entry of `linux.namespaces` when it is a
+/// `cni-*` file of [`crate::real::podnet::NETNS_RUN_DIR`] (containerd 1.6 names it
+/// `/var/run/netns/cni-<id>`); `None` for an app container, which joins its sandbox's namespace
+/// by `/proc/<pid>/ns/net`.
+pub fn pod_netns(info: &str) -> Option<PathBuf> {
+    let info: serde_json::Value = serde_json::from_str(info).ok()?;
+    let path = info["Spec"]["linux"]["namespaces"]
+        .as_array()?
+        .iter()
+        .find(|n| n["type"] == "network")?["path"]
+        .as_str()?;
+    let run_dir = Path::new(crate::real::podnet::NETNS_RUN_DIR);
+    // `/var/run` is a link to `/run`.
+    let path = path
+        .strip_prefix("/var")
+        .filter(|p| p.starts_with("/run/"))
+        .unwrap_or(path);
+    let name = Path::new(path).strip_prefix(run_dir).ok()?.to_str()?;
+    (name.starts_with("cni-") && !name.contains('/')).then(|| run_dir.join(name))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sandbox_s_network_namespace_is_its_cni_file_and_an_app_container_has_none() {
+        let info = |path: &str| {
+            json_info(serde_json::json!([
+                {"type": "pid"},
+                {"type": "network", "path": path},
+                {"type": "mount"},
+            ]))
+        };
+        assert_eq!(
+            pod_netns(&info("/var/run/netns/cni-a1a887ac-d613")),
+            Some(PathBuf::from("/run/netns/cni-a1a887ac-d613"))
+        );
+        assert_eq!(
+            pod_netns(&info("/run/netns/cni-b2")),
+            Some(PathBuf::from("/run/netns/cni-b2"))
+        );
+        // An app container joins its sandbox's namespace; nothing else is ours to remove.
+        assert_eq!(pod_netns(&info("/proc/4242/ns/net")), None);
+        assert_eq!(pod_netns(&info("/var/run/netns/hdhcp-1-0-srv")), None);
+        assert_eq!(pod_netns(&info("/var/run/netns/../cni-x")), None);
+        assert_eq!(
+            pod_netns(&json_info(serde_json::json!([{"type": "network"}]))),
+            None
+        );
+        assert_eq!(pod_netns("not JSON"), None);
+    }
+
+    fn json_info(namespaces: serde_json::Value) -> String {
+        serde_json::json!({
+            "ID": "3da54fcd",
+            "Spec": {"ociVersion": "1.0.2-dev", "linux": {"namespaces": namespaces}},
+        })
+        .to_string()
+    }
 
     #[test]
     fn containerd_config_handles_the_pitfalls() {
