@@ -499,8 +499,32 @@ pub fn sha256(path: &Path) -> Result<String, BedError> {
         .ok_or_else(|| BedError::Setup(format!("sha256sum {}: no hash in {out:?}", path.display())))
 }
 
-/// A deterministic tar of `names` (relative to `dir`): sorted, mtime 0, owner root.
+/// How many times [`tar`] packs again after `file changed as we read it`.
+const TAR_ATTEMPTS: usize = 3;
+
+/// A deterministic tar of `names` (relative to `dir`): sorted, mtime 0, owner root. Packed again
+/// when GNU tar says `file changed as we read it`: it compares a file's ctime before and after
+/// reading it, and the hard links of the rootfs share their inode with every other link of the
+/// binary, whose count moves the ctime (another test packing the same binary beside this one,
+/// or the other lane's cargo putting `target/debug/<bin>` in place again; 4 Dec: `images` lost
+/// its second pack of `pause` so). The content is the same; a copy instead would double the
+/// time of `images`.
 fn tar(what: &str, dir: &Path, names: &[String], out: &Path) -> Result<(), BedError> {
+    let mut attempt = 1;
+    loop {
+        match tar_once(what, dir, names, out) {
+            Err(BedError::Setup(e))
+                if e.contains("file changed as we read it") && attempt < TAR_ATTEMPTS =>
+            {
+                tracing::info!("{what}: packing again: {e}");
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+fn tar_once(what: &str, dir: &Path, names: &[String], out: &Path) -> Result<(), BedError> {
     run(
         what,
         Command::new("tar")
@@ -600,14 +624,13 @@ fn pack_in(
             Entry::Symlink(target) => {
                 std::os::unix::fs::symlink(target, &dest).map_err(io_err("linking", &dest))?
             }
-            // A copy, not a hard link: GNU tar fails `file changed as we read it` when a file's
-            // ctime moves while it reads it, and a link count does move it: another test packing
-            // the same binary beside this one, or a `cargo` of the other lane putting
-            // `target/debug/<bin>` in place again (4 Dec: `images` lost its second pack of
-            // `pause` so).
+            // A hard link of the real file when it can be (no copy of 70 MB sidecars), else a
+            // copy; the tar stores the content either way ([`tar`] on a moving ctime).
             Entry::File(host) => {
                 let real = std::fs::canonicalize(host).map_err(io_err("resolving", host))?;
-                std::fs::copy(&real, &dest).map_err(io_err("copying", &real))?;
+                if std::fs::hard_link(&real, &dest).is_err() {
+                    std::fs::copy(&real, &dest).map_err(io_err("copying", &real))?;
+                }
             }
         }
     }
