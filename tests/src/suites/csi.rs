@@ -74,24 +74,31 @@ impl Driver {
         let socket = harvester_csi_driver::socket_path(&config.endpoint)
             .unwrap_or_else(|e| panic!("test driver endpoint: {e}"));
         let running = harvester_csi_driver::spawn(config);
+        // Until a connect succeeds: the socket file of a driver this process stopped before
+        // may still be there while this one starts (a connect then is refused).
         let start = Instant::now();
-        while !socket.exists() {
+        let channel = loop {
             if running.is_finished() {
                 match running.join().await {
                     Err(e) => panic!("the driver failed to start: {e}"),
                     Ok(()) => panic!("the driver stopped while starting"),
                 }
             }
+            let refused = if socket.exists() {
+                match harvester_csi_driver::connect(&socket).await {
+                    Ok(channel) => break channel,
+                    Err(e) => e.to_string(),
+                }
+            } else {
+                "no socket file".to_string()
+            };
             assert!(
                 start.elapsed() < Duration::from_secs(30),
-                "driver socket {} did not appear within 30s",
+                "driver socket {} did not serve within 30s: {refused}",
                 socket.display()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let channel = harvester_csi_driver::connect(&socket)
-            .await
-            .expect("connecting to the driver socket");
+        };
         Driver {
             socket,
             channel,
