@@ -433,6 +433,7 @@ fn output(program: &str, args: &[&str]) -> Result<String, BedError> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn run(program: &str, args: &[&str]) -> Result<(), BedError> {
+/// `PROGRAM ARGS`, its stderr in the error.
+pub(crate) fn run(program: &str, args: &[&str]) -> Result<(), BedError> {
     output(program, args).map(|_| ())
 }

@@ -57,20 +57,15 @@ pub fn cni_conflist(ipam_dir: &Path) -> String {
 
 /// `ip ARGS`, its stderr in the error.
 fn ip(args: &[&str]) -> Result<(), String> {
-    run("ip", args)
-}
-
-/// `PROGRAM ARGS`, its stderr in the error.
-fn run(program: &str, args: &[&str]) -> Result<(), String> {
-    let out = Command::new(program)
+    let out = Command::new("ip")
         .args(args)
         .output()
-        .map_err(|e| format!("{program} {}: {e}", args.join(" ")))?;
+        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
     if out.status.success() {
         Ok(())
     } else {
         Err(format!(
-            "{program} {}: {}",
+            "ip {}: {}",
             args.join(" "),
             String::from_utf8_lossy(&out.stderr).trim()
         ))
@@ -90,26 +85,14 @@ pub const NETNS_RUN_DIR: &str = "/run/netns";
 /// mount (`device or resource busy`), and the Pod stays Terminating for good (a fresh machine's
 /// first `make test`, 4 Dec: `install_docs` waited 20 minutes on `kubectl delete pod`).
 pub fn ensure_netns_run_dir() -> Result<(), BedError> {
-    let setup = |e: String| BedError::Setup(format!("{NETNS_RUN_DIR} as a mount point: {e}"));
-    std::fs::create_dir_all(NETNS_RUN_DIR).map_err(|e| setup(e.to_string()))?;
-    let mountinfo =
-        std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| setup(e.to_string()))?;
-    if !is_mount_point(&mountinfo, NETNS_RUN_DIR) {
-        mount(&["--rbind", NETNS_RUN_DIR, NETNS_RUN_DIR]).map_err(setup)?;
+    use crate::real::{mounts::mount_points, netns::run};
+    let io = |e: std::io::Error| BedError::Setup(format!("{NETNS_RUN_DIR} as a mount point: {e}"));
+    std::fs::create_dir_all(NETNS_RUN_DIR).map_err(io)?;
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").map_err(io)?;
+    if !mount_points(&mountinfo).any(|p| p == Path::new(NETNS_RUN_DIR)) {
+        run("mount", &["--rbind", NETNS_RUN_DIR, NETNS_RUN_DIR])?;
     }
-    mount(&["--make-rshared", NETNS_RUN_DIR]).map_err(setup)
-}
-
-/// Whether `/proc/self/mountinfo` text has a mount at `path` (its fifth field, the mount point).
-pub fn is_mount_point(mountinfo: &str, path: &str) -> bool {
-    mountinfo
-        .lines()
-        .any(|line| line.split(' ').nth(4) == Some(path))
-}
-
-/// `mount ARGS` (util-linux), its stderr in the error.
-fn mount(args: &[&str]) -> Result<(), String> {
-    run("mount", args)
+    run("mount", &["--make-rshared", NETNS_RUN_DIR])
 }
 
 /// The bridge, the VIP and the splices. Only one can exist on a machine at a time (fixed
@@ -215,25 +198,5 @@ mod tests {
             "the VIP is the CIDR's first address"
         );
         assert!(BRIDGE.len() <= 15);
-    }
-
-    #[test]
-    fn a_mount_point_is_the_fifth_field_of_a_mountinfo_line() {
-        // This machine's mountinfo on 4 Dec: /run/netns bound onto itself (mount 587), a Pod's
-        // namespace mounted in it, the root mount.
-        let mountinfo = "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n\
-            587 27 254:0 /run/netns /run/netns rw,relatime shared:10 - ext4 /dev/vda rw\n\
-            877 587 0:4 net:[4026532450] /run/netns/cni-6bed8ca7 rw - nsfs nsfs rw\n";
-        assert!(is_mount_point(mountinfo, "/run/netns"));
-        assert!(is_mount_point(mountinfo, "/run/netns/cni-6bed8ca7"));
-        // The root's line names /run/netns only as a mounted root, not as a mount point.
-        assert!(!is_mount_point(
-            &mountinfo.replace(
-                "587 27 254:0 /run/netns /run/netns",
-                "587 27 254:0 /run/netns /mnt"
-            ),
-            "/run/netns"
-        ));
-        assert!(!is_mount_point(mountinfo, "/run"));
     }
 }

@@ -1085,24 +1085,22 @@ pub async fn update_vmi(
             }
             other => other,
         };
-        match result {
-            Err(e) if attempt < 50 && retriable(&e).is_some() => {
-                attempt += 1;
-                let wait = match retriable(&e) {
-                    // Several hot-plugs of one VMI update it at once: back off, spread by the
-                    // attempt.
-                    Some(Retry::Conflict) => {
-                        let spread =
-                            u64::from(std::process::id()).wrapping_add(attempt * 7919) % 20;
-                        Duration::from_millis(attempt.min(10) * 5 + spread)
-                    }
-                    _ => Duration::from_millis(100 * attempt.min(10)),
-                };
-                tracing::debug!("sim VMI {name}: {e}; again in {wait:?}");
-                tokio::time::sleep(wait).await;
-            }
+        let e = match result {
+            Err(e) if attempt < 50 => e,
             other => return other,
-        }
+        };
+        attempt += 1;
+        let wait = match retriable(&e) {
+            // Several hot-plugs of one VMI update it at once: back off, spread by the attempt.
+            Some(Retry::Conflict) => {
+                let spread = u64::from(std::process::id()).wrapping_add(attempt * 7919) % 20;
+                Duration::from_millis(attempt.min(10) * 5 + spread)
+            }
+            Some(Retry::Transient) => Duration::from_millis(100 * attempt.min(10)),
+            None => return Err(e),
+        };
+        tracing::debug!("sim VMI {name}: {e}; again in {wait:?}");
+        tokio::time::sleep(wait).await;
     }
 }
 
