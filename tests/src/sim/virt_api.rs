@@ -1300,8 +1300,9 @@ pub async fn run_controller(ctx: Arc<HotplugCtx>) {
     let by_vmi = super::watch(vmis)
         .applied_objects()
         .map(move |e| e.map(|vmi| (false, key(vmi.metadata))));
-    // A VM whose sync failed comes again after a back-off that doubles per failure (virt-
-    // controller's `Execute`: `c.Queue.AddRateLimited(key)` on an error), as if it had changed.
+    // A VM whose sync failed comes again after a back-off that doubles per failure
+    // (kubevirt/kubevirt v1.7.0 `pkg/virt-controller/watch/vm/vm.go` `Execute`:
+    // `c.Queue.AddRateLimited(key)` on an error), as if it had changed.
     let (requeue, requeued) = futures::channel::mpsc::unbounded::<(String, String)>();
     let requeued = requeued.map(|key| Ok((true, key)));
     let mut stream = std::pin::pin!(futures::stream::select(
