@@ -122,7 +122,16 @@ impl PodNetwork {
         ip(&["link", "set", "dev", BRIDGE, "address", BRIDGE_MAC]).map_err(setup)?;
         ip(&["addr", "add", &format!("{GATEWAY}/24"), "dev", BRIDGE]).map_err(setup)?;
         ip(&["link", "set", BRIDGE, "up"]).map_err(setup)?;
-        ip(&["addr", "add", &format!("{KUBERNETES_VIP}/32"), "dev", "lo"]).map_err(setup)?;
+        // `replace`, not `add`: with the bridge free, a VIP already on `lo` is what a bed that
+        // was killed (SIGKILL, no Drop) left behind, not another cluster.
+        ip(&[
+            "addr",
+            "replace",
+            &format!("{KUBERNETES_VIP}/32"),
+            "dev",
+            "lo",
+        ])
+        .map_err(setup)?;
         net.vip_added = true;
         for (listen, target) in [
             (
