@@ -450,7 +450,12 @@ impl Drop for RealNode {
             eprintln!("real node {}: unmounted leftovers {left:?}", self.name);
         }
         for ns in namespaces {
-            let _ = Command::new("umount").arg("-l").arg(&ns).status();
+            // Quiet: containerd has often unmounted it already ("no mount point specified").
+            let _ = Command::new("umount")
+                .arg("-l")
+                .arg(&ns)
+                .stderr(std::process::Stdio::null())
+                .status();
             let _ = std::fs::remove_file(&ns);
         }
         for cg in kubepods_cgroups(Path::new("/sys/fs/cgroup")) {
