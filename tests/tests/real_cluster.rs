@@ -39,6 +39,26 @@ where
     Api::namespaced(bed.guest.client.clone(), NS)
 }
 
+/// Each step's time on stderr, past libtest's capture, so a passing run shows where this
+/// suite's minutes go (docs/testbed.md, "Test time").
+struct Steps(std::time::Instant);
+
+impl Steps {
+    fn new() -> Steps {
+        Steps(std::time::Instant::now())
+    }
+
+    fn done(&mut self, step: &str) {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "[real_cluster] {step}: {:.1}s",
+            self.0.elapsed().as_secs_f64()
+        );
+        self.0 = std::time::Instant::now();
+    }
+}
+
 #[tokio::test]
 async fn a_users_day_on_a_real_guest_cluster_root() {
     assert!(
@@ -48,6 +68,7 @@ async fn a_users_day_on_a_real_guest_cluster_root() {
     let sysctls_before =
         SysctlSnapshot::save(std::path::Path::new("/proc/sys"), KUBELET_SYSCTLS).expect("sysctls");
     let t0 = std::time::Instant::now();
+    let mut steps = Steps::new();
     // The bed `make cluster` gives a user, started by the same code.
     let bed = users_cluster::start()
         .await
@@ -56,6 +77,7 @@ async fn a_users_day_on_a_real_guest_cluster_root() {
         "real guest cluster ready (charts installed, Pods Ready) in {:.1}s",
         t0.elapsed().as_secs_f64()
     );
+    steps.done("the real guest cluster started");
     let real = bed.real();
     let logs = LogWatch::start(
         &real.node.dirs.pod_logs,
@@ -65,17 +87,29 @@ async fn a_users_day_on_a_real_guest_cluster_root() {
     );
 
     node_is_initialised_by_the_cloud_provider_pod(&bed).await;
+    steps.done("the Node initialised by the provider's Pod");
     the_printed_kubectl_and_helm_reach_the_cluster(&bed);
+    steps.done("the printed kubectl and helm");
     load_balancer_service_gets_its_address(&bed).await;
+    steps.done("a LoadBalancer Service's address");
     volume_moves_between_pods_snapshots_and_restores(&bed).await;
+    steps.done("a volume moved, snapshotted, restored");
     volume_grows_online_in_a_running_pod(&bed).await;
+    steps.done("online growth");
     block_volume_keeps_data_across_pods(&bed).await;
+    steps.done("a block volume across Pods");
     node_plugin_restart_keeps_mounts_and_serves_again(&bed, real).await;
+    steps.done("the node plugin's restart");
     unknown_storageclass_parameter_is_named_in_an_event(&bed).await;
+    steps.done("an unknown StorageClass parameter");
     stuck_pod_fails_its_wait_with_its_events(&bed).await;
+    steps.done("a stuck Pod's wait");
     heal::attachments_heal_at_the_attachers_resync(&bed, real).await;
+    steps.done("attachments healed at the resync");
     everything_deleted_leaves_nothing(&bed, real).await;
+    steps.done("everything deleted");
     no_chart_container_logged_forbidden(&bed, logs).await;
+    steps.done("the containers' logs read");
 
     let dir = bed.dir.path().to_path_buf();
     drop(bed);
