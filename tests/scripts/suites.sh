@@ -11,6 +11,12 @@
 # other; the rest is in lane `bed`.
 # Ports, bed directories and network namespace names are per process (util::process::free_port
 # reserves its ports across processes), so the lanes share nothing else.
+# The real guest cluster's tools (tests/scripts/node-tools.sh: about 9 minutes of Go builds on a
+# fresh machine, a few seconds of checks once built) are built in the background, niced as that
+# script does, while the lanes run the suites that do not need them: on a fresh machine the
+# lanes leave a third of the two cores idle (waiting on guests, watches and timeouts). The three
+# suites that need them (real_cluster, install_docs, images) run last in their lanes and wait
+# for that build; if it failed, they fail with its log.
 #
 #   tests/scripts/suites.sh          # both lanes
 #   LANES=1 tests/scripts/suites.sh  # one after another
@@ -29,6 +35,8 @@ say() { printf '[suites] %s\n' "$*"; }
 # cluster (real_cluster, install_docs), the NFS server on port 2049 (csi_rwx) and the provider's
 # default HTTPS port 10258, which the real cluster's hostNetwork provider binds too (dropin_args).
 MACHINE=(real_cluster install_docs guest_vm csi_rwx contract_guestosinfo dropin_args)
+# The suites that start the real guest cluster or build its images: they wait for node-tools.sh.
+NEEDS_NODE_TOOLS=(real_cluster install_docs images)
 # The CSI suites again under each KubeVirt hot-plug gate set Harvester can run: v1.7's
 # HotplugVolumes (the bed's default, in the first run), v1.8's DeclarativeHotplugVolumes alone,
 # and (a focused subset) both gates.
@@ -36,12 +44,18 @@ CSI_SUITES=(csi_sanity csi_node csi_hardening chaos_csi csi_backup deploy_rbac)
 CSI_BOTH_GATES=(csi_sanity chaos_csi csi_hotplug_mode)
 
 tests_args() { local t; for t in "$@"; do printf -- '--test %s ' "$t"; done; }
-in_machine() { local m; for m in "${MACHINE[@]}"; do [ "$m" = "$1" ] && return 0; done; return 1; }
+# listed LIST_NAME SUITE: whether SUITE is in the array named LIST_NAME.
+listed() { local -n list=$1; local m; for m in "${list[@]}"; do [ "$m" = "$2" ] && return 0; done; return 1; }
 
-BED=()
+# Each lane's suites in two parts: those that run at once, and those that wait for node-tools.sh.
+BED=() BED_LATE=() MACHINE_EARLY=() MACHINE_LATE=()
 for f in tests/tests/*.rs; do
   t=$(basename "$f" .rs)
-  in_machine "$t" || BED+=("$t")
+  if listed MACHINE "$t"; then continue; fi
+  if listed NEEDS_NODE_TOOLS "$t"; then BED_LATE+=("$t"); else BED+=("$t"); fi
+done
+for t in "${MACHINE[@]}"; do
+  if listed NEEDS_NODE_TOOLS "$t"; then MACHINE_LATE+=("$t"); else MACHINE_EARLY+=("$t"); fi
 done
 
 # The integration tests of the other packages (ccm/tests, csi/tests, ...), in lane `bed`.
@@ -59,19 +73,62 @@ lane_bed() {
   $CARGO test --workspace --doc
   # shellcheck disable=SC2046
   $CARGO test --workspace $(tests_args "${OTHERS[@]}" "${BED[@]}")
+  wait_node_tools
+  # shellcheck disable=SC2046
+  $CARGO test --workspace $(tests_args "${BED_LATE[@]}")
 }
 lane_machine() {
   # shellcheck disable=SC2046
-  $CARGO test --workspace $(tests_args "${MACHINE[@]}")
+  $CARGO test --workspace $(tests_args "${MACHINE_EARLY[@]}")
   say "the CSI suites again on Harvester v1.8 (TESTBED_HOTPLUG=declarative)"
   # shellcheck disable=SC2046
   TESTBED_HOTPLUG=declarative $CARGO test --workspace $(tests_args "${CSI_SUITES[@]}")
   say "a CSI subset on Harvester v1.8 with HotplugVolumes enabled again (TESTBED_HOTPLUG=both)"
   # shellcheck disable=SC2046
   TESTBED_HOTPLUG=both $CARGO test --workspace $(tests_args "${CSI_BOTH_GATES[@]}")
+  wait_node_tools
+  # shellcheck disable=SC2046
+  $CARGO test --workspace $(tests_args "${MACHINE_LATE[@]}")
+}
+
+# node-tools.sh in the background, in a session of its own (killed as a whole if this script
+# ends first), holding an exclusive flock on NODE_TOOLS_LOCK until it ends: the lanes, started
+# after, wait for it with a shared flock (no polling) and read its exit code from
+# NODE_TOOLS_STATUS.
+NODE_TOOLS_LOCK=$LOGS/node-tools.lock
+NODE_TOOLS_STATUS=$LOGS/node-tools.status
+node_tools_pid=
+start_node_tools() {
+  rm -f "$NODE_TOOLS_STATUS"
+  exec 9>"$NODE_TOOLS_LOCK"
+  flock -x 9
+  setsid bash -c 'bash tests/scripts/node-tools.sh; echo $? >"$1"' _ "$NODE_TOOLS_STATUS" \
+    >"$LOGS/node-tools.log" 2>&1 &
+  node_tools_pid=$!
+  # The background build alone holds the lock now.
+  exec 9>&-
+}
+stop_node_tools() {
+  [ -n "$node_tools_pid" ] && kill -- -"$node_tools_pid" 2>/dev/null || true
+}
+wait_node_tools() {
+  local t0 rc
+  t0=$(date +%s)
+  say "waiting for tests/scripts/node-tools.sh (log: $LOGS/node-tools.log)"
+  flock -s "$NODE_TOOLS_LOCK" true
+  rc=$(cat "$NODE_TOOLS_STATUS" 2>/dev/null || echo "none (killed?)")
+  if [ "$rc" != 0 ]; then
+    say "tests/scripts/node-tools.sh failed (exit $rc); the last lines of its log:"
+    tail -n 30 "$LOGS/node-tools.log"
+    return 1
+  fi
+  say "node tools ready (waited $(( $(date +%s) - t0 ))s)"
 }
 
 start=$(date +%s)
+trap stop_node_tools EXIT
+say "building the node tools in the background (log: $LOGS/node-tools.log)"
+start_node_tools
 say "building every test target once"
 $CARGO test --workspace --no-run
 say "built in $(( $(date +%s) - start ))s"
@@ -108,6 +165,8 @@ else
     cat "$LOGS/$name.log"
   done
 fi
+echo "===== node tools (background) ====="
+cat "$LOGS/node-tools.log"
 
 # Per suite: `Running <target>` then its `test result: ... finished in Xs`; the gate reruns are
 # named by the TESTBED_HOTPLUG they ran under.
@@ -117,6 +176,7 @@ for name in bed machine; do
   awk -v lane="$name" '
     /TESTBED_HOTPLUG=declarative/ { gate = " (declarative)" }
     /TESTBED_HOTPLUG=both/ { gate = " (both gates)" }
+    /waiting for tests\/scripts\/node-tools.sh/ { gate = "" }
     /^ *Running / {
       target = $2
       if ($2 == "unittests") { target = $4; sub(/.*\//, "", target); sub(/-[0-9a-f]+\)$/, "", target); target = "unittests " target }
