@@ -98,6 +98,27 @@ impl Doc {
         self.run_with(step, &[]).await
     }
 
+    /// What a failed step leaves to read, with the document's kubectl and KUBECONFIG: every
+    /// Pod, claim and VolumeAttachment, and the last Events (a Pod that never got Ready says why).
+    async fn cluster_state(&self) -> String {
+        const STATE: &str = "kubectl get pods,pvc -A -o wide; kubectl get volumeattachments; \
+            kubectl get events -A --sort-by=.lastTimestamp | tail -n 40";
+        let env = self.env.clone();
+        let out = tokio::task::spawn_blocking(move || {
+            Command::new("timeout")
+                .args(["60", "bash", "-c", &format!("exec 2>&1\n{STATE}")])
+                .current_dir(repo_root())
+                .envs(env)
+                .output()
+        })
+        .await;
+        match out {
+            Ok(Ok(o)) => String::from_utf8_lossy(&o.stdout).into_owned(),
+            Ok(Err(e)) => format!("(running kubectl: {e})"),
+            Err(e) => format!("(the kubectl thread: {e})"),
+        }
+    }
+
     /// [`Doc::run`] with some of the document's variables set otherwise.
     async fn run_with(&self, step: &str, vars: &[(&str, &str)]) -> String {
         let block = self
@@ -120,11 +141,14 @@ impl Doc {
         .expect("the block's thread")
         .unwrap_or_else(|e| panic!("running bash for step {step}: {e}"));
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "{DOC} step `{step}` failed ({}):\n--- block ---\n{block}--- output ---\n{text}",
-            out.status
-        );
+        if !out.status.success() {
+            let state = self.cluster_state().await;
+            panic!(
+                "{DOC} step `{step}` failed ({}):\n--- block ---\n{block}--- output ---\n{text}\
+                 --- the guest cluster now ---\n{state}",
+                out.status
+            );
+        }
         eprintln!(
             "[install_docs] step {step}: ok in {:.1}s",
             t0.elapsed().as_secs_f64()
