@@ -85,6 +85,25 @@ fn image_lines(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// `script` run by bash under `timeout limit` from the repository's root with `env`, on a
+/// blocking thread; an error if bash could not be run or its thread failed.
+async fn bash(
+    limit: &'static str,
+    script: String,
+    env: Vec<(String, String)>,
+) -> Result<std::process::Output, String> {
+    tokio::task::spawn_blocking(move || {
+        Command::new("timeout")
+            .args([limit, "bash", "-c", &script])
+            .current_dir(repo_root())
+            .envs(env)
+            .output()
+    })
+    .await
+    .map_err(|e| format!("its thread: {e}"))?
+    .map_err(|e| e.to_string())
+}
+
 /// The document's blocks and the environment they run in.
 struct Doc {
     blocks: BTreeMap<String, String>,
@@ -103,19 +122,9 @@ impl Doc {
     async fn cluster_state(&self) -> String {
         const STATE: &str = "kubectl get pods,pvc -A -o wide; kubectl get volumeattachments; \
             kubectl get events -A --sort-by=.lastTimestamp | tail -n 40";
-        let env = self.env.clone();
-        let out = tokio::task::spawn_blocking(move || {
-            Command::new("timeout")
-                .args(["60", "bash", "-c", &format!("exec 2>&1\n{STATE}")])
-                .current_dir(repo_root())
-                .envs(env)
-                .output()
-        })
-        .await;
-        match out {
-            Ok(Ok(o)) => String::from_utf8_lossy(&o.stdout).into_owned(),
-            Ok(Err(e)) => format!("(running kubectl: {e})"),
-            Err(e) => format!("(the kubectl thread: {e})"),
+        match bash("60", format!("exec 2>&1\n{STATE}"), self.env.clone()).await {
+            Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
+            Err(e) => format!("(running kubectl: {e})"),
         }
     }
 
@@ -130,16 +139,9 @@ impl Doc {
         env.extend(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         let script = format!("exec 2>&1\nset -e -o pipefail\n{block}");
         let t0 = std::time::Instant::now();
-        let out = tokio::task::spawn_blocking(move || {
-            Command::new("timeout")
-                .args([BLOCK_LIMIT, "bash", "-c", &script])
-                .current_dir(repo_root())
-                .envs(env)
-                .output()
-        })
-        .await
-        .expect("the block's thread")
-        .unwrap_or_else(|e| panic!("running bash for step {step}: {e}"));
+        let out = bash(BLOCK_LIMIT, script, env)
+            .await
+            .unwrap_or_else(|e| panic!("running bash for step {step}: {e}"));
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         if !out.status.success() {
             let state = self.cluster_state().await;

@@ -67,17 +67,12 @@ async fn a_users_day_on_a_real_guest_cluster_root() {
     );
     let sysctls_before =
         SysctlSnapshot::save(std::path::Path::new("/proc/sys"), KUBELET_SYSCTLS).expect("sysctls");
-    let t0 = std::time::Instant::now();
     let mut steps = Steps::new();
     // The bed `make cluster` gives a user, started by the same code.
     let bed = users_cluster::start()
         .await
         .unwrap_or_else(|e| panic!("the real guest cluster must start for this test: {e}"));
-    eprintln!(
-        "real guest cluster ready (charts installed, Pods Ready) in {:.1}s",
-        t0.elapsed().as_secs_f64()
-    );
-    steps.done("the real guest cluster started");
+    steps.done("the real guest cluster ready (charts installed, Pods Ready)");
     let real = bed.real();
     let logs = LogWatch::start(
         &real.node.dirs.pod_logs,
