@@ -10,10 +10,11 @@
 //! `Controller` on these, like `node::init` or `service`.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::future::Future;
 use std::hash::Hash;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use harvester_common::telemetry::Metrics;
@@ -140,8 +141,11 @@ pub const REQUEUE: &str = "requeue";
 
 /// What woke each object's reconcile, counted when it runs
 /// (`harvester_reconcile_triggers_total{controller, trigger}`), so that a wake-up that concerns
-/// nobody shows as a number. As kube's scheduler keeps the first reason of a pending request,
-/// the first trigger noted since the object's last reconcile began is the one counted.
+/// nobody shows as a number, and how long the reconcile waited for its turn
+/// (`harvester_reconcile_queue_seconds{controller}`, client-go's `workqueue_queue_duration_seconds`):
+/// a latency that is all waiting says the controller is behind, not slow. As kube's scheduler
+/// keeps the first reason of a pending request, the first trigger noted since the object's last
+/// reconcile began is the one counted, and the wait is timed from it.
 pub struct Triggers<K>
 where
     K: Resource + 'static,
@@ -150,7 +154,16 @@ where
     controller: &'static str,
     metrics: Metrics,
     store: Store<K>,
-    pending: Mutex<HashMap<ObjectRef<K>, &'static str>>,
+    pending: Mutex<HashMap<ObjectRef<K>, Noted>>,
+}
+
+/// The first trigger of an object's pending reconcile: what, when, and for which object under
+/// that name (a trigger for an object deleted before its turn never runs; its successor under
+/// the same name starts afresh).
+struct Noted {
+    trigger: &'static str,
+    since: Instant,
+    uid: Option<String>,
 }
 
 impl<K> Triggers<K>
@@ -174,15 +187,32 @@ where
         trigger: &'static str,
         refs: impl IntoIterator<Item = ObjectRef<K>>,
     ) -> Vec<ObjectRef<K>> {
-        let refs: Vec<ObjectRef<K>> = refs
+        let found: Vec<(ObjectRef<K>, Option<String>)> = refs
             .into_iter()
-            .filter(|r| self.store.get(r).is_some())
+            .filter_map(|r| {
+                let uid = self.store.get(&r)?.meta().uid.clone();
+                Some((r, uid))
+            })
             .collect();
+        let since = Instant::now();
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        for r in &refs {
-            pending.entry(r.clone()).or_insert(trigger);
+        for (r, uid) in &found {
+            let noted = Noted {
+                trigger,
+                since,
+                uid: uid.clone(),
+            };
+            match pending.entry(r.clone()) {
+                Entry::Occupied(mut e) if e.get().uid != noted.uid => {
+                    e.insert(noted);
+                }
+                Entry::Occupied(_) => {}
+                Entry::Vacant(e) => {
+                    e.insert(noted);
+                }
+            }
         }
-        refs
+        found.into_iter().map(|(r, _)| r).collect()
     }
 
     /// Every cached object, noted as woken by `trigger` (a resync).
@@ -213,19 +243,65 @@ where
     /// Counts the reconcile of `obj` that is starting, under what woke it.
     pub fn woke(&self, obj: &K) {
         let key = ObjectRef::from_obj(obj);
-        let trigger = self
+        let noted = self
             .pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&key)
-            .unwrap_or(REQUEUE);
-        self.metrics.reconcile_woken(self.controller, trigger);
+            .remove(&key);
+        let (trigger, queued) = match noted {
+            Some(n) => (n.trigger, Some(n.since.elapsed())),
+            None => (REQUEUE, None),
+        };
+        self.metrics
+            .reconcile_woken(self.controller, trigger, queued);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn node(name: &str, uid: &str) -> k8s_openapi::api::core::v1::Node {
+        let mut n = k8s_openapi::api::core::v1::Node::default();
+        n.metadata.name = Some(name.into());
+        n.metadata.uid = Some(uid.into());
+        n
+    }
+
+    #[test]
+    fn a_reconcile_counts_its_first_trigger_and_its_wait_and_a_recreated_object_starts_afresh() {
+        use kube::runtime::watcher::Event as WatchEvent;
+        let metrics = Metrics::new();
+        let (store, mut writer) = kube::runtime::reflector::store();
+        let triggers = Triggers::new("node-test", metrics.clone(), store);
+        let first = node("w1", "uid-1");
+        writer.apply_watcher_event(&WatchEvent::Apply(first.clone()));
+        let noted = triggers.note("vm", [ObjectRef::from_obj(&first)]);
+        assert_eq!(noted.len(), 1);
+        triggers.note("node", [ObjectRef::from_obj(&first)]);
+        triggers.woke(&first);
+        // Not in the cache: nothing to reconcile, nothing noted.
+        assert!(triggers.note("vm", [ObjectRef::new("w2")]).is_empty());
+        // Noted for uid-1, which is deleted before its turn; uid-2 takes the name.
+        triggers.note("vm", [ObjectRef::from_obj(&first)]);
+        writer.apply_watcher_event(&WatchEvent::Delete(first));
+        let second = node("w1", "uid-2");
+        writer.apply_watcher_event(&WatchEvent::Apply(second.clone()));
+        triggers.note("node", [ObjectRef::from_obj(&second)]);
+        triggers.woke(&second);
+        triggers.woke(&second);
+        let text = metrics.encode();
+        for (trigger, n) in [("vm", 1), ("node", 1), ("requeue", 1)] {
+            let line = format!(
+                "harvester_reconcile_triggers_total{{controller=\"node-test\",trigger=\"{trigger}\"}} {n}"
+            );
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+        assert!(
+            text.contains("harvester_reconcile_queue_seconds_count{controller=\"node-test\"} 2"),
+            "the two noted reconciles are timed, the requeue is not: {text}"
+        );
+    }
 
     #[test]
     fn backoff_doubles_up_to_five_minutes() {

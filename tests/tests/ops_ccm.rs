@@ -86,8 +86,10 @@ async fn the_binary_serves_probes_and_metrics_leads_with_a_lease_and_stops_on_si
             "harvester_reconcile_duration_seconds_count",
             &labels,
         );
+        let waits = scrape::sum(&samples, "harvester_reconcile_queue_seconds_count", &labels);
         assert!(reconciles >= 1.0, "{controller} reconciles counted");
         assert!(timed >= 1.0, "{controller} reconciles timed");
+        assert!(waits >= 1.0, "{controller} reconciles' waits timed");
     }
 
     // SIGTERM: a clean exit that releases the lease.

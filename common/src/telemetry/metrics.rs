@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -66,6 +66,7 @@ pub struct Metrics {
     pub reconcile_triggers: Family<TriggerLabels, Counter>,
     pub reconcile_errors: Family<ErrorLabels, Counter>,
     pub reconcile_duration: Hist<ControllerLabels>,
+    pub reconcile_queue: Hist<ControllerLabels>,
     pub api_requests: Family<ApiLabels, Counter>,
     pub csi_rpcs: Family<RpcLabels, Counter>,
     pub csi_rpc_duration: Hist<MethodLabels>,
@@ -102,6 +103,12 @@ impl Metrics {
             "reconcile_duration_seconds",
             "Reconcile duration by controller",
             reconcile_duration.clone(),
+        );
+        let reconcile_queue: Hist<ControllerLabels> = Family::new_with_constructor(latency);
+        r.register(
+            "reconcile_queue_seconds",
+            "Time from what woke a reconcile (a watch event, a sweep) to its start, by controller",
+            reconcile_queue.clone(),
         );
         let api_requests = Family::<ApiLabels, Counter>::default();
         r.register(
@@ -145,6 +152,7 @@ impl Metrics {
             reconcile_triggers,
             reconcile_errors,
             reconcile_duration,
+            reconcile_queue,
             api_requests,
             csi_rpcs,
             csi_rpc_duration,
@@ -176,14 +184,22 @@ impl Metrics {
         }
     }
 
-    /// Counts one reconcile of `controller` woken by `trigger`.
-    pub fn reconcile_woken(&self, controller: &str, trigger: &str) {
+    /// Counts one reconcile of `controller` woken by `trigger`, which it waited for `queued`
+    /// (unknown for a requeue: the controller's own retry is not noted when scheduled).
+    pub fn reconcile_woken(&self, controller: &str, trigger: &str, queued: Option<Duration>) {
         self.reconcile_triggers
             .get_or_create(&TriggerLabels {
                 controller: controller.to_string(),
                 trigger: trigger.to_string(),
             })
             .inc();
+        if let Some(queued) = queued {
+            self.reconcile_queue
+                .get_or_create(&ControllerLabels {
+                    controller: controller.to_string(),
+                })
+                .observe(queued.as_secs_f64());
+        }
     }
 
     pub fn reconcile_failed(&self, controller: &str, error: &str) {
@@ -229,6 +245,8 @@ mod tests {
     fn encodes_counters_and_histograms() {
         let m = Metrics::new();
         drop(m.reconcile_started("node"));
+        m.reconcile_woken("node", "node", Some(Duration::from_millis(3)));
+        m.reconcile_woken("node", "requeue", None);
         m.reconcile_failed("node", "vm_not_found");
         m.api_requests
             .get_or_create(&ApiLabels {
@@ -246,6 +264,13 @@ mod tests {
             r#"harvester_reconcile_errors_total{controller="node",error="vm_not_found"} 1"#
         ));
         assert!(text.contains("harvester_reconcile_duration_seconds_count{controller=\"node\"} 1"));
+        assert!(
+            text.contains("harvester_reconcile_queue_seconds_count{controller=\"node\"} 1"),
+            "only the noted trigger's wait is observed: {text}"
+        );
+        assert!(text.contains(
+            r#"harvester_reconcile_triggers_total{controller="node",trigger="requeue"} 1"#
+        ));
         assert_eq!(m.api_request_total(), 3);
     }
 }

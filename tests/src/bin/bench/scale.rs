@@ -107,30 +107,40 @@ async fn scraped_pairs(
     Ok(out)
 }
 
-/// Reconciles and their mean duration per controller, from a provider process's `/metrics`:
-/// how much of a latency is the provider's own work (its API round trips included) and how much
-/// is waiting (watch delivery, queue).
+/// Reconciles, their mean duration and their mean wait for their turn per controller, from a
+/// provider process's `/metrics`: how much of a latency is the provider's own work (its API
+/// round trips included) and how much is waiting behind other reconciles.
 pub(crate) async fn reconcile_figures(port: u16) -> anyhow::Result<String> {
     let (_, body) = testbed::util::scrape::get(port, "/metrics")
         .await
         .map_err(anyhow::Error::msg)?;
     let samples = testbed::util::scrape::parse(&body).map_err(anyhow::Error::msg)?;
-    let mut per: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    // Per controller: duration sum and count, queue wait sum and count.
+    let mut per: BTreeMap<String, [f64; 4]> = BTreeMap::new();
     for s in &samples {
         let Some(c) = s.labels.get("controller") else {
             continue;
         };
-        let e = per.entry(c.clone()).or_default();
-        match s.name.as_str() {
-            "harvester_reconcile_duration_seconds_sum" => e.0 += s.value,
-            "harvester_reconcile_duration_seconds_count" => e.1 += s.value,
-            _ => {}
-        }
+        let slot = match s.name.as_str() {
+            "harvester_reconcile_duration_seconds_sum" => 0,
+            "harvester_reconcile_duration_seconds_count" => 1,
+            "harvester_reconcile_queue_seconds_sum" => 2,
+            "harvester_reconcile_queue_seconds_count" => 3,
+            _ => continue,
+        };
+        per.entry(c.clone()).or_default()[slot] += s.value;
     }
+    let mean = |sum: f64, n: f64| secs(Duration::from_secs_f64(sum / n.max(1.0)));
     Ok(per
         .iter()
-        .filter(|(_, (_, n))| *n > 0.0)
-        .map(|(c, (sum, n))| format!("{c} {n:.0} × {}", secs(Duration::from_secs_f64(sum / n))))
+        .filter(|(_, [_, n, _, _])| *n > 0.0)
+        .map(|(c, [sum, n, wait, waited])| {
+            format!(
+                "{c} {n:.0} × {} (waited {})",
+                mean(*sum, *n),
+                mean(*wait, *waited)
+            )
+        })
         .collect::<Vec<_>>()
         .join(", "))
 }
@@ -368,7 +378,7 @@ pub(crate) async fn scale(level: Level, report: &mut Report) -> anyhow::Result<S
         p50: "—".into(),
         p99: "—".into(),
         figures: format!(
-            "**VmHWM {}** (VmRSS {}); **{cpu_s:.1} CPU seconds** (user + system) from ready to the last Service settled, {:.1} ms per object; **{converging:.2} service reconciles per Service** on the way to convergence (every trigger but the resync; by trigger below); reconciles (count × mean duration, API round trips included): {reconciles}",
+            "**VmHWM {}** (VmRSS {}); **{cpu_s:.1} CPU seconds** (user + system) from ready to the last Service settled, {:.1} ms per object; **{converging:.2} service reconciles per Service** on the way to convergence (every trigger but the resync; by trigger below); reconciles (count × mean duration, API round trips included; in brackets the mean wait for their turn, `harvester_reconcile_queue_seconds`): {reconciles}",
             mib(hwm_kib),
             mib(rss_kib),
             cpu_s * 1000.0 / (services + nodes) as f64,
