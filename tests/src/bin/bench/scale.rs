@@ -378,7 +378,7 @@ pub(crate) async fn scale(level: Level, report: &mut Report) -> anyhow::Result<S
         p50: "—".into(),
         p99: "—".into(),
         figures: format!(
-            "**VmHWM {}** (VmRSS {}); **{cpu_s:.1} CPU seconds** (user + system) from ready to the last Service settled, {:.1} ms per object; **{converging:.2} service reconciles per Service** on the way to convergence (every trigger but the resync; by trigger below); reconciles (count × mean duration, API round trips included; in brackets the mean wait for their turn, `harvester_reconcile_queue_seconds`): {reconciles}",
+            "**VmHWM {}** (VmRSS {}); **{cpu_s:.1} CPU seconds** (user + system) from ready to the last Service settled, {:.1} ms per object; **{converging:.2} service reconciles per Service** on the way to convergence (every trigger but the resync; by trigger below); reconciles (count × mean duration, API round trips included; in parentheses the mean wait for their turn, `harvester_reconcile_queue_seconds`): {reconciles}",
             mib(hwm_kib),
             mib(rss_kib),
             cpu_s * 1000.0 / (services + nodes) as f64,
