@@ -15,8 +15,9 @@
 //! per-object backoff. The node-side controllers share one watch per resource
 //! ([`node::inventory`]) and write with at most two patches ([`node::patch`]). Around the
 //! controllers, for `main`: [`leader`] (upstream's Lease election) and [`secure`] (`/healthz`,
-//! `/readyz`, `/metrics` over HTTPS with delegated authentication). This module only wires; it
-//! defines no shared type.
+//! `/readyz`, `/metrics` over HTTPS with delegated authentication). Both sides keep their writes
+//! that the caches have not shown yet in a [`written::WriteLog`], so no reconcile repeats a write
+//! from a lagging cache. This module only wires; it defines no shared type.
 
 pub mod config;
 pub mod context;
@@ -28,6 +29,7 @@ pub mod network;
 pub mod node;
 pub mod secure;
 pub mod service;
+pub mod written;
 
 use harvester_common::running::OnDrop;
 use std::future::Future;

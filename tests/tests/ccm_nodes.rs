@@ -5,16 +5,20 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use harvester_cloud_provider::node::patch::{SHUTDOWN_TAINT, UNINITIALIZED_TAINT};
+use futures::StreamExt;
+use harvester_cloud_provider::node::patch::{
+    self, NodeChange, SHUTDOWN_TAINT, UNINITIALIZED_TAINT, node_key,
+};
+use harvester_cloud_provider::written::WriteLog;
 use harvester_cloud_provider::{Config, Running};
 use harvester_common::harvester::{
     FAILURE_DOMAIN_REGION, FAILURE_DOMAIN_ZONE, TOPOLOGY_REGION, TOPOLOGY_ZONE,
     VirtualMachineInstance,
 };
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, NodeAddress};
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams, WatchEvent, WatchParams};
 use serde_json::json;
 use testbed::sim::GuestVm;
 use testbed::sim::virt_api::update_vmi;
@@ -478,4 +482,77 @@ async fn addresses_follow_the_vmi_after_initialisation() {
     })
     .await;
     stop(ccm).await;
+}
+
+/// The node-side write log against the real API server: both writes of an initialisation are
+/// recorded from the versions the server answered, so a reconcile that still sees the registered
+/// Node (or the one after the status patch) waits for the watch instead of writing again, and the
+/// version the watch brings last clears it.
+#[tokio::test]
+async fn node_writes_are_logged_until_the_cache_shows_the_last_one() {
+    let bed = bed().await;
+    let registered = bed.sim.create_guest_node("worker-1").await.expect("node");
+    let registered_rv = registered.resource_version();
+    let change = NodeChange {
+        provider_id: Some("harvester://0f0e0d0c".into()),
+        remove_taints: vec![UNINITIALIZED_TAINT.into()],
+        addresses: Some(vec![NodeAddress {
+            type_: "InternalIP".into(),
+            address: "10.52.0.11".into(),
+        }]),
+        ..Default::default()
+    };
+    let log = WriteLog::default();
+    patch::apply(&bed.guest.client, &log, &registered, &change)
+        .await
+        .expect("both patches are accepted");
+
+    let written = nodes(&bed).get("worker-1").await.expect("node");
+    assert!(
+        taint_keys(&written).is_empty(),
+        "{}",
+        summary(&Some(written.clone()))
+    );
+    assert_eq!(
+        written.spec.as_ref().and_then(|s| s.provider_id.as_deref()),
+        Some("harvester://0f0e0d0c")
+    );
+    assert_eq!(addresses(&written), ["InternalIP=10.52.0.11"]);
+    // The versions the watch brings after the registered one: the status patch's, then the
+    // spec patch's.
+    let watch = nodes(&bed)
+        .watch(
+            &WatchParams::default().fields("metadata.name=worker-1"),
+            registered_rv.as_deref().unwrap_or("0"),
+        )
+        .await
+        .expect("watch")
+        .filter_map(|e| async move {
+            match e {
+                Ok(WatchEvent::Modified(n)) => n.resource_version(),
+                _ => None,
+            }
+        })
+        .take(2)
+        .collect::<Vec<String>>();
+    let seen = tokio::time::timeout(LIMIT, watch)
+        .await
+        .expect("the two writes' watch events arrive");
+    assert_eq!(seen.len(), 2, "two writes, two watch events: {seen:?}");
+    assert_eq!(seen[1], written.resource_version().unwrap_or_default());
+    let key = node_key("worker-1");
+    for rv in [&registered_rv, &Some(seen[0].clone()), &registered_rv] {
+        assert!(
+            log.behind(&key, rv.as_deref()),
+            "a cache at {rv:?} is behind the writes ({seen:?})"
+        );
+    }
+    assert!(
+        !log.behind(&key, Some(seen[1].as_str())),
+        "the version of the last write is not behind"
+    );
+    assert!(
+        !log.behind(&key, Some(seen[0].as_str())),
+        "seeing the last write ended the entry"
+    );
 }

@@ -148,7 +148,7 @@ async fn sync(node: &Node, nctx: &NodeCtx) -> Result<Action, Error> {
     if change.is_empty() {
         return Ok(Action::await_change());
     }
-    patch::apply(&nctx.ctx.guest, node, &change).await?;
+    patch::apply(&nctx.ctx.guest, &nctx.written, node, &change).await?;
     if initialising {
         let note = describe(&vm, &change);
         tracing::info!(node = %node.name_any(), "initialised: {note}");

@@ -134,7 +134,7 @@ async fn sync(node: &Node, nctx: &NodeCtx) -> Result<Action, Error> {
             patch::delete(&nctx.ctx.guest, node).await?;
         }
         LifecycleChange::Update(change) => {
-            patch::apply(&nctx.ctx.guest, node, &change).await?;
+            patch::apply(&nctx.ctx.guest, &nctx.written, node, &change).await?;
             let what = if change.add_taints.is_empty() {
                 "removed the shutdown taint: the VM runs"
             } else {

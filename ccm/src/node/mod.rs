@@ -34,6 +34,8 @@ use crate::context::{Context, Shutdown};
 use crate::controller::{self as harness, Backoff, Triggers};
 use crate::error::{Error, one_line};
 use crate::node::inventory::Inventory;
+use crate::node::patch::node_key;
+use crate::written::WriteLog;
 
 /// First and longest retry delay after a failed reconcile (doubling in between).
 const BACKOFF_FIRST: Duration = Duration::from_secs(1);
@@ -49,6 +51,8 @@ pub struct NodeCtx {
     /// annotations only.
     pub host_reads: AtomicBool,
     failures: Backoff<(&'static str, String)>,
+    /// The Node writes of the three controllers that the Node cache has not shown yet.
+    pub written: WriteLog,
     /// What woke each reconcile, per controller.
     triggers: std::collections::HashMap<&'static str, Arc<Triggers<Node>>>,
 }
@@ -67,6 +71,7 @@ impl NodeCtx {
             inventory,
             host_reads: AtomicBool::new(true),
             failures: Backoff::new(BACKOFF_FIRST, BACKOFF_MAX),
+            written: WriteLog::default(),
             triggers,
         }
     }
@@ -102,7 +107,10 @@ impl NodeCtx {
     }
 
     /// Runs one reconcile of `node` by `controller`: counted and timed in the metrics, a Warning
-    /// Event on the Node for a failure, backoff bookkeeping.
+    /// Event on the Node for a failure, backoff bookkeeping. Not while the cache still shows a
+    /// version one of our writes was based on: a plan from it would repeat that write (under a
+    /// burst the watch lags the writes), and the watch event of the write wakes the controller
+    /// again.
     pub async fn reconcile(
         &self,
         controller: &'static str,
@@ -112,6 +120,14 @@ impl NodeCtx {
     ) -> Result<Action, Error> {
         if let Some(t) = self.triggers.get(controller) {
             t.woke(node);
+        }
+        let key = node_key(&node.name_any());
+        if self
+            .written
+            .behind(&key, node.resource_version().as_deref())
+        {
+            tracing::debug!(controller, node = %node.name_any(), "the cache is behind our write; its watch event wakes this again");
+            return Ok(Action::await_change());
         }
         let metrics = &self.ctx.telemetry.metrics;
         let result = harness::measured(metrics, controller, sync, Error::reason).await;

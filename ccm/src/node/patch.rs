@@ -6,6 +6,11 @@
 //! Node's `resourceVersion` (optimistic concurrency: a concurrent change makes it fail with 409 and
 //! the reconcile runs again on the fresh Node). Labels are merged key by key; providerID is only
 //! ever set when empty; addresses are owned by the cloud provider.
+//!
+//! Each write is recorded in the node-side [`WriteLog`] under [`node_key`]: until the watch shows
+//! it, a reconcile of the Node (any of the three controllers) would plan from the version the
+//! write was based on and repeat it (a 409 on the taint guard), so it waits for that watch event
+//! instead ([`crate::node::NodeCtx::reconcile`]).
 
 use std::collections::BTreeMap;
 
@@ -16,6 +21,7 @@ use serde_json::{Map, Value, json};
 
 use crate::context::FIELD_MANAGER;
 use crate::error::Error;
+use crate::written::WriteLog;
 
 /// Kubelet registers Nodes with it under `--cloud-provider=external`; removed once initialised.
 pub const UNINITIALIZED_TAINT: &str = "node.cloudprovider.kubernetes.io/uninitialized";
@@ -148,31 +154,57 @@ fn params() -> PatchParams {
     }
 }
 
+/// The [`WriteLog`] key of the Node `name`.
+pub fn node_key(name: &str) -> String {
+    format!("node/{name}")
+}
+
 /// Writes `change` to `node`: addresses first (so the Node is never schedulable without them),
-/// then labels, providerID and taints against the Node the first patch returned.
-pub async fn apply(client: &kube::Client, node: &Node, change: &NodeChange) -> Result<(), Error> {
+/// then labels, providerID and taints against the Node the first patch returned; each write
+/// recorded in `written`.
+pub async fn apply(
+    client: &kube::Client,
+    written: &WriteLog,
+    node: &Node,
+    change: &NodeChange,
+) -> Result<(), Error> {
     let api: Api<Node> = Api::all(client.clone());
     let name = node.name_any();
+    let key = node_key(&name);
     let mut current = None;
     if let Some(p) = change.status_patch() {
-        current = Some(
-            api.patch_status(&name, &params(), &Patch::Merge(p))
-                .await
-                .map_err(Error::guest(
-                    &name,
-                    format!("patching status.addresses of Node {name}"),
-                ))?,
+        let stored = api
+            .patch_status(&name, &params(), &Patch::Merge(p))
+            .await
+            .map_err(Error::guest(
+                &name,
+                format!("patching status.addresses of Node {name}"),
+            ))?;
+        written.wrote(
+            &key,
+            node.resource_version().as_deref(),
+            stored.resource_version().as_deref(),
         );
+        current = Some(stored);
     }
-    if let Some(p) = change.spec_patch(current.as_ref().unwrap_or(node)) {
-        api.patch(&name, &params(), &Patch::Merge(p))
+    let base = current.as_ref().unwrap_or(node);
+    if let Some(p) = change.spec_patch(base) {
+        let stored = api
+            .patch(&name, &params(), &Patch::Merge(p))
             .await
             .map_err(Error::guest(&name, format!("patching Node {name}")))?;
+        written.wrote(
+            &key,
+            base.resource_version().as_deref(),
+            stored.resource_version().as_deref(),
+        );
     }
     Ok(())
 }
 
 /// Deletes this very Node (UID precondition: never a Node re-registered under the same name).
+/// (A [`WriteLog`] entry of a deleted Node is harmless: the next Node of that name has other
+/// versions, and the first reconcile of it clears the entry.)
 pub async fn delete(client: &kube::Client, node: &Node) -> Result<(), Error> {
     let api: Api<Node> = Api::all(client.clone());
     let name = node.name_any();

@@ -181,7 +181,7 @@ async fn sync(node: &Node, nctx: &NodeCtx) -> Result<Action, Error> {
     if change.is_empty() {
         return Ok(Action::await_change());
     }
-    patch::apply(&nctx.ctx.guest, node, &change).await?;
+    patch::apply(&nctx.ctx.guest, &nctx.written, node, &change).await?;
     if let Some(t) = topology {
         let host = vmi
             .status

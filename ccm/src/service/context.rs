@@ -19,10 +19,10 @@ use super::annotations::ServiceKey;
 use super::dhcp::Leases;
 use super::plan::{self, LbSettings, SYNC_FAILED, ServiceProblem};
 use super::wake::{CrChanges, CrsOf, Secondaries};
-use super::written::WriteLog;
 use super::{NAD_MAPPING_KEY, NAD_MAPPING_NAME, NAD_MAPPING_NAMESPACE};
 use crate::context::Context;
 use crate::controller::{Backoff, Triggers, digest_action, publish_event};
+use crate::written::WriteLog;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -7,8 +7,8 @@
 //! - [`plan`]: the pure rules, and the typed problems with their Event reasons;
 //! - [`annotations`], [`name`]: the Service's input and the CR's name, parsed at the edge;
 //! - `crs`: LoadBalancer CR I/O and garbage collection; `service_io`: the Service's finalizer and
-//!   status patches; `context`: the reconcile's context and error; `written`: our writes the
-//!   caches have not shown yet; [`dhcp`]: leases in `--dhcp-mode=ccm`; [`guest_pool`]: the guest
+//!   status patches; `context`: the reconcile's context and error (our writes the caches have not
+//!   shown yet are [`crate::written`]'s); [`dhcp`]: leases in `--dhcp-mode=ccm`; [`guest_pool`]: the guest
 //!   cluster's own pools (`ipam: guest`, no CR), with `guest` their thin I/O.
 
 pub mod annotations;
@@ -22,7 +22,6 @@ pub mod plan;
 mod reconcile;
 mod service_io;
 mod wake;
-mod written;
 
 pub use context::{Error, ServiceCtx};
 pub use reconcile::run;

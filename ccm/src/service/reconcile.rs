@@ -26,11 +26,11 @@ use super::service_io::{add_finalizer, apply_change, remove_finalizer};
 use super::wake::{
     related_services, woken_by_cr, woken_by_guest_pools, woken_by_nad_mapping, woken_by_service,
 };
-use super::written::WriteLog;
 use super::{FINALIZER, NAD_MAPPING_NAME, NAD_MAPPING_NAMESPACE, guest};
 use crate::config::SERVICE_LB_CONTROLLER;
 use crate::context::{Context, READY_SERVICE_CACHES, Shutdown};
 use crate::controller::{Backoff, Triggers, measured, ticks};
+use crate::written::WriteLog;
 
 /// First and longest retry delay after a failed reconcile of a Service (doubling in between).
 const BACKOFF_FIRST: std::time::Duration = std::time::Duration::from_millis(500);

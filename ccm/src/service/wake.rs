@@ -23,8 +23,8 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use super::annotations::{ANN_NETWORK, ServiceKey, ServiceLbSpec};
 use super::context::{ServiceCtx, cr_key, svc_key};
 use super::plan::{LABEL_SERVICE_NAME, LABEL_SERVICE_NAMESPACE};
-use super::written::Echo;
 use super::{crs, guest};
+use crate::written::Echo;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
