@@ -21,15 +21,16 @@ fn bench_volume_section_smoke_run_reports_publish_cost_per_namespace_size_root()
         .output()
         .expect("running the bench program");
     let stderr = String::from_utf8_lossy(&run.stderr);
-    // The section's error is in its report, which goes with the temporary directory.
-    let report_on_failure = || std::fs::read_to_string(&out).unwrap_or_default();
+    // Read before the status check: a failed section's error is in the report, which goes with
+    // the temporary directory.
+    let report = std::fs::read_to_string(&out);
     assert!(
         run.status.success(),
         "bench --smoke --only 3 failed ({}):\n{stderr}\nits report:\n{}",
         run.status,
-        report_on_failure()
+        report.as_deref().unwrap_or("(none written)")
     );
-    let report = std::fs::read_to_string(&out).expect("the bench writes its report");
+    let report = report.expect("the bench writes its report");
     assert!(!report.contains("**failed**"), "{report}");
     for rpc in ["ControllerPublishVolume", "ControllerUnpublishVolume"] {
         for vms in [1, 20] {
