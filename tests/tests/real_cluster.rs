@@ -399,10 +399,54 @@ async fn finished_log(bed: &TestBed, name: &str) -> String {
     match res {
         Ok(Ok(())) => log,
         Ok(Err(state)) | Err(state) => panic!(
-            "Pod {name} did not succeed: {state}\nlog:\n{log}\nEvents:\n{}",
-            events_of(&bed.guest.client, NS, "Pod", name).await
+            "Pod {name} did not succeed: {state}\nlog:\n{log}\nEvents:\n{}\n{}",
+            events_of(&bed.guest.client, NS, "Pod", name).await,
+            claims_report(bed, name).await
         ),
     }
+}
+
+/// For a Pod that did not run: each claim it uses (phase and Events) and the last lines of the
+/// provisioner's and the CSI controller's logs, the two that bind a claim (a claim left unbound
+/// once cost a run its cause: docs/testbed.md, run 11 of 4 Dec).
+async fn claims_report(bed: &TestBed, pod: &str) -> String {
+    let Ok(p) = api::<Pod>(bed).get(pod).await else {
+        return format!("(Pod {pod} not readable)");
+    };
+    let claims = p
+        .spec
+        .into_iter()
+        .flat_map(|s| s.volumes.unwrap_or_default());
+    let mut report = String::new();
+    for claim in claims.filter_map(|v| v.persistent_volume_claim.map(|c| c.claim_name)) {
+        let phase = match api::<PersistentVolumeClaim>(bed).get(&claim).await {
+            Ok(c) => c.status.and_then(|s| s.phase).unwrap_or_default(),
+            Err(e) => e.to_string(),
+        };
+        let events = events_of(&bed.guest.client, NS, "PersistentVolumeClaim", &claim).await;
+        report += &format!("claim {claim}: {phase}\nEvents:\n{events}\n");
+    }
+    let pods = Api::<Pod>::namespaced(bed.guest.client.clone(), NAMESPACE);
+    let controllers = pods
+        .list(&ListParams::default().labels("component=csi-controllers"))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    for c in controllers {
+        for container in ["csi-provisioner", "harvester-csi-driver"] {
+            let lp = LogParams {
+                container: Some(container.into()),
+                tail_lines: Some(30),
+                ..LogParams::default()
+            };
+            let log = pods
+                .logs(&c.name_any(), &lp)
+                .await
+                .unwrap_or_else(|e| e.to_string());
+            report += &format!("{} {container}, last lines:\n{log}\n", c.name_any());
+        }
+    }
+    report
 }
 
 async fn delete_pod(bed: &TestBed, name: &str) {
