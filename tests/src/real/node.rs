@@ -136,7 +136,11 @@ state = "{state}"
 /// The kubelet's configuration file: cgroupfs on cgroup v1, no swap check, containerd's socket,
 /// serving on `address` (the node IP), no read-only port, webhook authn/authz against the guest
 /// API server; eviction only when the machine is nearly full (the bed shares its disk with
-/// builds), no cluster DNS (none runs; Pods fall back to the host's resolver).
+/// builds), no cluster DNS (none runs; Pods fall back to the host's resolver). A running Pod is
+/// synced every 10 s instead of the default minute: the kubelet grows a mounted volume
+/// (NodeExpandVolume) only in a sync of a Pod using it, so `real_cluster`'s online growth waited
+/// up to a minute for the next one (13.9 s to 84.5 s across runs of 4 Dec); the growth itself
+/// is unchanged.
 pub fn kubelet_config(
     d: &NodeDirs,
     ca: &Path,
@@ -156,6 +160,7 @@ imageServiceEndpoint: unix://{sock}
 address: {address}
 port: {port}
 readOnlyPort: 0
+syncFrequency: 10s
 evictionHard:
   memory.available: 100Mi
   nodefs.available: 1%
@@ -556,6 +561,7 @@ mod tests {
             "failCgroupV1: false",
             "containerRuntimeEndpoint: unix:///t/n/containerd/containerd.sock",
             "readOnlyPort: 0",
+            "syncFrequency: 10s",
             "port: 10250",
             "address: 10.1.2.3",
             "nodefs.available: 1%",
