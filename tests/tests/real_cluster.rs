@@ -410,8 +410,9 @@ async fn finished_log(bed: &TestBed, name: &str) -> String {
 /// provisioner's and the CSI controller's logs, the two that bind a claim (a claim left unbound
 /// once cost a run its cause: docs/testbed.md, run 11 of 4 Dec).
 async fn claims_report(bed: &TestBed, pod: &str) -> String {
-    let Ok(p) = api::<Pod>(bed).get(pod).await else {
-        return format!("(Pod {pod} not readable)");
+    let p = match api::<Pod>(bed).get(pod).await {
+        Ok(p) => p,
+        Err(e) => return format!("(reading Pod {pod}: {e})"),
     };
     let claims = p
         .spec
@@ -427,11 +428,13 @@ async fn claims_report(bed: &TestBed, pod: &str) -> String {
         report += &format!("claim {claim}: {phase}\nEvents:\n{events}\n");
     }
     let pods = Api::<Pod>::namespaced(bed.guest.client.clone(), NAMESPACE);
-    let controllers = pods
+    let controllers = match pods
         .list(&ListParams::default().labels("component=csi-controllers"))
         .await
-        .map(|l| l.items)
-        .unwrap_or_default();
+    {
+        Ok(l) => l.items,
+        Err(e) => return report + &format!("(listing the CSI controller Pods: {e})"),
+    };
     for c in controllers {
         for container in ["csi-provisioner", "harvester-csi-driver"] {
             let lp = LogParams {
