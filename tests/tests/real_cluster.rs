@@ -436,17 +436,43 @@ async fn claims_report(bed: &TestBed, pod: &str) -> String {
         Err(e) => return report + &format!("(listing the CSI controller Pods: {e})"),
     };
     for c in controllers {
+        // A sidecar that lost its leader lease exits and restarts after a growing back-off: its
+        // restart count, and the last lines of the instance before.
+        let restarts = |container: &str| {
+            c.status
+                .iter()
+                .flat_map(|s| s.container_statuses.iter().flatten())
+                .find(|s| s.name == container)
+                .map_or(0, |s| s.restart_count)
+        };
         for container in ["csi-provisioner", "harvester-csi-driver"] {
-            let lp = LogParams {
-                container: Some(container.into()),
-                tail_lines: Some(30),
-                ..LogParams::default()
+            let restarted = restarts(container);
+            let instances: &[bool] = if restarted > 0 {
+                &[true, false]
+            } else {
+                &[false]
             };
-            let log = pods
-                .logs(&c.name_any(), &lp)
-                .await
-                .unwrap_or_else(|e| e.to_string());
-            report += &format!("{} {container}, last lines:\n{log}\n", c.name_any());
+            for &previous in instances {
+                let lp = LogParams {
+                    container: Some(container.into()),
+                    tail_lines: Some(30),
+                    previous,
+                    ..LogParams::default()
+                };
+                let log = pods
+                    .logs(&c.name_any(), &lp)
+                    .await
+                    .unwrap_or_else(|e| e.to_string());
+                let which = if previous {
+                    "the instance before"
+                } else {
+                    "now"
+                };
+                report += &format!(
+                    "{} {container} ({restarted} restarts), last lines of {which}:\n{log}\n",
+                    c.name_any()
+                );
+            }
         }
     }
     report
