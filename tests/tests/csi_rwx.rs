@@ -56,6 +56,12 @@ mod upstream {
     pub const HOST_VOLUME_MODE: &str = "Filesystem";
 }
 
+/// The most one test of this file may take (the longest takes about 3 minutes on a loaded
+/// 2-core machine): past it the test fails and cleans up instead of holding its lane.
+const TEST_LIMIT: Duration = Duration::from_secs(600);
+/// One attempt to reach a guest's node plugin (connect and Probe).
+const PLUGIN_ATTEMPT: Duration = Duration::from_secs(10);
+
 fn say(line: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "[csi_rwx] {line}");
@@ -169,27 +175,27 @@ async fn connect_plugin(vm: &Vm, log: &str) -> GuestPlugin {
         || {
             let log = log.clone();
             async move {
-                let ch = match tonic::transport::Endpoint::from_shared(format!(
-                    "http://127.0.0.1:{port}"
-                ))
-                .map_err(|e| e.to_string())?
-                .connect()
-                .await
-                {
-                    Ok(ch) => ch,
-                    Err(e) => {
-                        return Ok(Err(format!(
-                            "{e}; log: {}",
-                            std::fs::read_to_string(&log).unwrap_or_default()
-                        )));
-                    }
+                // QEMU's user network accepts on the host side before the guest does: an
+                // attempt it never completes is given up and made again.
+                let endpoint =
+                    tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+                        .map_err(|e| e.to_string())?;
+                let attempt = async {
+                    let ch = endpoint.connect().await.map_err(|e| e.to_string())?;
+                    IdentityClient::new(ch.clone())
+                        .probe(ProbeRequest {})
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    Ok::<_, String>(ch)
                 };
-                Ok(
-                    match IdentityClient::new(ch.clone()).probe(ProbeRequest {}).await {
-                        Ok(_) => Ok(ch),
-                        Err(e) => Err(e.to_string()),
-                    },
-                )
+                Ok(match tokio::time::timeout(PLUGIN_ATTEMPT, attempt).await {
+                    Ok(Ok(ch)) => Ok(ch),
+                    Ok(Err(e)) => Err(format!(
+                        "{e}; log: {}",
+                        std::fs::read_to_string(&log).unwrap_or_default()
+                    )),
+                    Err(_) => Err(format!("no answer within {PLUGIN_ATTEMPT:?}")),
+                })
             }
         },
     )
@@ -393,6 +399,15 @@ async fn one_guest(name: &str) -> (TestBed, Arc<NetworkFs>, Arc<Vm>, Driver) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rwx_volume_shared_by_two_guests_root() {
+    wait::within(
+        "rwx_volume_shared_by_two_guests_root",
+        TEST_LIMIT,
+        rwx_volume_shared_by_two_guests_root_steps(),
+    )
+    .await
+}
+
+async fn rwx_volume_shared_by_two_guests_root_steps() {
     assert_root();
     let t0 = Instant::now();
     let bed = common::bed().await;
@@ -416,6 +431,7 @@ async fn rwx_volume_shared_by_two_guests_root() {
     let (a, b) = tokio::join!(boot(&bed, "rwx-a"), boot(&bed, "rwx-b"));
     let ctrl = Driver::start(&bed, |c| c.mode = Mode::Controller).await;
     let (na, nb) = tokio::join!(start_plugin(&bed, &a), start_plugin(&bed, &b));
+    say("both node plugins answer Probe");
 
     // CreateVolume: a Filesystem RWX host PVC on the Longhorn class, and upstream's CR.
     let created = ControllerClient::new(ctrl.channel.clone())
@@ -429,6 +445,7 @@ async fn rwx_volume_shared_by_two_guests_root() {
         .volume
         .expect("volume");
     let id = created.volume_id.clone();
+    say(&format!("CreateVolume RWX: {id}"));
     let pvc = host_pvc(&bed, &id).await.expect("host PVC");
     let spec = pvc.spec.clone().unwrap_or_default();
     assert_eq!(
@@ -746,6 +763,15 @@ async fn rwx_volume_shared_by_two_guests_root() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rwx_bad_input_is_invalid_argument() {
+    wait::within(
+        "rwx_bad_input_is_invalid_argument",
+        TEST_LIMIT,
+        rwx_bad_input_is_invalid_argument_steps(),
+    )
+    .await
+}
+
+async fn rwx_bad_input_is_invalid_argument_steps() {
     let bed = common::bed().await;
     let bed = bed.with_default_storage_class().await;
     create_class(&bed, "nfs-other", "nfs.csi.k8s.io", json!({})).await;
@@ -998,6 +1024,15 @@ async fn two_stand_in_vms(class: &str, params: serde_json::Value) -> (TestBed, A
 /// controller runs on the host, the nodes are VMs of the stand-in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contract_rwx_republish_waits_for_disabled_root() {
+    wait::within(
+        "contract_rwx_republish_waits_for_disabled_root",
+        TEST_LIMIT,
+        contract_rwx_republish_waits_for_disabled_root_steps(),
+    )
+    .await
+}
+
+async fn contract_rwx_republish_waits_for_disabled_root_steps() {
     assert_root();
     let t0 = Instant::now();
     let (bed, fs) = two_stand_in_vms(RWX_CLASS, json!({})).await;
@@ -1130,6 +1165,15 @@ async fn contract_rwx_republish_waits_for_disabled_root() {
 /// host kernel has no NFS client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contract_nfs_server_down_never_blocks_the_node_plugin_root() {
+    wait::within(
+        "contract_nfs_server_down_never_blocks_the_node_plugin_root",
+        TEST_LIMIT,
+        contract_nfs_server_down_never_blocks_the_node_plugin_root_steps(),
+    )
+    .await
+}
+
+async fn contract_nfs_server_down_never_blocks_the_node_plugin_root_steps() {
     assert_root();
     let t0 = Instant::now();
     let (bed, fs, vm, ctrl) = one_guest("rwx-d").await;
@@ -1328,6 +1372,15 @@ fn filesystem_size(fs: &NetworkFs, pv: &str) -> u64 {
 /// waiting for `Ready`. No guest kernel needed: the controller runs on the host.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contract_rwx_online_expansion_keeps_the_volume_served_root() {
+    wait::within(
+        "contract_rwx_online_expansion_keeps_the_volume_served_root",
+        TEST_LIMIT,
+        contract_rwx_online_expansion_keeps_the_volume_served_root_steps(),
+    )
+    .await
+}
+
+async fn contract_rwx_online_expansion_keeps_the_volume_served_root_steps() {
     assert_root();
     const XFS_CLASS: &str = "longhorn-rwx-xfs";
     // xfs: online ext4 growth needs CAP_SYS_RESOURCE, which this host lacks (docs/testbed.md).
@@ -1520,6 +1573,15 @@ fn api_port(bed: &TestBed) -> u16 {
 /// Pod unpublishes and unstages it. Without hostPID and host network, the plugin warns at start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rwx_mount_outlives_the_node_plugin_pod_root() {
+    wait::within(
+        "rwx_mount_outlives_the_node_plugin_pod_root",
+        TEST_LIMIT,
+        rwx_mount_outlives_the_node_plugin_pod_root_steps(),
+    )
+    .await
+}
+
+async fn rwx_mount_outlives_the_node_plugin_pod_root_steps() {
     assert_root();
     let t0 = Instant::now();
     let (bed, fs, vm, ctrl) = one_guest("rwx-p").await;

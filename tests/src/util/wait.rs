@@ -4,8 +4,13 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-/// Polls `probe` every 100 ms until it returns `Ok(Some(v))`, for at most `limit`.
-/// `probe` returns `Ok(None)` to keep waiting; the last `Err` or seen value is reported on timeout.
+/// The least time a probe is given, even when the wait's deadline is nearer.
+const PROBE_AT_LEAST: Duration = Duration::from_secs(1);
+
+/// Polls `probe` every 100 ms until it returns `Ok(Ok(v))`, for at most `limit`.
+/// `probe` returns `Ok(Err(seen))` to keep waiting; the last `Err` or seen value is reported on
+/// timeout. A probe that does not return (a request no one answers) is cut at the deadline too,
+/// so the wait fails instead of hanging its test.
 pub async fn until<T, S, F, Fut>(what: &str, limit: Duration, mut probe: F) -> Result<T, String>
 where
     F: FnMut() -> Fut,
@@ -14,10 +19,15 @@ where
 {
     let deadline = Instant::now() + limit;
     loop {
-        let last = match probe().await {
-            Ok(Ok(v)) => return Ok(v),
-            Ok(Err(seen)) => format!("{seen:?}"),
-            Err(e) => format!("error: {e}"),
+        let left = deadline.saturating_duration_since(Instant::now());
+        let last = match tokio::time::timeout(left.max(PROBE_AT_LEAST), probe()).await {
+            Ok(Ok(Ok(v))) => return Ok(v),
+            Ok(Ok(Err(seen))) => format!("{seen:?}"),
+            Ok(Err(e)) => format!("error: {e}"),
+            Err(_) => format!(
+                "the probe did not return within {:?}",
+                left.max(PROBE_AT_LEAST)
+            ),
         };
         if Instant::now() >= deadline {
             return Err(format!(
@@ -25,6 +35,15 @@ where
             ));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Runs `work` for at most `limit`; past it, panics naming `what`. Dropping `work` then runs the
+/// drops of what it holds (test beds, guests), so a test that would hang fails and cleans up.
+pub async fn within<T>(what: &str, limit: Duration, work: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(limit, work).await {
+        Ok(v) => v,
+        Err(_) => panic!("{what} did not finish within {limit:?}"),
     }
 }
 
