@@ -29,6 +29,10 @@ use testbed::sim::GuestVm;
 use testbed::{TestBed, util::wait};
 use tonic::transport::Channel;
 
+/// The most one test of this file may take (the longest about 3 minutes on a loaded 2-core
+/// machine): past it the test fails and cleans up instead of holding its lane.
+const TEST_LIMIT: Duration = Duration::from_secs(600);
+
 /// The node plugin's port in the guest.
 const CSI_PORT: u16 = 10000;
 /// Where the guest's staging and target paths live.
@@ -643,6 +647,15 @@ fn node_addresses(n: &Node) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guest_vm_with_udev_and_agent_root() {
+    wait::within(
+        "guest_vm_with_udev_and_agent_root",
+        TEST_LIMIT,
+        guest_vm_with_udev_and_agent_root_steps(),
+    )
+    .await
+}
+
+async fn guest_vm_with_udev_and_agent_root_steps() {
     let _one = ONE_VM.lock().await;
     let t0 = Instant::now();
     let (bed, vm) = bed_with_real_vm(VmOptions::new("guest-udev")).await;
@@ -714,6 +727,15 @@ async fn guest_vm_with_udev_and_agent_root() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guest_vm_without_udev_or_agent_root() {
+    wait::within(
+        "guest_vm_without_udev_or_agent_root",
+        TEST_LIMIT,
+        guest_vm_without_udev_or_agent_root_steps(),
+    )
+    .await
+}
+
+async fn guest_vm_without_udev_or_agent_root_steps() {
     let _one = ONE_VM.lock().await;
     let t0 = Instant::now();
     let (bed, vm) =
@@ -821,6 +843,15 @@ async fn guest_vm_without_udev_or_agent_root() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guest_that_does_not_come_up_fails_with_its_console() {
+    wait::within(
+        "a_guest_that_does_not_come_up_fails_with_its_console",
+        TEST_LIMIT,
+        a_guest_that_does_not_come_up_fails_with_its_console_steps(),
+    )
+    .await
+}
+
+async fn a_guest_that_does_not_come_up_fails_with_its_console_steps() {
     let _one = ONE_VM.lock().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let mut opts = VmOptions::new("too-slow");
