@@ -59,8 +59,6 @@ mod upstream {
 /// The most one test of this file may take (the longest takes about 3 minutes on a loaded
 /// 2-core machine): past it the test fails and cleans up instead of holding its lane.
 const TEST_LIMIT: Duration = Duration::from_secs(600);
-/// One attempt to reach a guest's node plugin (connect and Probe).
-const PLUGIN_ATTEMPT: Duration = Duration::from_secs(10);
 
 fn say(line: &str) {
     use std::io::Write;
@@ -175,27 +173,12 @@ async fn connect_plugin(vm: &Vm, log: &str) -> GuestPlugin {
         || {
             let log = log.clone();
             async move {
-                // QEMU's user network accepts on the host side before the guest does: an
-                // attempt it never completes is given up and made again.
-                let endpoint =
-                    tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
-                        .map_err(|e| e.to_string())?;
-                let attempt = async {
-                    let ch = endpoint.connect().await.map_err(|e| e.to_string())?;
-                    IdentityClient::new(ch.clone())
-                        .probe(ProbeRequest {})
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    Ok::<_, String>(ch)
-                };
-                Ok(match tokio::time::timeout(PLUGIN_ATTEMPT, attempt).await {
-                    Ok(Ok(ch)) => Ok(ch),
-                    Ok(Err(e)) => Err(format!(
+                Ok(common::probe_guest_plugin(port).await.map_err(|e| {
+                    format!(
                         "{e}; log: {}",
                         std::fs::read_to_string(&log).unwrap_or_default()
-                    )),
-                    Err(_) => Err(format!("no answer within {PLUGIN_ATTEMPT:?}")),
-                })
+                    )
+                }))
             }
         },
     )

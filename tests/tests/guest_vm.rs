@@ -17,7 +17,6 @@ use common::{
     publish_request, stage, unpublish_request,
 };
 use csi_proto::csi::v1::controller_client::ControllerClient;
-use csi_proto::csi::v1::identity_client::IdentityClient;
 use csi_proto::csi::v1::node_client::NodeClient;
 use csi_proto::csi::v1::*;
 use harvester_csi_driver::Mode;
@@ -122,15 +121,7 @@ async fn start_plugin(bed: &TestBed, vm: &Vm, run: usize, mode: &str, extra: &st
             std::fs::read_to_string(vm.share.join(format!("node-plugin-{run}.log")))
                 .unwrap_or_default()
         );
-        if let Ok(ch) = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
-            .expect("uri")
-            .connect()
-            .await
-            && IdentityClient::new(ch.clone())
-                .probe(ProbeRequest {})
-                .await
-                .is_ok()
-        {
+        if let Ok(ch) = common::probe_guest_plugin(port).await {
             say(&format!(
                 "node plugin (pid {pid}) serving in the guest after {:.1}s",
                 t0.elapsed().as_secs_f64()

@@ -436,8 +436,9 @@ async fn claims_report(bed: &TestBed, pod: &str) -> String {
         Err(e) => return report + &format!("(listing the CSI controller Pods: {e})"),
     };
     for c in controllers {
-        // A sidecar that lost its leader lease exits and restarts after a growing back-off: its
-        // restart count, and the last lines of the instance before.
+        // Each container's state and restarts: a sidecar that lost its leader lease exits and
+        // restarts after a growing back-off; then the last lines of the instance before too.
+        report += &format!("{}\n", guest_cluster::pod_state(&c));
         let restarts = |container: &str| {
             c.status
                 .iter()
@@ -446,8 +447,7 @@ async fn claims_report(bed: &TestBed, pod: &str) -> String {
                 .map_or(0, |s| s.restart_count)
         };
         for container in ["csi-provisioner", "harvester-csi-driver"] {
-            let restarted = restarts(container);
-            let instances: &[bool] = if restarted > 0 {
+            let instances: &[bool] = if restarts(container) > 0 {
                 &[true, false]
             } else {
                 &[false]
@@ -469,7 +469,7 @@ async fn claims_report(bed: &TestBed, pod: &str) -> String {
                     "now"
                 };
                 report += &format!(
-                    "{} {container} ({restarted} restarts), last lines of {which}:\n{log}\n",
+                    "{} {container}, last lines of {which}:\n{log}\n",
                     c.name_any()
                 );
             }

@@ -21,6 +21,31 @@ use tonic::transport::Channel;
 /// The guest VM (and CSI node ID) the suites use.
 pub const NODE: &str = "worker-1";
 
+/// One attempt of at most this long to reach a node plugin in a QEMU guest.
+pub const GUEST_PLUGIN_ATTEMPT: Duration = Duration::from_secs(10);
+
+/// One attempt to reach the node plugin a QEMU guest serves behind the host's forwarded `port`:
+/// connect, then Probe. QEMU's user network accepts on the host side before the guest does, so
+/// an attempt it never completes is given up after [`GUEST_PLUGIN_ATTEMPT`] (the caller tries
+/// again) instead of waiting forever.
+pub async fn probe_guest_plugin(port: u16) -> Result<Channel, String> {
+    let attempt = async {
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+            .map_err(|e| e.to_string())?
+            .connect()
+            .await
+            .map_err(|e| e.to_string())?;
+        IdentityClient::new(ch.clone())
+            .probe(ProbeRequest {})
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(ch)
+    };
+    tokio::time::timeout(GUEST_PLUGIN_ATTEMPT, attempt)
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {GUEST_PLUGIN_ATTEMPT:?}")))
+}
+
 pub fn assert_root() {
     assert!(
         crate::sim::storage::is_root(),
