@@ -89,8 +89,11 @@ build_k8s() {
 # The sidecars of one group share one wrapper module: one set of dependency versions (the highest
 # any of them requires; a module two of them replace differently takes the later one, logged), so
 # client-go, apimachinery, grpc and the rest are compiled once for the group instead of once per
-# sidecar (their go.mods differ only in patch versions). The provisioner is a group of its own: it
-# builds against k8s.io/kubernetes with staging modules pinned a minor version below the others'.
+# sidecar. The provisioner pins k8s.io/* to 0.36.1 where the others pin 0.37.0; it comes first, so
+# the others' replaces win and it builds against 0.37.0 too (its binary imports no package of the
+# k8s.io/kubernetes its go.mod requires, and its code compiles unchanged): built apart it compiled
+# 1 343 packages (`go list -deps`), about 550 s of the cold node tools on 2 cores; in the group it
+# adds 58 to the other four's 1 337.
 #
 # sidecar_group GROUP NAME:MODULE:VERSION:PKG...: builds each NAME of the group that is missing.
 sidecar_group() {
@@ -155,9 +158,8 @@ build kube-scheduler build_k8s
 # kubectl for the user of `make cluster` (its banner prints commands with this path). `build` checks
 # each binary, so a cache made before kubectl was added gets it on the next run without a new key.
 build kubectl build_k8s
-sidecar_group provisioner \
-  "csi-provisioner:github.com/kubernetes-csi/external-provisioner/v6:$PROVISIONER_VERSION:cmd/csi-provisioner"
 sidecar_group csi-sidecars \
+  "csi-provisioner:github.com/kubernetes-csi/external-provisioner/v6:$PROVISIONER_VERSION:cmd/csi-provisioner" \
   "csi-attacher:github.com/kubernetes-csi/external-attacher/v4:$ATTACHER_VERSION:cmd/csi-attacher" \
   "csi-resizer:github.com/kubernetes-csi/external-resizer/v2:$RESIZER_VERSION:cmd/csi-resizer" \
   "csi-snapshotter:github.com/kubernetes-csi/external-snapshotter/v8:$SNAPSHOTTER_VERSION:cmd/csi-snapshotter" \
