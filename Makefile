@@ -38,7 +38,7 @@ release:
 	$(CARGO) rustc --release -p harvester-csi-driver --bin harvester-csi-driver -- $(STATIC_LINK)
 
 # node-tools is not a step of its own here: tests/scripts/suites.sh builds it in the background
-# beside the suites that do not need it (on a fresh machine about 9 minutes of Go builds).
+# beside the suites that do not need it (on a fresh 2-core machine 14-15 minutes of Go builds).
 test: tools proto-check fmt-check clippy help-check charts-check unit-and-integration
 
 tools:

@@ -14,7 +14,7 @@
 # lane `bed`, which on a fresh machine runs it while the node tools still build).
 # Ports, bed directories and network namespace names are per process (util::process::free_port
 # reserves its ports across processes), so the lanes share nothing else.
-# The real guest cluster's tools (tests/scripts/node-tools.sh: about 9 minutes of Go builds on a
+# The real guest cluster's tools (tests/scripts/node-tools.sh: 14-15 minutes of Go builds beside the lanes on a
 # fresh machine, a few seconds of checks once built) are built in the background while the lanes
 # run the suites that do not need them. The three suites that need them (real_cluster,
 # install_docs, images) run last in their lanes and wait for that build; if it failed, they fail
