@@ -14,15 +14,15 @@
 # lane `bed`, which on a fresh machine runs it while the node tools still build).
 # Ports, bed directories and network namespace names are per process (util::process::free_port
 # reserves its ports across processes), so the lanes share nothing else.
-# The real guest cluster's tools (tests/scripts/node-tools.sh: 14-15 minutes of Go builds beside the lanes on a
-# fresh machine, a few seconds of checks once built) are built in the background while the lanes
-# run the suites that do not need them. The three suites that need them (real_cluster,
+# The real guest cluster's tools (tests/scripts/node-tools.sh: 14-15 minutes of Go builds beside the
+# lanes on a fresh machine, a few seconds of checks once built) are built in the background while
+# the lanes run the suites that do not need them. The three suites that need them (real_cluster,
 # install_docs, images) run last in their lanes and wait for that build; if it failed, they fail
-# with its log. The build runs at the lanes' priority (NODE_TOOLS_NICE, default 0), not niced:
-# niced it took only what the lanes left (18-22 minutes on a fresh machine), and lane `machine`
-# then waited for it 2-6 minutes before real_cluster and install_docs, which wait on the guest
-# cluster more than they compute (the cores about 30 % busy) and so are the part of the run best
-# overlapped with CPU-bound suites.
+# with its log. The build runs at the lanes' priority (NODE_TOOLS_NICE, default 0), not niced: niced
+# it took only what the lanes left (18-22 minutes on a fresh machine), and lane `machine` then
+# waited for it 2-6 minutes before real_cluster and install_docs, which wait on the guest cluster
+# more than they compute (the cores about 30 % busy) and so are the part of the run best overlapped
+# with CPU-bound suites.
 #
 #   tests/scripts/suites.sh          # both lanes
 #   LANES=1 tests/scripts/suites.sh  # one after another
