@@ -76,10 +76,11 @@ pub fn recorder(guest: kube::Client) -> EventRecorder {
     EventRecorder::new(guest, FIELD_MANAGER, std::env::var("POD_NAME").ok())
 }
 
-/// Publishes an Event on `object`; a failure to publish is only logged.
-pub async fn publish_event(
+/// Publishes an Event on `object` beside the caller ([`EventRecorder::record`]: queued, written
+/// in order by one task; a failure to write it is only logged).
+pub fn publish_event(
     recorder: &EventRecorder,
-    object: &ObjectReference,
+    object: ObjectReference,
     type_: EventType,
     reason: &str,
     action: String,
@@ -99,10 +100,7 @@ pub async fn publish_event(
         action,
         secondary: None,
     };
-    if let Err(e) = recorder.publish(&event, object).await {
-        let name = object.name.as_deref().unwrap_or_default();
-        tracing::warn!(object = name, reason, error = %e, "could not publish an Event");
-    }
+    recorder.record(event, object);
 }
 
 /// An Event action that changes with the note: the recorder folds Events with the same action

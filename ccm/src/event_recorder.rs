@@ -8,9 +8,15 @@
 //! (heaptrack). A series here keeps only what its next patch needs (the Event's namespace,
 //! name and count), and at most 4 096 of them, the size of client-go's event cache; the
 //! oldest go first.
+//!
+//! Events are written beside the reconciles, not in their way, as client-go's broadcaster does:
+//! [`EventRecorder::record`] queues the Event and returns; one task writes the queue in order (so
+//! a repeat always finds its series), and drops an Event when [`QUEUE_LIMIT`] are waiting. Written
+//! in the reconcile, the Event was a third sequential round trip of each Node's initialisation and
+//! held its worker slot while the next Nodes waited in line.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event as K8sEvent;
@@ -19,16 +25,32 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType};
+use tokio::sync::mpsc;
 
 /// How long a repeat still joins its series (kube's and client-go's six minutes).
 const SERIES_TTL: SignedDuration = SignedDuration::from_mins(6);
 /// Series remembered at most (client-go's `maxLruCacheEntries`).
 const SERIES_LIMIT: usize = 4096;
+/// Events waiting to be written at most; one more is dropped with a log line (client-go's
+/// `maxQueuedEvents`).
+pub const QUEUE_LIMIT: usize = 1000;
 
-/// Writes Events as one reporting controller (and instance); cheap to clone, clones share their
-/// series.
+/// Records Events as one reporting controller (and instance); cheap to clone, clones share their
+/// queue and series.
 #[derive(Clone)]
 pub struct EventRecorder {
+    writer: Writer,
+    /// The queue's sending end, made with its writing task by the first Event (a runtime is
+    /// only sure to exist then); the task ends when the last clone is dropped.
+    queue: Arc<OnceLock<mpsc::Sender<Queued>>>,
+}
+
+/// An Event waiting to be written.
+type Queued = (Event, ObjectReference);
+
+/// Writes Events and folds repeats into their series.
+#[derive(Clone)]
+struct Writer {
     client: kube::Client,
     controller: String,
     instance: String,
@@ -56,19 +78,49 @@ impl EventRecorder {
     /// `instance` is the reporting instance (the Pod's name); the controller's name without one.
     pub fn new(client: kube::Client, controller: &str, instance: Option<String>) -> Self {
         EventRecorder {
-            client,
-            controller: controller.to_string(),
-            instance: instance.unwrap_or_else(|| controller.to_string()),
-            series: Arc::default(),
+            writer: Writer {
+                client,
+                controller: controller.to_string(),
+                instance: instance.unwrap_or_else(|| controller.to_string()),
+                series: Arc::default(),
+            },
+            queue: Arc::default(),
+        }
+    }
+
+    /// Queues `event` about `regarding` and returns; it is written in order after the Events
+    /// queued before it (a failure is logged there). Dropped, with a log line, when the queue is
+    /// full. Needs a Tokio runtime.
+    pub fn record(&self, event: Event, regarding: ObjectReference) {
+        let queue = self.queue.get_or_init(|| {
+            let (tx, rx) = mpsc::channel(QUEUE_LIMIT);
+            tokio::spawn(self.writer.clone().write_queue(rx));
+            tx
+        });
+        let (why, (event, regarding)) = match queue.try_send((event, regarding)) {
+            Ok(()) => return,
+            Err(mpsc::error::TrySendError::Full(q)) => ("the queue is full", q),
+            // Only when the runtime that ran the writing task has shut down.
+            Err(mpsc::error::TrySendError::Closed(q)) => ("its writer has stopped", q),
+        };
+        let object = regarding.name.as_deref().unwrap_or_default();
+        tracing::warn!(object, reason = event.reason, "dropped an Event: {why}");
+    }
+}
+
+impl Writer {
+    /// Writes the queued Events one after another until every sender is gone.
+    async fn write_queue(self, mut rx: mpsc::Receiver<Queued>) {
+        while let Some((event, regarding)) = rx.recv().await {
+            if let Err(e) = self.publish(&event, &regarding).await {
+                let name = regarding.name.as_deref().unwrap_or_default();
+                tracing::warn!(object = name, reason = event.reason, error = %e, "could not publish an Event");
+            }
         }
     }
 
     /// Writes `event` about `regarding`: a new Event, or one more in its series.
-    pub async fn publish(
-        &self,
-        event: &Event,
-        regarding: &ObjectReference,
-    ) -> Result<(), kube::Error> {
+    async fn publish(&self, event: &Event, regarding: &ObjectReference) -> Result<(), kube::Error> {
         let now = Timestamp::now();
         let key = series_key(event, regarding);
         let write = {

@@ -129,18 +129,14 @@ pub fn token_expiry_event(guest: kube::Client) -> impl Fn(&str) + Send + Sync + 
         let Some(pod) = pod.clone() else {
             return;
         };
-        let (recorder, note) = (recorder.clone(), warning.to_string());
-        tokio::spawn(async move {
-            controller::publish_event(
-                &recorder,
-                &pod,
-                EventType::Warning,
-                "CloudConfigTokenExpiring",
-                "CheckCredentials".into(),
-                note,
-            )
-            .await;
-        });
+        controller::publish_event(
+            &recorder,
+            pod,
+            EventType::Warning,
+            "CloudConfigTokenExpiring",
+            "CheckCredentials".into(),
+            warning.to_string(),
+        );
     }
 }
 

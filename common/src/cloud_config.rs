@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, RwLock, Weak};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use http::{Request, Response};
@@ -56,6 +56,9 @@ struct Status {
     unauthorized: Option<String>,
     /// Content of the file the current client was built from.
     loaded: Vec<u8>,
+    /// When a request last got a success, and when one last got a 401 or no answer.
+    answered: Option<Instant>,
+    failed: Option<Instant>,
 }
 
 struct Shared {
@@ -181,6 +184,7 @@ impl Harvester {
                 token_expiry: loaded.token_expiry,
                 unauthorized: None,
                 loaded: loaded.bytes,
+                ..Status::default()
             }),
             path: path.to_path_buf(),
             metrics: metrics.cloned(),
@@ -229,9 +233,15 @@ impl Harvester {
         report_expiry(&self.shared);
     }
 
+    fn answered_cleanly_since(&self, t: Instant) -> bool {
+        let status = read(&self.shared.status);
+        answered_cleanly(status.answered, status.failed, t)
+    }
+
     /// Keeps the readiness check `check` true while Harvester answers with the cloud-config's
     /// credentials (a 401 or an unreachable server makes it false, naming the file), asking every
-    /// `period` ([`CREDENTIALS_CHECK_PERIOD`] in the programs); warns at warn level, at most
+    /// `period` ([`CREDENTIALS_CHECK_PERIOD`] in the programs) unless the program's own requests
+    /// answered since the last check (a success and no 401 or unanswered request); warns at warn level, at most
     /// hourly, from `warn_before` before the token expires (readiness stays true then: the
     /// credentials still work, the operator must rotate them), and hands the warning to
     /// `on_warning` (the cloud provider makes it an Event on its Pod). Runs until dropped.
@@ -243,26 +253,41 @@ impl Harvester {
         period: Duration,
         on_warning: impl Fn(&str),
     ) {
-        let mut last_warning = None::<std::time::Instant>;
+        let mut last_warning = None::<Instant>;
+        let mut checked = None::<Instant>;
         loop {
-            let state = match self.client.apiserver_version().await {
-                Ok(_) => self.credentials_state(),
-                Err(e) => self.credentials_state().and(Err(format!(
-                    "Harvester API unreachable with cloud-config {}: {e}",
-                    self.path.display()
-                ))),
+            let now = Instant::now();
+            // The program's own requests answered the question since the last check: no probe.
+            let answered = checked.is_some_and(|t| self.answered_cleanly_since(t));
+            let state = if answered {
+                self.credentials_state()
+            } else {
+                match self.client.apiserver_version().await {
+                    Ok(_) => self.credentials_state(),
+                    Err(e) => self.credentials_state().and(Err(format!(
+                        "Harvester API unreachable with cloud-config {}: {e}",
+                        self.path.display()
+                    ))),
+                }
             };
+            checked = Some(now);
             readiness.set(check, state);
             if let Some(w) = self.expiry_warning(warn_before)
                 && last_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(3600))
             {
                 tracing::warn!("{w}");
                 on_warning(&w);
-                last_warning = Some(std::time::Instant::now());
+                last_warning = Some(Instant::now());
             }
             tokio::time::sleep(period).await;
         }
     }
+}
+
+/// Pure: whether a request got a success (last at `answered`) since `since` and none got a 401
+/// or no answer (last at `failed`).
+fn answered_cleanly(answered: Option<Instant>, failed: Option<Instant>, since: Instant) -> bool {
+    answered.is_some_and(|a| a > since) && failed.is_none_or(|f| f < since)
 }
 
 /// How often the programs' [`Harvester::watch_credentials`] asks Harvester.
@@ -381,17 +406,23 @@ impl tower::Service<Request<Body>> for Following {
             };
             let client = read(&shared.current).clone();
             let res = client.send(req).await;
-            if let Ok(r) = &res {
-                let mut status = write(&shared.status);
-                if r.status() == http::StatusCode::UNAUTHORIZED {
+            let mut status = write(&shared.status);
+            match &res {
+                Ok(r) if r.status() == http::StatusCode::UNAUTHORIZED => {
                     status.unauthorized = Some(format!(
                         "Harvester answered 401 Unauthorized: the credentials in cloud-config {} are invalid or expired",
                         shared.path.display()
                     ));
-                } else if r.status().is_success() {
-                    status.unauthorized = None;
+                    status.failed = Some(Instant::now());
                 }
+                Ok(r) if r.status().is_success() => {
+                    status.unauthorized = None;
+                    status.answered = Some(Instant::now());
+                }
+                Ok(_) => {}
+                Err(_) => status.failed = Some(Instant::now()),
             }
+            drop(status);
             res
         })
     }
@@ -410,6 +441,27 @@ mod tests {
             b64(serde_json::json!({"alg": "RS256"})),
             b64(serde_json::json!({"sub": "system:serviceaccount:ns:sa", "exp": exp}))
         )
+    }
+
+    #[test]
+    fn the_probe_is_skipped_only_after_a_success_and_no_failure_since_the_last_check() {
+        let t0 = Instant::now();
+        let (before, after) = (t0, t0 + Duration::from_secs(1));
+        let check = t0 + Duration::from_millis(500);
+        assert!(!answered_cleanly(None, None, check), "no request since");
+        assert!(
+            !answered_cleanly(Some(before), None, check),
+            "success too old"
+        );
+        assert!(answered_cleanly(Some(after), None, check));
+        assert!(
+            answered_cleanly(Some(after), Some(before), check),
+            "old failure"
+        );
+        assert!(
+            !answered_cleanly(Some(after), Some(after), check),
+            "a 401 or an unanswered request since"
+        );
     }
 
     #[test]

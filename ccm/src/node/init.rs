@@ -152,8 +152,7 @@ async fn sync(node: &Node, nctx: &NodeCtx) -> Result<Action, Error> {
     if initialising {
         let note = describe(&vm, &change);
         tracing::info!(node = %node.name_any(), "initialised: {note}");
-        nctx.event(node, EventType::Normal, "Initialized", ACTION, note)
-            .await;
+        nctx.event(node, EventType::Normal, "Initialized", ACTION, note);
     }
     Ok(Action::await_change())
 }

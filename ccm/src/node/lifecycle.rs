@@ -129,8 +129,7 @@ async fn sync(node: &Node, nctx: &NodeCtx) -> Result<Action, Error> {
                 nctx.inventory.namespace()
             );
             tracing::info!(node = %node.name_any(), "{note}");
-            nctx.event(node, EventType::Normal, "DeletingNode", ACTION, note)
-                .await;
+            nctx.event(node, EventType::Normal, "DeletingNode", ACTION, note);
             patch::delete(&nctx.ctx.guest, node).await?;
         }
         LifecycleChange::Update(change) => {

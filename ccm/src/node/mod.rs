@@ -136,8 +136,7 @@ impl NodeCtx {
             Err(e) if e.is_warning() => {
                 let text = one_line(e);
                 tracing::warn!(controller, node = %node.name_any(), reason = e.reason(), "{text}");
-                self.event(node, EventType::Warning, e.reason(), action, text)
-                    .await;
+                self.event(node, EventType::Warning, e.reason(), action, text);
             }
             Err(e) => tracing::debug!(controller, node = %node.name_any(), "{e}"),
         }
@@ -145,24 +144,15 @@ impl NodeCtx {
     }
 
     /// Publishes an Event on the Node; a failure to publish is only logged.
-    pub async fn event(
-        &self,
-        node: &Node,
-        type_: EventType,
-        reason: &str,
-        action: &str,
-        note: String,
-    ) {
-        let object = node.object_ref(&());
+    pub fn event(&self, node: &Node, type_: EventType, reason: &str, action: &str, note: String) {
         harness::publish_event(
             &self.ctx.recorder,
-            &object,
+            node.object_ref(&()),
             type_,
             reason,
             action.to_string(),
             note,
-        )
-        .await;
+        );
     }
 
     /// The requeue delay after `err`: doubling per consecutive failure of this Node in this

@@ -190,8 +190,7 @@ async fn sync(node: &Node, nctx: &NodeCtx) -> Result<Action, Error> {
             .unwrap_or("?");
         let note = format!("VM {} runs on Harvester host {host}: {t}", vmi.name_any());
         tracing::info!(node = %node.name_any(), "{note}");
-        nctx.event(node, EventType::Normal, "TopologyUpdated", ACTION, note)
-            .await;
+        nctx.event(node, EventType::Normal, "TopologyUpdated", ACTION, note);
     }
     Ok(Action::await_change())
 }

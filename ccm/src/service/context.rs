@@ -166,32 +166,31 @@ impl ServiceCtx {
         Api::namespaced(self.ctx.guest.clone(), ns)
     }
 
-    async fn event(&self, svc: &Service, type_: EventType, reason: &str, note: String) {
+    fn event(&self, svc: &Service, type_: EventType, reason: &str, note: String) {
         let action = digest_action(reason, &note);
         publish_event(
             &self.ctx.recorder,
-            &svc.object_ref(&()),
+            svc.object_ref(&()),
             type_,
             reason,
             action,
             note,
-        )
-        .await;
+        );
     }
 
     /// A Warning Event for `problem` on `svc`.
-    pub(super) async fn report(&self, svc: &Service, problem: &ServiceProblem) {
-        self.warn(svc, problem.reason(), problem.to_string()).await;
+    pub(super) fn report(&self, svc: &Service, problem: &ServiceProblem) {
+        self.warn(svc, problem.reason(), problem.to_string());
     }
 
-    pub(super) async fn warn(&self, svc: &Service, reason: &str, note: String) {
+    pub(super) fn warn(&self, svc: &Service, reason: &str, note: String) {
         tracing::warn!(service = %ServiceKey::of(svc), reason, "{note}");
-        self.event(svc, EventType::Warning, reason, note).await;
+        self.event(svc, EventType::Warning, reason, note);
     }
 
-    pub(super) async fn normal(&self, svc: &Service, reason: &str, note: String) {
+    pub(super) fn normal(&self, svc: &Service, reason: &str, note: String) {
         tracing::info!(service = %ServiceKey::of(svc), reason, "{note}");
-        self.event(svc, EventType::Normal, reason, note).await;
+        self.event(svc, EventType::Normal, reason, note);
     }
 
     /// Services in the cache whose primary-service annotation names `primary` (from the index:

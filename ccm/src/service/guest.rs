@@ -118,7 +118,7 @@ pub(super) async fn reconcile_guest(
         Ok(pool) => pool,
         Err(problem) => {
             // A change of the ConfigMap wakes every guest-pool Service.
-            ctx.report(svc, &ServiceProblem::GuestPool(problem)).await;
+            ctx.report(svc, &ServiceProblem::GuestPool(problem));
             return Ok(Action::await_change());
         }
     };
@@ -139,7 +139,7 @@ pub(super) async fn reconcile_guest(
         let decision = ctx.ledger.decide(&key, pool, config.descending, req, held);
         if let Some(problem) = decision.problem {
             // Woken when an address is freed or the ConfigMap changes.
-            ctx.report(svc, &ServiceProblem::GuestPool(problem)).await;
+            ctx.report(svc, &ServiceProblem::GuestPool(problem));
         }
         decision.ip
     };
@@ -158,7 +158,7 @@ pub(super) async fn reconcile_guest(
             "Ensured load balancer with address {ip} from guest pool {}",
             pool.key
         );
-        ctx.normal(svc, ENSURED, note).await;
+        ctx.normal(svc, ENSURED, note);
     }
     Ok(Action::requeue(ctx.resync()))
 }

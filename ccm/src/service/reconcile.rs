@@ -351,7 +351,7 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<ServiceCtx>) -> Result<Action, Er
     .await;
     match &result {
         Ok(_) => ctx.backoff.succeeded(&ObjectRef::from_obj(svc.as_ref())),
-        Err(e) => ctx.warn(&svc, e.reason(), e.to_string()).await,
+        Err(e) => ctx.warn(&svc, e.reason(), e.to_string()),
     }
     result
 }
@@ -377,7 +377,7 @@ async fn reconcile_service(svc: &Service, ctx: &ServiceCtx) -> Result<Action, Er
         Ok(spec) => spec,
         Err(bad) => {
             // Nothing is created from bad input; a change of the Service wakes us again.
-            ctx.report(svc, &ServiceProblem::BadAnnotation(bad)).await;
+            ctx.report(svc, &ServiceProblem::BadAnnotation(bad));
             return Ok(Action::await_change());
         }
     };
@@ -412,7 +412,7 @@ async fn reconcile_primary(
     let desired = plan::desired_lb(svc, spec, &ctx.settings, ctx.namespace());
     let (lb, problems) = ensure_cr(ctx, &key, &desired).await?;
     for problem in &problems {
-        ctx.report(svc, problem).await;
+        ctx.report(svc, problem);
     }
     let Some(lb) = lb else {
         return Ok(Action::await_change());
@@ -424,7 +424,7 @@ async fn reconcile_primary(
     }
     let Some(ip) = lb.allocated_ip().map(str::to_string) else {
         if let Some(problem) = plan::not_allocated(&lb, &spec.ipam) {
-            ctx.report(svc, &problem).await;
+            ctx.report(svc, &problem);
         }
         // The CR watch wakes us when Harvester allocates or reports.
         return Ok(Action::await_change());
@@ -443,12 +443,12 @@ async fn reconcile_primary(
     let wrote = !change.is_empty();
     if wrote {
         for problem in plan::unhonoured_requests(svc, spec, &ip, is_dhcp_sentinel) {
-            ctx.report(svc, &problem).await;
+            ctx.report(svc, &problem);
         }
         apply_change(svc, ctx, &change).await?;
         observe_first_address(svc, ctx, &change);
         let note = format!("Ensured load balancer with address {ip}");
-        ctx.normal(svc, ENSURED, note).await;
+        ctx.normal(svc, ENSURED, note);
     }
     // Mirror what the Service shows to the CR, as upstream does (the leased IP in DHCP mode),
     // right after the Service's write: the CR in the cache is the version whose allocation woke
@@ -491,7 +491,7 @@ async fn reconcile_dhcp(
     let mac = match super::dhcp::mac_of(svc) {
         Ok(mac) => mac,
         Err(bad) => {
-            ctx.report(svc, &ServiceProblem::BadMac(bad)).await;
+            ctx.report(svc, &ServiceProblem::BadMac(bad));
             return Ok(Action::await_change());
         }
     };
@@ -504,8 +504,7 @@ async fn reconcile_dhcp(
     ) {
         Ok(i) => i,
         Err(tried) => {
-            ctx.report(svc, &ServiceProblem::NoLeaseInterface(tried))
-                .await;
+            ctx.report(svc, &ServiceProblem::NoLeaseInterface(tried));
             // A default route can still come (a node whose network is not up yet).
             return Ok(Action::requeue(ctx.resync()));
         }
@@ -540,7 +539,7 @@ async fn reconcile_dhcp(
                 requested,
                 ip: ip.clone(),
             };
-            ctx.report(svc, &problem).await;
+            ctx.report(svc, &problem);
         }
         apply_change(svc, ctx, &change).await?;
         observe_first_address(svc, ctx, &change);
@@ -551,7 +550,7 @@ async fn reconcile_dhcp(
             lease.iface.clone()
         };
         let note = format!("Ensured load balancer with DHCP address {ip} (MAC {mac_text} on {on})");
-        ctx.normal(svc, ENSURED, note).await;
+        ctx.normal(svc, ENSURED, note);
     }
     mirror_address(ctx, lb.clone(), &ip).await?;
     Ok(Action::await_change())
@@ -579,7 +578,7 @@ async fn reconcile_secondary(
     let primary = match checked {
         Ok((primary, _)) => primary,
         Err(problem) => {
-            ctx.report(svc, &problem).await;
+            ctx.report(svc, &problem);
             return Ok(Action::await_change());
         }
     };
@@ -588,7 +587,7 @@ async fn reconcile_secondary(
     let ip = match plan::shared_address(primary_key, primary) {
         Ok(ip) => ip,
         Err(problem) => {
-            ctx.report(svc, &problem).await;
+            ctx.report(svc, &problem);
             return Ok(Action::await_change());
         }
     };
@@ -596,7 +595,7 @@ async fn reconcile_secondary(
     if !change.is_empty() {
         apply_change(svc, ctx, &change).await?;
         let note = format!("Sharing address {ip} of {primary_key}");
-        ctx.normal(svc, ENSURED, note).await;
+        ctx.normal(svc, ENSURED, note);
     }
     Ok(Action::await_change())
 }
@@ -612,13 +611,11 @@ async fn cleanup(svc: &Service, ctx: &ServiceCtx, deleting: bool) -> Result<Acti
         .map(|s| ServiceKey::of(s).to_string())
         .collect();
     if !users.is_empty() {
-        ctx.report(svc, &ServiceProblem::StillShared { users })
-            .await;
+        ctx.report(svc, &ServiceProblem::StillShared { users });
         // Woken again when a secondary changes or goes.
         return Ok(Action::await_change());
     }
-    ctx.normal(svc, DELETING, "Deleting load balancer".into())
-        .await;
+    ctx.normal(svc, DELETING, "Deleting load balancer".into());
     if let Some(leases) = &ctx.leases {
         leases.release(&key).await;
     }
@@ -632,8 +629,7 @@ async fn cleanup(svc: &Service, ctx: &ServiceCtx, deleting: bool) -> Result<Acti
     remove_finalizer(svc, ctx).await?;
     // Its address is free now: Services waiting for a guest-pool address may take it.
     guest::released(ctx, &key, true);
-    ctx.normal(svc, DELETED, "Deleted load balancer".into())
-        .await;
+    ctx.normal(svc, DELETED, "Deleted load balancer".into());
     Ok(Action::await_change())
 }
 

@@ -70,9 +70,10 @@ pub(crate) async fn node_initialisation(n: usize, report: &mut Report) -> anyhow
         p50: secs(stats.p50),
         p99: secs(stats.p99),
         figures: format!(
-            "**{:.1} API requests/Node**; {:.0} Nodes/s with the default `--concurrent-node-syncs` (16); creating took {}",
+            "**{:.1} API requests/Node**; {:.0} Nodes/s with the default `--concurrent-node-syncs` ({}); creating took {}",
             total as f64 / n as f64,
             n as f64 / all_in.as_secs_f64(),
+            harvester_cloud_provider::config::DEFAULT_NODE_SYNCS,
             secs(created_in)
         ),
     });
