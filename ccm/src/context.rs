@@ -72,6 +72,18 @@ impl Context {
         )
         .await?;
         telemetry.readiness.set(READY_CLIENTS, Ok(()));
+        Ok(Context::loaded(guest, harvester, config, telemetry))
+    }
+
+    /// A context on the clients `main` loaded for its own checks: one connection to each API
+    /// server, and the Harvester requests of the controllers tell the credential check that
+    /// Harvester answers (no probe of its own then).
+    pub fn loaded(
+        guest: kube::Client,
+        harvester: Harvester,
+        config: Config,
+        telemetry: Telemetry,
+    ) -> Context {
         let mut ctx = Context::from_clients(
             guest,
             harvester.client.clone(),
@@ -80,7 +92,7 @@ impl Context {
             telemetry,
         );
         ctx._cloud_config = Some(harvester);
-        Ok(ctx)
+        ctx
     }
 
     /// A context on clients the caller made (tests, embedding): no file is read.

@@ -61,7 +61,13 @@ pub async fn run_with(
     telemetry: Telemetry,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let ctx = Arc::new(Context::new(config, telemetry).await?);
+    run_on(Context::new(config, telemetry).await?, shutdown).await;
+    Ok(())
+}
+
+/// [`run`] on a context made by the caller ([`Context::loaded`]: the binary's own clients).
+pub async fn run_on(ctx: Context, shutdown: impl Future<Output = ()> + Send + 'static) {
+    let ctx = Arc::new(ctx);
     if let Some(w) = ctx.config.cluster_name_warning() {
         tracing::warn!("{w}");
     }
@@ -86,7 +92,6 @@ pub async fn run_with(
         node_caches,
     );
     tracing::info!("stopped");
-    Ok(())
 }
 
 /// The `node-caches` readiness check: false until the Node, VM and VMI caches have listed

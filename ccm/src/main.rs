@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
+use harvester_cloud_provider::Context;
 use harvester_cloud_provider::config::secure::SecureServing;
 use harvester_cloud_provider::config::{Config, ConfigError, OpsFlags, parse_go_duration};
 use harvester_cloud_provider::error::one_line;
@@ -202,6 +203,7 @@ async fn serve(
     let warn_before = Duration::from_secs(u64::from(config.token_expiry_warning_days) * 86_400);
     tokio::spawn({
         let (readiness, shutdown) = (telemetry.readiness.clone(), shutdown.clone());
+        let harvester = harvester.clone();
         let expiry_event = token_expiry_event(guest.clone());
         async move {
             let watch = harvester.watch_credentials(
@@ -217,17 +219,18 @@ async fn serve(
             }
         }
     });
+    // The controllers use this process's clients: one connection to each API server, and their
+    // Harvester requests answer the credential check above.
+    let ctx = Context::loaded(guest.clone(), harvester, config, telemetry);
     let Some(leader) = leader else {
-        harvester_cloud_provider::run_with(config, telemetry, shutdown).await?;
+        harvester_cloud_provider::run_on(ctx, shutdown).await;
         return Ok(());
     };
     run_as_leader(guest, leader, shutdown, |mut stop| async move {
         let stopped = async move {
             let _ = stop.wait_for(|s| *s).await;
         };
-        if let Err(e) = harvester_cloud_provider::run_with(config, telemetry, stopped).await {
-            tracing::error!("{}", one_line(&e));
-        }
+        harvester_cloud_provider::run_on(ctx, stopped).await;
     })
     .await?;
     Ok(())

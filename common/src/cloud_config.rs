@@ -256,7 +256,6 @@ impl Harvester {
         let mut last_warning = None::<Instant>;
         let mut checked = None::<Instant>;
         loop {
-            let now = Instant::now();
             // The program's own requests answered the question since the last check: no probe.
             let answered = checked.is_some_and(|t| self.answered_cleanly_since(t));
             let state = if answered {
@@ -270,7 +269,8 @@ impl Harvester {
                     ))),
                 }
             };
-            checked = Some(now);
+            // Taken after the probe: its own answer is not one of the program's requests.
+            checked = Some(Instant::now());
             readiness.set(check, state);
             if let Some(w) = self.expiry_warning(warn_before)
                 && last_warning.is_none_or(|t| t.elapsed() > Duration::from_secs(3600))

@@ -124,25 +124,26 @@ mod tests {
         };
         let (mut a, mut b) = (start(&ours), start(&theirs));
         let found = |address: &str| find("containerd-shim", &["-address", address]);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        // The shell's child carries the shell's command line from its fork until it execs
-        // `sleep`, so for a moment it is found too: wait for the stand-in alone.
-        while found(&ours) != vec![a.id() as i32] && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let pids = found(&ours);
-        assert_eq!(pids, vec![a.id() as i32], "only the shim of our address");
-        let children = || -> Vec<i32> {
-            std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", pids[0]))
+        let children = |pid: i32| -> Vec<i32> {
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
                 .unwrap_or_default()
                 .split_whitespace()
                 .filter_map(|c| c.parse().ok())
                 .collect()
         };
-        while children().is_empty() && Instant::now() < deadline {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // The shell's child carries the shell's command line from its fork until it execs
+        // `sleep`, so for a moment it is found too; before the fork, the stand-in is found alone
+        // but has no child yet. Wait for the child to exist and to have exec'd.
+        let a_pid = a.id() as i32;
+        while !(children(a_pid).len() == 1 && found(&ours) == vec![a_pid])
+            && Instant::now() < deadline
+        {
             std::thread::sleep(Duration::from_millis(20));
         }
-        let sleep = children();
+        let pids = found(&ours);
+        assert_eq!(pids, vec![a_pid], "only the shim of our address");
+        let sleep = children(a_pid);
         assert_eq!(sleep.len(), 1, "the stand-in's child");
         assert!(kill(&pids, Duration::from_secs(10)).is_empty(), "killed");
         assert!(found(&ours).is_empty());
