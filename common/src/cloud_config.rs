@@ -241,10 +241,10 @@ impl Harvester {
     /// Keeps the readiness check `check` true while Harvester answers with the cloud-config's
     /// credentials (a 401 or an unreachable server makes it false, naming the file), asking every
     /// `period` ([`CREDENTIALS_CHECK_PERIOD`] in the programs) unless the program's own requests
-    /// answered since the last check (a success and no 401 or unanswered request); warns at warn level, at most
-    /// hourly, from `warn_before` before the token expires (readiness stays true then: the
-    /// credentials still work, the operator must rotate them), and hands the warning to
-    /// `on_warning` (the cloud provider makes it an Event on its Pod). Runs until dropped.
+    /// answered since the last check (a success and no 401 or unanswered request); warns at warn
+    /// level, at most hourly, from `warn_before` before the token expires (readiness stays true
+    /// then: the credentials still work, the operator must rotate them), and hands the warning
+    /// to `on_warning` (the cloud provider makes it an Event on its Pod). Runs until dropped.
     pub async fn watch_credentials(
         &self,
         readiness: &Readiness,

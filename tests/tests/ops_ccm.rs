@@ -461,8 +461,8 @@ async fn a_lease_held_by_upstream_keeps_ours_standby_until_it_expires() {
 }
 
 /// The provider's Event recorder against the real API server: a repeat is counted on the first
-/// Event (`series.count`, also when queued at once), and a repeat after that Event was deleted (expired or cleaned up)
-/// creates a new one instead of failing on the gone Event.
+/// Event (`series.count`, also when queued at once), and a repeat after that Event was deleted
+/// (expired or cleaned up) creates a new one instead of failing on the gone Event.
 #[tokio::test]
 async fn a_repeated_event_is_counted_in_its_series_and_one_whose_event_is_gone_starts_anew() {
     use harvester_cloud_provider::event_recorder::EventRecorder;
@@ -521,6 +521,7 @@ async fn a_repeated_event_is_counted_in_its_series_and_one_whose_event_is_gone_s
     .await
     .unwrap();
     assert_eq!(first.len(), 1, "three occurrences, one Event: {first:?}");
+    assert_eq!(first[0].series.as_ref().map(|s| s.count), Some(3));
     assert_eq!(first[0].reporting_controller.as_deref(), Some("ops-test"));
     assert_eq!(first[0].reporting_instance.as_deref(), Some("ops-0"));
     assert_eq!(first[0].note.as_deref(), Some("the same occurrence"));
