@@ -10,7 +10,7 @@ use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume}
 use csi_proto::csi::v1::*;
 use harvester_cloud_provider::Config;
 use harvester_cloud_provider::node::patch::UNINITIALIZED_TAINT;
-use harvester_common::harvester::HotplugMode;
+use harvester_common::harvester::{HotplugMode, LoadBalancer};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, PostParams};
@@ -167,6 +167,64 @@ async fn without_update_on_loadbalancers_the_service_gets_a_forbidden_event() {
         assert!(note.contains(part), "the Event says {part:?}: {note}");
     }
     ccm.stop().await.expect("the cloud provider stops cleanly");
+}
+
+/// The finalizer and the CR of a new Service are written at once: when the finalizer is refused,
+/// the Service gets the Forbidden and no CR made beside it is left once the provider stops (it
+/// deletes each one again before reporting; a CR kept without the finalizer would leak when the
+/// Service goes).
+#[tokio::test]
+async fn without_patch_on_services_the_service_gets_a_forbidden_event_and_no_cr_is_left() {
+    let bed = TestBed::started().await.with_vm("worker-1").await;
+    create_pool(&bed).await;
+    let mut chart = ccm_chart();
+    revoke(
+        &mut chart,
+        "ClusterRole",
+        "harvester-cloud-provider",
+        "",
+        "services",
+        "patch",
+    );
+    let harvester_docs = harvester_rbac_of(&bed.vm_namespace, HARVESTER_CCM_ROLES);
+    let accounts = accounts(&bed, &chart, Some(CCM_SA), &harvester_docs).await;
+    let ccm = harvester_cloud_provider::spawn(
+        Config::from_args(ccm_args(&chart, &accounts)).expect("chart flags"),
+    );
+    create_web_service(&bed).await;
+
+    let note = warning(
+        &bed,
+        "default",
+        "web",
+        "SyncLoadBalancerFailed",
+        "forbidden",
+    )
+    .await;
+    for part in [
+        "system:serviceaccount:kube-system:harvester-cloud-provider",
+        "cannot patch resource \"services\"",
+    ] {
+        assert!(note.contains(part), "the Event says {part:?}: {note}");
+    }
+    ccm.stop().await.expect("the cloud provider stops cleanly");
+    let crs: Api<LoadBalancer> = Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);
+    wait::until("no LoadBalancer CR left", LIMIT, || {
+        let crs = crs.clone();
+        async move {
+            let left: Vec<String> = crs
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items
+                .iter()
+                .map(|lb| lb.metadata.name.clone().unwrap_or_default())
+                .collect();
+            Ok(if left.is_empty() { Ok(()) } else { Err(left) })
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// The chart's Role minus ConfigMap `kube-system/kubevip` (the guest pools, new with `ipam:

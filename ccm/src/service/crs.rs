@@ -29,14 +29,33 @@ pub(super) fn service_of_cr(lb: &LoadBalancer) -> Option<ObjectRef<Service>> {
     Some(ObjectRef::new(name).within(ns))
 }
 
-/// The CR `desired` of the primary `key` as it stands (`None` when the watch will wake the
-/// reconcile again: just created or updated, not shown by the cache yet, or shutting down), and
-/// the changes of the Service it refuses, to report.
+/// What [`ensure_cr`] found or did.
+pub(super) struct Ensured {
+    /// The CR as it stands; `None` when the watch will wake the reconcile again (just created or
+    /// updated, not shown by the cache yet, or shutting down).
+    pub(super) lb: Option<LoadBalancer>,
+    /// The changes of the Service the CR refuses, to report.
+    pub(super) problems: Vec<ServiceProblem>,
+    /// This call created the CR.
+    pub(super) created: bool,
+}
+
+impl Ensured {
+    fn found(lb: Option<LoadBalancer>, problems: Vec<ServiceProblem>) -> Self {
+        Ensured {
+            lb,
+            problems,
+            created: false,
+        }
+    }
+}
+
+/// Makes or updates the CR `desired` of the primary `key`.
 pub(super) async fn ensure_cr(
     ctx: &ServiceCtx,
     key: &ServiceKey,
     desired: &LoadBalancer,
-) -> Result<(Option<LoadBalancer>, Vec<ServiceProblem>), Error> {
+) -> Result<Ensured, Error> {
     let name = desired.name_any();
     // A CR of an earlier Service with this name (another UID) must not leak.
     delete_stale_crs(ctx, key, &name).await?;
@@ -44,7 +63,7 @@ pub(super) async fn ensure_cr(
     // the CR exists, no GET.
     if !ctx.caches_listed().await {
         // Shutting down.
-        return Ok((None, Vec::new()));
+        return Ok(Ensured::found(None, Vec::new()));
     }
     let cached = ctx
         .crs
@@ -55,7 +74,7 @@ pub(super) async fn ensure_cr(
         .map_or(Some(NOT_SEEN.to_string()), |lb| lb.resource_version());
     if ctx.written.behind(&cr_key(&name), cached_rv.as_deref()) {
         // We created or updated it and the watch has not shown that yet; it wakes us when it does.
-        return Ok((None, Vec::new()));
+        return Ok(Ensured::found(None, Vec::new()));
     }
     let Some(existing) = cached else {
         let _sending = ctx.written.sending(&cr_key(&name));
@@ -67,12 +86,16 @@ pub(super) async fn ensure_cr(
                     made.resource_version().as_deref(),
                 );
                 // The CR watch wakes us when Harvester allocates or reports.
-                Ok((None, Vec::new()))
+                Ok(Ensured {
+                    lb: None,
+                    problems: Vec::new(),
+                    created: true,
+                })
             }
             // There but not in our cache (no cluster label: not made by us): read it once.
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 let lb = ctx.lbs().get(&name).await.map_err(Error::Harvester)?;
-                Ok((Some(lb), Vec::new()))
+                Ok(Ensured::found(Some(lb), Vec::new()))
             }
             Err(e) => Err(Error::Harvester(e)),
         };
@@ -80,13 +103,13 @@ pub(super) async fn ensure_cr(
     let drift = plan::cr_drift(&existing, desired);
     let problems = plan::drift_problems(&drift);
     if drift.metadata.is_empty() {
-        return Ok((Some(existing), problems));
+        return Ok(Ensured::found(Some(existing), problems));
     }
     let updated = update_cr(ctx, existing, |cr| {
         plan::apply_metadata(cr, &drift.metadata)
     })
     .await?;
-    Ok((updated, problems))
+    Ok(Ensured::found(updated, problems))
 }
 
 /// Writes a changed CR with `update` (a compare-and-swap on its resourceVersion): Harvester's own
@@ -152,7 +175,7 @@ pub(super) async fn mirror_address(
 }
 
 /// Deletes CR `name`; one already gone is no error.
-async fn delete_cr(ctx: &ServiceCtx, name: &str) -> Result<bool, Error> {
+pub(super) async fn delete_cr(ctx: &ServiceCtx, name: &str) -> Result<bool, Error> {
     match ctx.lbs().delete(name, &DeleteParams::default()).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),

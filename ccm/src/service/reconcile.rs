@@ -17,7 +17,7 @@ use kube::{Resource, ResourceExt};
 
 use super::annotations::{Ipam, ServiceKey, ServiceLbSpec};
 use super::context::{Error, ServiceCtx, cr_key, interface_for, svc_key};
-use super::crs::{self, delete_crs_of, ensure_cr, mirror_address};
+use super::crs::{self, Ensured, delete_crs_of, ensure_cr, mirror_address};
 use super::dhcp::{DhcpMode, KUBE_VIP_HWADDR, KUBE_VIP_REQUESTED_IP, Leases};
 use super::plan::{
     self, DELETED, DELETING, ENSURED, LABEL_CLUSTER, LbSettings, ServiceChange, ServiceProblem,
@@ -381,6 +381,13 @@ async fn reconcile_service(svc: &Service, ctx: &ServiceCtx) -> Result<Action, Er
             return Ok(Action::await_change());
         }
     };
+    if spec.ipam != Ipam::Guest {
+        // A guest-pool address it had is not kept for it any more.
+        guest::released(ctx, &ServiceKey::of(svc), false);
+    }
+    if spec.primary.is_none() && spec.ipam != Ipam::Guest {
+        return reconcile_primary(svc, &spec, has_finalizer, ctx).await;
+    }
     // The reconcile goes on with the Service as the finalizer patch stored it; that patch's
     // watch event is only our echo and wakes nobody.
     let stored;
@@ -390,27 +397,31 @@ async fn reconcile_service(svc: &Service, ctx: &ServiceCtx) -> Result<Action, Er
         stored = add_finalizer(svc, ctx).await?;
         &stored
     };
-    if spec.ipam != Ipam::Guest {
-        // A guest-pool address it had is not kept for it any more.
-        guest::released(ctx, &ServiceKey::of(svc), false);
-    }
     match &spec.primary {
         Some(primary) => reconcile_secondary(svc, &spec, primary, ctx).await,
-        None if spec.ipam == Ipam::Guest => guest::reconcile_guest(svc, &spec, ctx).await,
-        None => reconcile_primary(svc, &spec, ctx).await,
+        None => guest::reconcile_guest(svc, &spec, ctx).await,
     }
 }
 
-/// A primary: its CR made or updated, then its address (from Harvester's pool, or leased here
-/// for `ipam: dhcp` in `--dhcp-mode=ccm`) written to the Service and mirrored to the CR.
+/// A primary: its finalizer and CR made (at once) or its CR updated, then its address (from
+/// Harvester's pool, or leased here for `ipam: dhcp` in `--dhcp-mode=ccm`) written to the
+/// Service and mirrored to the CR.
 async fn reconcile_primary(
     svc: &Service,
     spec: &ServiceLbSpec,
+    has_finalizer: bool,
     ctx: &ServiceCtx,
 ) -> Result<Action, Error> {
     let key = ServiceKey::of(svc);
     let desired = plan::desired_lb(svc, spec, &ctx.settings, ctx.namespace());
-    let (lb, problems) = ensure_cr(ctx, &key, &desired).await?;
+    let stored;
+    let (svc, Ensured { lb, problems, .. }) = if has_finalizer {
+        (svc, ensure_cr(ctx, &key, &desired).await?)
+    } else {
+        let (with_finalizer, ensured) = finalizer_and_cr(svc, &key, &desired, ctx).await?;
+        stored = with_finalizer;
+        (&stored, ensured)
+    };
     for problem in &problems {
         ctx.report(svc, problem);
     }
@@ -463,6 +474,39 @@ async fn reconcile_primary(
         mirror_address(ctx, lb, &addr).await?;
     }
     Ok(Action::await_change())
+}
+
+/// The finalizer and the CR of a primary that has neither, written at once. Upstream writes the
+/// finalizer, then the load balancer: two round trips in a row before Harvester can allocate.
+/// Should the finalizer fail (the Service changed or is gone), a CR this call made is deleted
+/// again before the error is returned: no CR outlives the reconcile without the finalizer that
+/// makes its Service's deletion clean it up (a crash in between leaves it to the garbage
+/// collector, which runs at start). Returns the Service as the finalizer patch stored it.
+async fn finalizer_and_cr(
+    svc: &Service,
+    key: &ServiceKey,
+    desired: &LoadBalancer,
+    ctx: &ServiceCtx,
+) -> Result<(Service, Ensured), Error> {
+    let (finalized, ensured) =
+        futures::join!(add_finalizer(svc, ctx), ensure_cr(ctx, key, desired));
+    match finalized {
+        Ok(stored) => Ok((stored, ensured?)),
+        Err(e) => {
+            if let Ok(Ensured { created: true, .. }) = ensured {
+                let name = desired.name_any();
+                match crs::delete_cr(ctx, &name).await {
+                    Ok(_) => {
+                        tracing::debug!(service = %key, "deleted LoadBalancer {name} again: {e}")
+                    }
+                    Err(d) => {
+                        tracing::warn!(service = %key, "LoadBalancer {name} is left to the garbage collector: {d}")
+                    }
+                }
+            }
+            Err(e)
+        }
+    }
 }
 
 /// Time from the Service's creation to its first address, for `service_address_seconds`.

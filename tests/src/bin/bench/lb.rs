@@ -16,7 +16,7 @@ pub(crate) async fn lb_convergence(n: usize, report: &mut Report) -> anyhow::Res
 
     let before = api_requests(&ccm.telemetry.metrics);
     let t0 = Instant::now();
-    let sent = create_all(n, |i| {
+    let Created { sent, answered } = create_all(n, |i| {
         let services = services.clone();
         async move {
             let name = format!("bench-lb-{i:04}");
@@ -64,14 +64,10 @@ pub(crate) async fn lb_convergence(n: usize, report: &mut Report) -> anyhow::Res
     let total: u64 = d.values().sum();
     // Where the time goes: the provider before the CR exists, the stand-in allocating (one
     // LoadBalancer at a time), the provider from the allocation to the Service's address.
-    let sent_seen: HashMap<String, (Instant, String)> = sent
-        .iter()
-        .map(|(k, t)| (k.clone(), (*t, String::new())))
-        .collect();
     let phases: [(&str, Vec<Duration>); 4] = [
         (
-            "provider: Service created → its LoadBalancer CR exists",
-            between(&sent_seen, &cr_seen),
+            "provider: Service created (its create answered) → its LoadBalancer CR exists",
+            between(&answered, &cr_seen),
         ),
         (
             "Harvester stand-in: CR exists → address allocated",

@@ -99,8 +99,8 @@ pub(crate) async fn memory(
         }
     })
     .await?;
-    let svc_names: Vec<String> = svc_names.into_keys().collect();
-    let node_names: Vec<String> = node_names.into_keys().collect();
+    let svc_names: Vec<String> = svc_names.sent.into_keys().collect();
+    let node_names: Vec<String> = node_names.sent.into_keys().collect();
     let limit = Duration::from_secs(120 + services as u64 / 2);
     let waited = async {
         wait_all("Services with an address", &svc_seen, &svc_names, limit).await?;

@@ -19,7 +19,7 @@ pub(crate) async fn create_vms(bed: &TestBed, n: usize) -> anyhow::Result<Vec<St
         Ok(name)
     })
     .await?;
-    let mut names: Vec<String> = names.into_keys().collect();
+    let mut names: Vec<String> = names.sent.into_keys().collect();
     names.sort();
     Ok(names)
 }
@@ -36,7 +36,7 @@ pub(crate) async fn node_initialisation(n: usize, report: &mut Report) -> anyhow
 
     let before = api_requests(&ccm.telemetry.metrics);
     let t0 = Instant::now();
-    let sent = create_nodes(&bed, &vms).await?;
+    let sent = create_nodes(&bed, &vms).await?.sent;
     let created_in = t0.elapsed();
     let result = wait_all(
         "Nodes initialised",

@@ -220,10 +220,7 @@ pub(crate) async fn wait_all(
 /// Runs `make(i)` for `0..n` with [`CREATE_CONCURRENCY`] in flight; returns name -> send time.
 /// The guest Node of each VM in `vms` (tainted, as the kubelet registers it), with the time each
 /// create was sent.
-pub(crate) async fn create_nodes(
-    bed: &TestBed,
-    vms: &[String],
-) -> anyhow::Result<HashMap<String, Instant>> {
+pub(crate) async fn create_nodes(bed: &TestBed, vms: &[String]) -> anyhow::Result<Created> {
     create_all(vms.len(), |i| {
         let name = vms[i].clone();
         async move {
@@ -237,23 +234,34 @@ pub(crate) async fn create_nodes(
     .await
 }
 
-pub(crate) async fn create_all<F, Fut>(
-    n: usize,
-    make: F,
-) -> anyhow::Result<HashMap<String, Instant>>
+/// Per object: when its create request was sent and when the API server answered it (from then
+/// the object exists, and the provider's step can start).
+pub(crate) struct Created {
+    pub(crate) sent: HashMap<String, Instant>,
+    /// In the shape of the watches' maps, for [`between`].
+    pub(crate) answered: HashMap<String, (Instant, String)>,
+}
+
+pub(crate) async fn create_all<F, Fut>(n: usize, make: F) -> anyhow::Result<Created>
 where
     F: Fn(usize) -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<String>>,
 {
     let make = &make;
-    futures::stream::iter(0..n)
+    let times: Vec<(String, Instant, Instant)> = futures::stream::iter(0..n)
         .map(|i| async move {
             let t = Instant::now();
-            make(i).await.map(|name| (name, t))
+            make(i).await.map(|name| (name, t, Instant::now()))
         })
         .buffer_unordered(CREATE_CONCURRENCY)
         .try_collect()
-        .await
+        .await?;
+    let sent = times.iter().map(|(k, s, _)| (k.clone(), *s)).collect();
+    let answered = times
+        .into_iter()
+        .map(|(k, _, a)| (k, (a, String::new())))
+        .collect();
+    Ok(Created { sent, answered })
 }
 
 pub(crate) fn latencies(

@@ -226,7 +226,7 @@ pub(crate) async fn scale(level: Level, report: &mut Report) -> anyhow::Result<S
         observe(Api::<Node>::all(bed.guest.client.clone()), node_initialised);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = scraped_requests(port).await?;
-    let node_sent = create_nodes(&bed, &vms).await?;
+    let node_created = create_nodes(&bed, &vms).await?;
     let node_result = wait_all(
         "Nodes initialised",
         &node_seen,
@@ -239,11 +239,17 @@ pub(crate) async fn scale(level: Level, report: &mut Report) -> anyhow::Result<S
     node_watch.abort();
     let node_seen = node_result.map_err(anyhow::Error::msg)?;
     let node_req = delta(&after_nodes, &before);
-    let node_init = Stats::of(latencies(&node_sent, &node_seen)).context("no Node latencies")?;
+    // The provider's step starts when the Node exists (its create answered); from the request
+    // sent, the API server's own time for the create is in it too (shown beside).
+    let node_init =
+        Stats::of(between(&node_created.answered, &node_seen)).context("no Node latencies")?;
+    let node_whole =
+        Stats::of(latencies(&node_created.sent, &node_seen)).context("no Node latencies")?;
     progress(format!(
-        "  {nodes} Nodes initialised: p50 {}, p99 {}",
+        "  {nodes} Nodes initialised: p50 {}, p99 {} (from the create request sent: p99 {})",
         secs(node_init.p50),
-        secs(node_init.p99)
+        secs(node_init.p99),
+        secs(node_whole.p99)
     ));
 
     // Then the Services, 16 creates in flight, one of them with a malformed annotation.
@@ -259,7 +265,7 @@ pub(crate) async fn scale(level: Level, report: &mut Report) -> anyhow::Result<S
         .create_guest_node(NO_VMI)
         .await
         .context("creating the Node of the VM without a VMI")?;
-    let sent = create_all(services, |i| {
+    let Created { sent, answered } = create_all(services, |i| {
         let api = svc_api.clone();
         async move {
             let name = format!("bench-lb-{i:05}");
@@ -313,11 +319,8 @@ pub(crate) async fn scale(level: Level, report: &mut Report) -> anyhow::Result<S
         bail!("Node {NO_VMI} was initialised although its VM has no VMI");
     }
     let (cr_seen, alloc_seen) = (seen_now(&cr_seen), seen_now(&alloc_seen));
-    let sent_seen: HashMap<String, (Instant, String)> = sent
-        .iter()
-        .map(|(k, t)| (k.clone(), (*t, String::new())))
-        .collect();
-    let svc_to_cr = Stats::of(between(&sent_seen, &cr_seen)).context("no CR latencies")?;
+    let svc_to_cr = Stats::of(between(&answered, &cr_seen)).context("no CR latencies")?;
+    let sent_to_cr = Stats::of(latencies(&sent, &cr_seen)).context("no CR latencies")?;
     let alloc_to_address =
         Stats::of(between(&alloc_seen, &seen)).context("no address latencies")?;
     let standin = Stats::of(between(&cr_seen, &alloc_seen));
@@ -335,14 +338,16 @@ pub(crate) async fn scale(level: Level, report: &mut Report) -> anyhow::Result<S
         .unwrap_or_default();
     report.rows.push(Row {
         section: "6",
-        what: "scale: provider's own step Service created → its LoadBalancer CR exists".into(),
+        what: "scale: provider's own step Service created (its create answered) → its LoadBalancer CR exists".into(),
         n: format!("{services} + {nodes}"),
         total: "—".into(),
         p50: secs(svc_to_cr.p50),
         p99: secs(svc_to_cr.p99),
         figures: format!(
-            "max {}; **{per_service:.1} API requests/Service**; all {services} addressed {} after the first create (the stand-in allocates one at a time: p50 {} from CR to address); whole Service created → ingress p50 {}, p99 {}",
+            "max {}; from the create request sent (the API server's create included) p50 {}, p99 {}; **{per_service:.1} API requests/Service**; all {services} addressed {} after the first create (the stand-in allocates one at a time: p50 {} from CR to address); whole Service create sent → ingress p50 {}, p99 {}",
             secs(svc_to_cr.max),
+            secs(sent_to_cr.p50),
+            secs(sent_to_cr.p99),
             secs(all_in),
             standin.as_ref().map(|s| secs(s.p50)).unwrap_or_default(),
             secs(whole.p50),
@@ -360,14 +365,16 @@ pub(crate) async fn scale(level: Level, report: &mut Report) -> anyhow::Result<S
     });
     report.rows.push(Row {
         section: "6",
-        what: "scale: Node tainted → initialised".into(),
+        what: "scale: Node tainted (its create answered) → initialised".into(),
         n: format!("{services} + {nodes}"),
         total: "—".into(),
         p50: secs(node_init.p50),
         p99: secs(node_init.p99),
         figures: format!(
-            "max {}; **{per_node:.1} API requests/Node**",
-            secs(node_init.max)
+            "max {}; from the create request sent (the API server's create included) p50 {}, p99 {}; **{per_node:.1} API requests/Node**",
+            secs(node_init.max),
+            secs(node_whole.p50),
+            secs(node_whole.p99)
         ),
     });
     report.rows.push(Row {
