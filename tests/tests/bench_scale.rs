@@ -9,9 +9,9 @@ use std::process::Command;
 
 /// The rows the scale section writes for each level.
 const ROWS: [&str; 6] = [
-    "scale: provider's own step Service created → its LoadBalancer CR exists",
+    "scale: provider's own step Service created (its create answered) → its LoadBalancer CR exists",
     "scale: provider's own step CR allocated → Service ingress seen",
-    "scale: Node tainted → initialised",
+    "scale: Node tainted (its create answered) → initialised",
     "scale: the `harvester-cloud-provider` release binary holding them",
     "scale: one Service with a malformed annotation among them",
     "scale: one tainted Node whose VM has no VMI, created under the Service load",

@@ -87,6 +87,25 @@ async fn create_web_service(bed: &TestBed) -> Api<Service> {
     services
 }
 
+/// The cloud provider on the chart's flags, under service accounts bound to `chart`'s guest RBAC
+/// and `harvester_docs` in Harvester.
+async fn spawn_ccm(
+    bed: &TestBed,
+    chart: &[serde_json::Value],
+    harvester_docs: &[serde_json::Value],
+) -> harvester_cloud_provider::Running {
+    let accounts = accounts(bed, chart, Some(CCM_SA), harvester_docs).await;
+    harvester_cloud_provider::spawn(
+        Config::from_args(ccm_args(chart, &accounts)).expect("chart flags"),
+    )
+}
+
+/// Creates Service `default/web` and returns the note of its Forbidden `SyncLoadBalancerFailed`.
+async fn web_service_forbidden(bed: &TestBed) -> String {
+    create_web_service(bed).await;
+    warning(bed, "default", "web", "SyncLoadBalancerFailed", "forbidden").await
+}
+
 #[tokio::test]
 async fn without_patch_on_nodes_the_node_stays_tainted_with_a_forbidden_event() {
     let bed = TestBed::started().await.with_vm("worker-1").await;
@@ -100,10 +119,7 @@ async fn without_patch_on_nodes_the_node_stays_tainted_with_a_forbidden_event() 
         "patch",
     );
     let harvester_docs = harvester_rbac_of(&bed.vm_namespace, HARVESTER_CCM_ROLES);
-    let accounts = accounts(&bed, &chart, Some(CCM_SA), &harvester_docs).await;
-    let ccm = harvester_cloud_provider::spawn(
-        Config::from_args(ccm_args(&chart, &accounts)).expect("chart flags"),
-    );
+    let ccm = spawn_ccm(&bed, &chart, &harvester_docs).await;
     bed.sim.create_guest_node("worker-1").await.expect("node");
 
     let note = warning(&bed, "default", "worker-1", "NodeUpdateFailed", "forbidden").await;
@@ -144,20 +160,8 @@ async fn without_update_on_loadbalancers_the_service_gets_a_forbidden_event() {
         "loadbalancers",
         "update",
     );
-    let accounts = accounts(&bed, &chart, Some(CCM_SA), &harvester_docs).await;
-    let ccm = harvester_cloud_provider::spawn(
-        Config::from_args(ccm_args(&chart, &accounts)).expect("chart flags"),
-    );
-    create_web_service(&bed).await;
-
-    let note = warning(
-        &bed,
-        "default",
-        "web",
-        "SyncLoadBalancerFailed",
-        "forbidden",
-    )
-    .await;
+    let ccm = spawn_ccm(&bed, &chart, &harvester_docs).await;
+    let note = web_service_forbidden(&bed).await;
     let user = format!("system:serviceaccount:{}:{CLUSTER}", bed.vm_namespace);
     for part in [
         "forbidden",
@@ -187,20 +191,8 @@ async fn without_patch_on_services_the_service_gets_a_forbidden_event_and_no_cr_
         "patch",
     );
     let harvester_docs = harvester_rbac_of(&bed.vm_namespace, HARVESTER_CCM_ROLES);
-    let accounts = accounts(&bed, &chart, Some(CCM_SA), &harvester_docs).await;
-    let ccm = harvester_cloud_provider::spawn(
-        Config::from_args(ccm_args(&chart, &accounts)).expect("chart flags"),
-    );
-    create_web_service(&bed).await;
-
-    let note = warning(
-        &bed,
-        "default",
-        "web",
-        "SyncLoadBalancerFailed",
-        "forbidden",
-    )
-    .await;
+    let ccm = spawn_ccm(&bed, &chart, &harvester_docs).await;
+    let note = web_service_forbidden(&bed).await;
     for part in [
         "system:serviceaccount:kube-system:harvester-cloud-provider",
         "cannot patch resource \"services\"",
@@ -242,10 +234,7 @@ async fn without_the_guest_pool_configmap_pool_services_still_get_their_address(
         .expect("the ConfigMap Role");
     role["rules"][0]["resourceNames"] = json!(["harvester-nad-mapping"]);
     let harvester_docs = harvester_rbac_of(&bed.vm_namespace, HARVESTER_CCM_ROLES);
-    let accounts = accounts(&bed, &chart, Some(CCM_SA), &harvester_docs).await;
-    let ccm = harvester_cloud_provider::spawn(
-        Config::from_args(ccm_args(&chart, &accounts)).expect("chart flags"),
-    );
+    let ccm = spawn_ccm(&bed, &chart, &harvester_docs).await;
     let services = create_web_service(&bed).await;
     testbed::suites::service_controller::wait_ingress(&services, "web", LIMIT).await;
     ccm.stop().await.expect("the cloud provider stops cleanly");
