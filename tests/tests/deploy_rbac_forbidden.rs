@@ -100,6 +100,25 @@ async fn spawn_ccm(
     )
 }
 
+/// The cloud provider under the chart's RBAC minus `verb` on core `resource` in its ClusterRole.
+async fn spawn_ccm_without(
+    bed: &TestBed,
+    resource: &str,
+    verb: &str,
+) -> harvester_cloud_provider::Running {
+    let mut chart = ccm_chart();
+    revoke(
+        &mut chart,
+        "ClusterRole",
+        "harvester-cloud-provider",
+        "",
+        resource,
+        verb,
+    );
+    let harvester_docs = harvester_rbac_of(&bed.vm_namespace, HARVESTER_CCM_ROLES);
+    spawn_ccm(bed, &chart, &harvester_docs).await
+}
+
 /// Creates Service `default/web` and returns the note of its Forbidden `SyncLoadBalancerFailed`.
 async fn web_service_forbidden(bed: &TestBed) -> String {
     create_web_service(bed).await;
@@ -109,17 +128,7 @@ async fn web_service_forbidden(bed: &TestBed) -> String {
 #[tokio::test]
 async fn without_patch_on_nodes_the_node_stays_tainted_with_a_forbidden_event() {
     let bed = TestBed::started().await.with_vm("worker-1").await;
-    let mut chart = ccm_chart();
-    revoke(
-        &mut chart,
-        "ClusterRole",
-        "harvester-cloud-provider",
-        "",
-        "nodes",
-        "patch",
-    );
-    let harvester_docs = harvester_rbac_of(&bed.vm_namespace, HARVESTER_CCM_ROLES);
-    let ccm = spawn_ccm(&bed, &chart, &harvester_docs).await;
+    let ccm = spawn_ccm_without(&bed, "nodes", "patch").await;
     bed.sim.create_guest_node("worker-1").await.expect("node");
 
     let note = warning(&bed, "default", "worker-1", "NodeUpdateFailed", "forbidden").await;
@@ -181,17 +190,7 @@ async fn without_update_on_loadbalancers_the_service_gets_a_forbidden_event() {
 async fn without_patch_on_services_the_service_gets_a_forbidden_event_and_no_cr_is_left() {
     let bed = TestBed::started().await.with_vm("worker-1").await;
     create_pool(&bed).await;
-    let mut chart = ccm_chart();
-    revoke(
-        &mut chart,
-        "ClusterRole",
-        "harvester-cloud-provider",
-        "",
-        "services",
-        "patch",
-    );
-    let harvester_docs = harvester_rbac_of(&bed.vm_namespace, HARVESTER_CCM_ROLES);
-    let ccm = spawn_ccm(&bed, &chart, &harvester_docs).await;
+    let ccm = spawn_ccm_without(&bed, "services", "patch").await;
     let note = web_service_forbidden(&bed).await;
     for part in [
         "system:serviceaccount:kube-system:harvester-cloud-provider",

@@ -386,6 +386,7 @@ async fn reconcile_service(svc: &Service, ctx: &ServiceCtx) -> Result<Action, Er
         guest::released(ctx, &ServiceKey::of(svc), false);
     }
     if spec.primary.is_none() && spec.ipam != Ipam::Guest {
+        // A primary writes its finalizer beside its CR.
         return reconcile_primary(svc, &spec, has_finalizer, ctx).await;
     }
     // The reconcile goes on with the Service as the finalizer patch stored it; that patch's

@@ -217,9 +217,8 @@ pub(crate) async fn wait_all(
     }
 }
 
-/// Runs `make(i)` for `0..n` with [`CREATE_CONCURRENCY`] in flight; returns name -> send time.
-/// The guest Node of each VM in `vms` (tainted, as the kubelet registers it), with the time each
-/// create was sent.
+/// The guest Node of each VM in `vms` (tainted, as the kubelet registers it), with the times of
+/// each create ([`Created`]).
 pub(crate) async fn create_nodes(bed: &TestBed, vms: &[String]) -> anyhow::Result<Created> {
     create_all(vms.len(), |i| {
         let name = vms[i].clone();
@@ -242,6 +241,8 @@ pub(crate) struct Created {
     pub(crate) answered: HashMap<String, (Instant, String)>,
 }
 
+/// Runs `make(i)` for `0..n` with [`CREATE_CONCURRENCY`] in flight; returns when each named
+/// object's create was sent and answered.
 pub(crate) async fn create_all<F, Fut>(n: usize, make: F) -> anyhow::Result<Created>
 where
     F: Fn(usize) -> Fut,
