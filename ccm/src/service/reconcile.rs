@@ -36,7 +36,7 @@ use crate::written::WriteLog;
 const BACKOFF_FIRST: std::time::Duration = std::time::Duration::from_millis(500);
 const BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(300);
 /// Services reconciled at once when `--concurrent-service-syncs` is not given (upstream: 1).
-/// Their requests share one HTTP/2 connection per API server (`harvester_common::api_client`);
+/// Their requests share a few HTTP/2 connections per API server (`harvester_common::api_client`);
 /// each reconcile in flight still holds its Service, CR and answers: with 64, 1 000 Services +
 /// 200 Nodes peak at 22 MiB. (Over HTTP/1.1 each request in flight held a TLS connection of its
 /// own: unbounded, 1 000 Services created within seconds left about 950 open, VmHWM 84 MiB.)
