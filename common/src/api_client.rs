@@ -4,8 +4,9 @@
 //!
 //! kube's own `ClientBuilder::try_from` offers only HTTP/1.1, where every request in flight holds
 //! a TLS connection of its own and the pool keeps it afterwards: at 5 000 Services + 1 000 Nodes
-//! about 95 connections and VmHWM 68 MiB against 62 MiB. One HTTP/2 connection, as client-go
-//! keeps, was the provider's bottleneck under a burst instead: the Go API server passes every
+//! about 95 connections, VmHWM 67.6-68.7 MiB (one HTTP/2 connection: 61.9; this design: 66.2 in
+//! an experiment build, 67.4 in the full bench of 6 Dec, above issue 26's 64). One HTTP/2
+//! connection, as client-go keeps, was the provider's bottleneck under a burst instead: the Go API server passes every
 //! frame of a connection through that connection's one frame-writing goroutine, so on the busy
 //! 2-core bed the provider's Node watch saw each Node 0.3-1.2 s after the bench's own HTTP/1.1
 //! watch did (the server closed it as unresponsive about 20 times in a burst of 1 000 Nodes),
@@ -37,8 +38,8 @@ const CONNECTION_WINDOW: u32 = 1 << 30;
 
 /// Connections (HTTP/2 when the server offers it) that requests other than watches take in turn.
 /// Initialising 1 000 Nodes arriving 16 at a time (20x1000 bench, 6 Dec), p99 Node tainted ->
-/// initialised: 1 connection 2.2-3.5 s, 4: 1.4 s, 8: 0.53 s, 16: 0.39 s, HTTP/1.1 throughout
-/// 0.41 s.
+/// initialised: everything on 1 connection 1.75-3.45 s; with the watches apart on HTTP/1.1,
+/// 1 connection 4.4 s, 4: 1.4 s, 8: 0.53 s, 16: 0.39 s; HTTP/1.1 throughout 0.41 s.
 const SHARED_CONNECTIONS: usize = 8;
 
 /// A client for `config`'s API server, its requests counted in `metrics` (when given).

@@ -9,7 +9,8 @@
 //! - [`quantity`]: Kubernetes quantities as bytes.
 //! - [`running`]: a program's run loop as a task with a stop handle (both `spawn`s).
 //! - [`telemetry`]: logs, metrics, health endpoints, API request counts, shutdown signal.
-//! - [`api_client`]: the kube client both programs use (a few HTTP/2 connections, watches over HTTP/1.1, counted requests).
+//! - [`api_client`]: the kube client both programs use (a few HTTP/2 connections, watches over
+//!   HTTP/1.1, counted requests).
 //! - [`api_error`]: reading the API server's error answers (status predicates, messages).
 //!
 //! What only one side uses lives with it: the DHCP client in `ccm/dhcp` (crate `harvester-dhcp`),
