@@ -58,23 +58,29 @@ pub fn kube_client(
     // and ping frames, as separate small writes; with Nagle each waited for the server's delayed
     // ACK (the CR allocated -> Service address step went from 7 to 48 ms at its median).
     tcp.set_nodelay(true);
+    let server_name = config
+        .tls_server_name
+        .as_ref()
+        .map(|name| {
+            rustls::pki_types::ServerName::try_from(name.clone())
+                .map_err(|e| kube::Error::RustlsTls(RustlsTlsError::InvalidServerName(e)))
+        })
+        .transpose()?;
     let https = |versions: Versions| {
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls.clone())
             .https_or_http();
-        let https = match &config.tls_server_name {
-            Some(name) => {
-                let name = rustls::pki_types::ServerName::try_from(name.clone())
-                    .map_err(|e| kube::Error::RustlsTls(RustlsTlsError::InvalidServerName(e)))?;
-                https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name))
-            }
+        let https = match &server_name {
+            Some(name) => https.with_server_name_resolver(
+                hyper_rustls::FixedServerNameResolver::new(name.clone()),
+            ),
             None => https,
         };
         // ALPN: h2 and http/1.1, or http/1.1 alone.
-        Ok::<_, kube::Error>(match versions {
+        match versions {
             Versions::Both => https.enable_all_versions().wrap_connector(tcp.clone()),
             Versions::Http1 => https.enable_http1().wrap_connector(tcp.clone()),
-        })
+        }
     };
     // Each built client has a pool of its own: over HTTP/2, one connection.
     let mut builder =
@@ -87,12 +93,12 @@ pub fn kube_client(
         .http2_keep_alive_while_idle(true)
         .http2_initial_connection_window_size(CONNECTION_WINDOW);
     let shared = (0..SHARED_CONNECTIONS)
-        .map(|_| Ok(builder.build(https(Versions::Both)?)))
-        .collect::<Result<Vec<_>, kube::Error>>()?;
+        .map(|_| builder.build(https(Versions::Both)))
+        .collect();
     let http = WatchesApart {
         shared: Arc::new(shared),
         turn: Arc::new(AtomicUsize::new(0)),
-        watches: builder.build(https(Versions::Http1)?),
+        watches: builder.build(https(Versions::Http1)),
     };
     let service = ServiceBuilder::new()
         .option_layer(metrics.map(|m| ApiMetricsLayer::new(m.clone())))
@@ -121,7 +127,8 @@ type HttpClient = hyper_util::client::legacy::Client<
 >;
 
 /// Sends each watch over an HTTP/1.1 connection of its own and every other request over the
-/// next of the shared connections.
+/// next of the shared connections. Clone (shared state behind `Arc`s) because tower's retry
+/// layer clones the service it wraps.
 #[derive(Clone)]
 struct WatchesApart {
     shared: Arc<Vec<HttpClient>>,

@@ -187,7 +187,7 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         if args.runs(3) && root {
             let r = volumes(sizes.volumes, &mut report).await;
             report.record(r, "3", "volume round trip", sizes.volumes);
-            let (others, n) = if args.smoke { (19, 2) } else { (499, 10) };
+            let (others, n) = if args.smoke { (19, 2) } else { (499, 30) };
             let mut costs = Vec::new();
             for others in [0, others] {
                 match publish_in_namespace(others, n).await {
