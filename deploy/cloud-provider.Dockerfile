@@ -21,6 +21,4 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 # chart drops every capability but NET_RAW and NET_BIND_SERVICE (DHCP mode).
 FROM gcr.io/distroless/cc-debian12
 COPY --from=build /out/harvester-cloud-provider /usr/bin/harvester-cloud-provider
-# glibc's malloc: 2 arenas, not 8 per core (docs/ccm.md, "Memory"); `make images` sets the same.
-ENV MALLOC_ARENA_MAX=2
 ENTRYPOINT ["/usr/bin/harvester-cloud-provider"]

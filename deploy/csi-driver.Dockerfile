@@ -22,6 +22,4 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends e2fsprogs xfsprogs util-linux mount nfs-common \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/harvester-csi-driver /usr/bin/harvester-csi-driver
-# glibc's malloc: 2 arenas, not 8 per core (docs/ccm.md, "Memory"); `make images` sets the same.
-ENV MALLOC_ARENA_MAX=2
 ENTRYPOINT ["/usr/bin/harvester-csi-driver"]

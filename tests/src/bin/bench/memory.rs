@@ -40,14 +40,6 @@ pub(crate) fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-/// A command running the release binary `bin` in the environment its image sets
-/// ([`testbed::real::images::RUNTIME_ENV`]), so the figures are those of the program as shipped.
-pub(crate) fn release_command(bin: &Path) -> Command {
-    let mut cmd = Command::new(bin);
-    cmd.envs(testbed::real::images::RUNTIME_ENV.iter().copied());
-    cmd
-}
-
 pub(crate) fn binary_size(path: &Path) -> String {
     std::fs::metadata(path)
         .map(|m| mib(m.len() / 1024))
@@ -67,7 +59,7 @@ pub(crate) async fn memory(
     let bed = bed(None).await?;
     create_pool(&bed).await?;
     let log_dir = bed.dir.path();
-    let mut cmd = release_command(&ccm_bin);
+    let mut cmd = Command::new(&ccm_bin);
     cmd.args(provider_args(&bed)).args([
         "--leader-elect=false",
         "--metrics-address=",
@@ -149,7 +141,7 @@ pub(crate) async fn memory(
 
     // The node plugin of VM bench-node-000, serving nothing.
     let socket = bed.dir.path().join("csi-node.sock");
-    let mut cmd = release_command(&csi_bin);
+    let mut cmd = Command::new(&csi_bin);
     cmd.args(["--mode", "node"])
         .arg(format!("--endpoint=unix://{}", socket.display()))
         .arg(format!("--nodeid={}", vms[0]))

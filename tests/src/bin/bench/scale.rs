@@ -207,7 +207,7 @@ pub(crate) async fn scale(level: Level, report: &mut Report) -> anyhow::Result<S
     bed.sim.stop_vm(NO_VMI).await?;
     progress(format!("  {nodes} VMs running, {NO_VMI} stopped"));
     let port = testbed::util::process::free_port()?;
-    let mut cmd = release_command(&ccm_bin);
+    let mut cmd = Command::new(&ccm_bin);
     cmd.args(provider_args(&bed)).args([
         "--leader-elect=false".to_string(),
         format!("--metrics-address=127.0.0.1:{port}"),

@@ -65,20 +65,6 @@ pub const NODE_PLUGIN_FILES: &[&str] = &["/etc/mke2fs.conf", "/etc/netconfig"];
 /// `PATH` in every image, Debian's default for root.
 pub const PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// The rest of every image's environment, as deploy/*.Dockerfile set it too, and as the bench
-/// runs the release binaries. glibc's malloc otherwise grows up to 8 arenas per core, one per
-/// thread that meets another in malloc, each keeping its own freed memory: the provider at 5 000
-/// Services + 1 000 Nodes held VmHWM 66.2-67.4 MiB with the default, 63.2 MiB with 2 arenas
-/// (docs/ccm.md, "Memory").
-pub const RUNTIME_ENV: &[(&str, &str)] = &[("MALLOC_ARENA_MAX", "2")];
-
-/// Every image's `Env`: [`PATH_ENV`] and [`RUNTIME_ENV`].
-pub fn image_env() -> Vec<String> {
-    std::iter::once(PATH_ENV.to_string())
-        .chain(RUNTIME_ENV.iter().map(|(k, v)| format!("{k}={v}")))
-        .collect()
-}
-
 /// Directories every image has (containerd mounts over some of them).
 const BASE_DIRS: &[&str] = &[
     "dev",
@@ -762,21 +748,6 @@ pub fn qualified(reference: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn dockerfiles_set_the_runtime_env() {
-        let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
-        for file in ["cloud-provider.Dockerfile", "csi-driver.Dockerfile"] {
-            let text = std::fs::read_to_string(deploy.join(file)).expect(file);
-            for (k, v) in RUNTIME_ENV {
-                let line = format!("ENV {k}={v}");
-                assert!(
-                    text.lines().any(|l| l.trim() == line),
-                    "{file} has no `{line}`"
-                );
-            }
-        }
-    }
 
     /// `ldd /usr/sbin/mkfs.ext4` on Debian 12, and on a static Go binary.
     const LDD_MKFS: &str = "\tlinux-vdso.so.1 (0x00007ffd)\n\

@@ -53,8 +53,8 @@ impl Blob {
     }
 }
 
-/// The image config: amd64/linux, the entrypoint, the environment ([`super::image_env`]), and
-/// the layer's diff ID (the sha256 of the uncompressed layer tar).
+/// The image config: amd64/linux, the entrypoint, `PATH`, and the layer's diff ID (the
+/// sha256 of the uncompressed layer tar).
 pub fn config_json(entrypoint: &[String], diff_id: &str) -> Value {
     json!({
         "architecture": "amd64",
@@ -62,7 +62,7 @@ pub fn config_json(entrypoint: &[String], diff_id: &str) -> Value {
         "created": CREATED,
         "config": {
             "Entrypoint": entrypoint,
-            "Env": super::image_env(),
+            "Env": [super::PATH_ENV],
             "WorkingDir": "/",
         },
         "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{diff_id}")]},
@@ -134,7 +134,7 @@ mod tests {
         assert_eq!(c["os"], "linux");
         assert_eq!(c["created"], CREATED);
         assert_eq!(c["config"]["Entrypoint"], json!(["/pause"]));
-        assert_eq!(c["config"]["Env"], json!(super::super::image_env()));
+        assert_eq!(c["config"]["Env"], json!([super::super::PATH_ENV]));
         assert_eq!(c["rootfs"]["diff_ids"], json!(["sha256:ab"]));
     }
 
