@@ -5,12 +5,13 @@
 //! kube's own `ClientBuilder::try_from` offers only HTTP/1.1, where every request in flight holds
 //! a TLS connection of its own and the pool keeps it afterwards: at 5 000 Services + 1 000 Nodes
 //! about 95 connections, VmHWM 67.6-68.7 MiB (one HTTP/2 connection: 61.9; this design: 66.2 in
-//! an experiment build, 67.4 in the full bench of 6 Dec, above issue 26's 64). One HTTP/2
-//! connection, as client-go keeps, was the provider's bottleneck under a burst instead: the Go API server passes every
-//! frame of a connection through that connection's one frame-writing goroutine, so on the busy
-//! 2-core bed the provider's Node watch saw each Node 0.3-1.2 s after the bench's own HTTP/1.1
-//! watch did (the server closed it as unresponsive about 20 times in a burst of 1 000 Nodes),
-//! and with the watches moved off it the answers to the Node writes queued instead. Hence
+//! an experiment build, 66.3-67.4 in the full benches of 6 Dec, above issue 26's 64). One HTTP/2
+//! connection, as client-go keeps, was the provider's bottleneck under a burst instead: the Go
+//! API server passes every frame of a connection through that connection's one frame-writing
+//! goroutine, so on the busy 2-core bed the provider's Node watch saw each Node 0.3-1.2 s after
+//! the bench's own HTTP/1.1 watch did (the server closed it as unresponsive about 20 times in a
+//! burst of 1 000 Nodes), and with the watches moved off it the answers to the Node writes queued
+//! instead. Hence
 //! [`SHARED_CONNECTIONS`] connections taken in turn for requests, and the watches, which stream
 //! for minutes, over HTTP/1.1 where the server's handler writes each event itself (docs/ccm.md,
 //! "Under a burst").
@@ -92,8 +93,9 @@ pub fn kube_client(
         .http2_keep_alive_timeout(PING_TIMEOUT)
         .http2_keep_alive_while_idle(true)
         .http2_initial_connection_window_size(CONNECTION_WINDOW);
+    let h2_or_http1 = https(Versions::Both);
     let shared = (0..SHARED_CONNECTIONS)
-        .map(|_| builder.build(https(Versions::Both)))
+        .map(|_| builder.build(h2_or_http1.clone()))
         .collect();
     let http = WatchesApart {
         shared: Arc::new(shared),
