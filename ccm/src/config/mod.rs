@@ -199,7 +199,7 @@ pub struct NodeFlags {
     #[arg(long, default_value = "false", num_args = 0..=1, require_equals = true,
           default_missing_value = "true", value_parser = go_bool)]
     pub disable_vmi_controller: bool,
-    /// How many Nodes each node-side controller reconciles at once; 16 when not given (upstream's
+    /// How many Nodes each node-side controller reconciles at once; 64 when not given (upstream's
     /// flag: given, it bounds the node-side controllers as upstream's workers do).
     #[arg(long)]
     pub concurrent_node_syncs: Option<u16>,

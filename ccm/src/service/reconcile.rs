@@ -29,7 +29,7 @@ use super::wake::{
 use super::{FINALIZER, NAD_MAPPING_NAME, NAD_MAPPING_NAMESPACE, guest};
 use crate::config::SERVICE_LB_CONTROLLER;
 use crate::context::{Context, READY_SERVICE_CACHES, Shutdown};
-use crate::controller::{Backoff, Triggers, measured, ticks};
+use crate::controller::{Backoff, Triggers, measured};
 use crate::written::WriteLog;
 
 /// First and longest retry delay after a failed reconcile of a Service (doubling in between).
@@ -123,7 +123,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: Shutdown) {
         .watches_stream(nad_events, move |_| woken_by_nad_mapping(&nad_ctx))
         // The guest pools changed: reconcile the Services that take their address there.
         .watches_stream(pool_events, move |_| woken_by_guest_pools(&pools_ctx))
-        .reconcile_on(triggers.every("resync", ticks(sctx.resync())))
+        .reconcile_on(triggers.resync(sctx.resync()))
         .reconcile_on(
             tokio_stream::wrappers::UnboundedReceiverStream::new(woken)
                 .flat_map(move |r| futures::stream::iter(dhcp_triggers.note("dhcp lease", [r]))),
