@@ -3,7 +3,7 @@
 //! - [`publish_event`]: the one way an Event is written (one [`recorder`], notes cut to the
 //!   Events API's limit), with [`digest_action`] for controllers whose notes change;
 //! - [`measured`]: a reconcile counted and timed in the reconcile metrics;
-//! - [`Triggers::resync`]: the periodic resync, spread over its period;
+//! - [`Triggers::resync`]: the periodic resync, a thousand objects a second;
 //! - [`Triggers`]: what woke each reconcile, counted by trigger.
 //!
 //! A new controller is a module with a `run(Arc<Context>, Shutdown)` that builds a kube-runtime
