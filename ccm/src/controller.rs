@@ -135,6 +135,8 @@ fn ticks(every: Duration) -> impl Stream<Item = ()> + Send {
 
 /// The trigger of the periodic resync ([`Triggers::resync`]).
 pub const RESYNC: &str = "resync";
+/// The trigger of the pass over every object at start ([`Triggers::at_start`]).
+pub const START: &str = "start";
 
 /// The time between two objects of a resync pass: a thousand a second, so a pass over 5 000
 /// Services takes 5 s and kube's scheduler holds about as many as are reconciled meanwhile.
@@ -220,11 +222,6 @@ where
         found.into_iter().map(|(r, _)| r).collect()
     }
 
-    /// Every cached object, noted as woken by `trigger` (a resync).
-    pub fn all(&self, trigger: &'static str) -> Vec<ObjectRef<K>> {
-        self.note(trigger, self.cached())
-    }
-
     /// The periodic resync: every `period` (the first pass `period` from now), each object cached
     /// when the pass starts, noted as `resync` one at a time, [`RESYNC_GAP`] apart. Handed out
     /// all at once, a pass of 5 000 Services put 5 000 requests at once in kube's scheduler and in
@@ -256,18 +253,17 @@ where
             .collect()
     }
 
-    /// A stream of every cached object on each tick of `ticks`, noted as `trigger`.
-    pub fn every(
+    /// Every cached object once, when the controller first polls it, noted as `start`.
+    pub fn at_start(
         self: &std::sync::Arc<Self>,
-        trigger: &'static str,
-        ticks: impl Stream<Item = ()> + Send + 'static,
     ) -> impl Stream<Item = ObjectRef<K>> + Send + 'static
     where
         K: Send + Sync,
         K::DynamicType: Send + Sync,
     {
         let me = self.clone();
-        ticks.flat_map(move |()| futures::stream::iter(me.all(trigger)))
+        futures::stream::once(async {})
+            .flat_map(move |()| futures::stream::iter(me.note(START, me.cached())))
     }
 
     /// Counts the reconcile of `obj` that is starting, under what woke it.

@@ -7,12 +7,11 @@
 //! about 95 connections, VmHWM 67.6-68.7 MiB (one HTTP/2 connection: 61.9; this design: 66.2 in
 //! an experiment build, 66.3-67.4 in the full benches of 6 Dec; 55.5 in one run with the resync
 //! paced, ccm/src/controller.rs `RESYNC_GAP`). One HTTP/2 connection, as client-go keeps, was
-//! the provider's bottleneck under a burst instead: the Go
-//! API server passes every frame of a connection through that connection's one frame-writing
-//! goroutine, so on the busy 2-core bed the provider's Node watch saw each Node 0.3-1.2 s after
-//! the bench's own HTTP/1.1 watch did (the server closed it as unresponsive about 20 times in a
-//! burst of 1 000 Nodes), and with the watches moved off it the answers to the Node writes queued
-//! instead. Hence
+//! the provider's bottleneck under a burst instead: the Go API server passes every frame of a
+//! connection through that connection's one frame-writing goroutine, so on the busy 2-core bed
+//! the provider's Node watch saw each Node 0.3-1.2 s after the bench's own HTTP/1.1 watch did
+//! (the server closed it as unresponsive about 20 times in a burst of 1 000 Nodes), and with the
+//! watches moved off it the answers to the Node writes queued instead. Hence
 //! [`SHARED_CONNECTIONS`] connections taken in turn for requests, and the watches, which stream
 //! for minutes, over HTTP/1.1 where the server's handler writes each event itself (docs/ccm.md,
 //! "Under a burst").

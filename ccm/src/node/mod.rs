@@ -211,7 +211,7 @@ pub fn node_controller(nctx: &NodeCtx, name: &'static str, shutdown: Shutdown) -
     });
     Controller::for_shared_stream(changed, inv.nodes.clone())
         .with_config(controller::Config::default().concurrency(node.concurrency))
-        .reconcile_on(triggers.every("start", futures::stream::once(async {})))
+        .reconcile_on(triggers.at_start())
         .reconcile_on(triggers.resync(node.resync))
         .graceful_shutdown_on(shutdown)
 }
