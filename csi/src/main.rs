@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 use harvester_common::flags::{self, Outcome, Syntax};
-use harvester_csi_driver::{Config, Mode};
+use harvester_csi_driver::{Config, Mode, Timeouts};
 
 /// Flags compatible with the upstream harvester-csi-driver where they exist. Read as upstream's
 /// urfave/cli v1 (Go `flag`) reads them: `-name` or `--name`, `=value` or a separate value, a
@@ -57,6 +57,22 @@ struct Cli {
     /// Seconds RPCs in flight may take to finish after SIGTERM.
     #[arg(long, default_value_t = 25)]
     shutdown_grace_seconds: u16,
+    /// Seconds NodeStageVolume waits for a hot-plugged disk to appear in the node (then
+    /// NOT_FOUND naming its serial).
+    #[arg(long, default_value_t = Timeouts::default().device.as_secs(), value_parser = bound_seconds())]
+    device_timeout_seconds: u64,
+    /// Seconds NodeStageVolume of an RWX volume gives `mount.nfs` (then it is killed: UNAVAILABLE).
+    #[arg(long, default_value_t = Timeouts::default().nfs_mount.as_secs(), value_parser = bound_seconds())]
+    nfs_mount_timeout_seconds: u64,
+    /// Seconds an RWX volume's NFS server gets to answer statvfs or an unmount (then
+    /// UNAVAILABLE naming the server; the unmount is forced and lazy).
+    #[arg(long, default_value_t = Timeouts::default().nfs_server.as_secs(), value_parser = bound_seconds())]
+    nfs_server_timeout_seconds: u64,
+}
+
+/// A node-side wait's bound: at least a second (a zero bound fails every wait), at most an hour.
+fn bound_seconds() -> clap::builder::RangedU64ValueParser {
+    clap::value_parser!(u64).range(1..=3600)
 }
 
 /// Exit code of a refused command line, as Go flag programs use.
@@ -151,6 +167,9 @@ fn config(cli: Cli) -> Result<Config, String> {
     config.token_expiry_warning =
         Duration::from_secs(u64::from(cli.token_expiry_warning_days) * 86_400);
     config.shutdown_grace = Duration::from_secs(u64::from(cli.shutdown_grace_seconds));
+    config.timeouts.device = Duration::from_secs(cli.device_timeout_seconds);
+    config.timeouts.nfs_mount = Duration::from_secs(cli.nfs_mount_timeout_seconds);
+    config.timeouts.nfs_server = Duration::from_secs(cli.nfs_server_timeout_seconds);
     Ok(config)
 }
 
@@ -227,11 +246,46 @@ mod tests {
     }
 
     #[test]
+    fn node_wait_bounds_default_to_the_driver_s_and_are_set_by_flags() {
+        let defaults = config(parse(&[]).unwrap()).unwrap().timeouts;
+        assert_eq!(defaults.device, Timeouts::default().device);
+        assert_eq!(defaults.nfs_mount, Timeouts::default().nfs_mount);
+        assert_eq!(defaults.nfs_server, Timeouts::default().nfs_server);
+        let set = config(
+            parse(&[
+                "--device-timeout-seconds=5",
+                "-nfs-mount-timeout-seconds",
+                "6",
+                "--nfs-server-timeout-seconds=7",
+            ])
+            .unwrap(),
+        )
+        .unwrap()
+        .timeouts;
+        assert_eq!(set.device, Duration::from_secs(5));
+        assert_eq!(set.nfs_mount, Duration::from_secs(6));
+        assert_eq!(set.nfs_server, Duration::from_secs(7));
+        assert_eq!(set.attach, Timeouts::default().attach, "the rest unchanged");
+    }
+
+    #[test]
     fn bad_flags_are_one_line_naming_them() {
         for (args, names) in [
             (&["--no-such"][..], &["--no-such"][..]),
             (&["--debug=maybe"], &["--debug", "maybe"]),
             (&["--mode=sideways"], &["--mode", "sideways"]),
+            (
+                &["--device-timeout-seconds=0"],
+                &["--device-timeout-seconds", "0"],
+            ),
+            (
+                &["--nfs-server-timeout-seconds=3601"],
+                &["--nfs-server-timeout-seconds", "3601"],
+            ),
+            (
+                &["--nfs-mount-timeout-seconds=soon"],
+                &["--nfs-mount-timeout-seconds", "soon"],
+            ),
         ] {
             match parse(args) {
                 Err(Outcome::Refused(line)) => {

@@ -35,6 +35,12 @@ use tonic::transport::Channel;
 const CSI_PORT: u16 = 10000;
 const GUEST_WORK: &str = "/var/lib/guest-csi";
 const MIB: u64 = 1 << 20;
+/// The guests' node plugins' NFS bounds (`--nfs-mount-timeout-seconds`,
+/// `--nfs-server-timeout-seconds`), below the driver's defaults (30 s and 10 s) so that the checks
+/// that wait them out with the server down take less; still several times what a mount, statvfs
+/// or unmount of a served export takes in a guest here (0.1-2 s).
+const NFS_MOUNT_BOUND: Duration = Duration::from_secs(10);
+const NFS_SERVER_BOUND: Duration = Duration::from_secs(5);
 /// A Longhorn RWX host StorageClass (Harvester docs: a Longhorn class without live migration).
 const RWX_CLASS: &str = "longhorn-rwx";
 
@@ -144,8 +150,11 @@ fn share_plugin(bed: &TestBed, vm: &Vm) {
 fn plugin_command(vm: &Vm) -> String {
     format!(
         "{GUEST_SHARE}/harvester-csi-driver --mode=node --nodeid={} \
-         --endpoint=tcp://0.0.0.0:{CSI_PORT} --kubeconfig={GUEST_SHARE}/cloud-config",
-        vm.name
+         --endpoint=tcp://0.0.0.0:{CSI_PORT} --kubeconfig={GUEST_SHARE}/cloud-config \
+         --nfs-mount-timeout-seconds={} --nfs-server-timeout-seconds={}",
+        vm.name,
+        NFS_MOUNT_BOUND.as_secs(),
+        NFS_SERVER_BOUND.as_secs()
     )
 }
 
@@ -651,7 +660,7 @@ async fn rwx_volume_shared_by_two_guests_root_steps() {
     // The NFS server stopped: NodeStage is UNAVAILABLE within its bound, with no mount and no
     // mount helper left in the guest.
     fs.nfs.stop();
-    let bound = harvester_csi_driver::Timeouts::default().nfs_mount;
+    let bound = NFS_MOUNT_BOUND;
     let vdown = guest_vol(up_id, "rwx-b");
     let t = Instant::now();
     let err = stage(&nb, &vdown)
@@ -1188,7 +1197,7 @@ async fn contract_nfs_server_down_never_blocks_the_node_plugin_root_steps() {
 
     // The server dies (the share manager Pod killed): the hard mount's RPCs wait for it.
     fs.nfs.stop();
-    let deadline = harvester_csi_driver::Timeouts::default().nfs_server;
+    let deadline = NFS_SERVER_BOUND;
     let slack = Duration::from_secs(5);
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // Other RPCs meanwhile: each must be answered within 3 s.

@@ -37,6 +37,9 @@ const CSI_PORT: u16 = 10000;
 /// Where the guest's staging and target paths live.
 const GUEST_WORK: &str = "/var/lib/guest-csi";
 const MIB: u64 = 1 << 20;
+/// The bare guest's device wait (`--device-timeout-seconds`; 30 s by default): its last step
+/// waits it out, and a hot-plugged disk shows in its sysfs within 0.3-2 s.
+const DEVICE_BOUND: Duration = Duration::from_secs(10);
 
 /// Only one guest at a time: two TCG guests on 2 shared cores would slow each other's boot.
 static ONE_VM: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -519,8 +522,9 @@ fn path_commands(bed: &TestBed, vm: &Vm) -> PathCommands {
     }
 }
 
-/// csi-sanity with the node plugin in the guest and the controller on the host.
-async fn csi_sanity(bed: &TestBed, vm: &Vm, ctrl: &Driver, access_type: &str) {
+/// csi-sanity with the node plugin in the guest and the controller on the host; `focus`, when
+/// given, is ginkgo's `--ginkgo.focus` (a regular expression over the specs' names).
+async fn csi_sanity(bed: &TestBed, vm: &Vm, ctrl: &Driver, access_type: &str, focus: Option<&str>) {
     let bin = testbed::util::tools::tool("csi-sanity").unwrap_or_else(|e| panic!("{e}"));
     let port = vm.host_port(CSI_PORT).expect("port");
     // The staging and target paths are made in the guest (path commands); their parent exists
@@ -554,6 +558,7 @@ async fn csi_sanity(bed: &TestBed, vm: &Vm, ctrl: &Driver, access_type: &str) {
         ))
         .arg(format!("--csi.checkpathcmd={}", cmds.check.display()))
         .arg("--ginkgo.no-color")
+        .args(focus.map(|f| format!("--ginkgo.focus={f}")))
         .kill_on_drop(true)
         .output()
         .await
@@ -704,8 +709,11 @@ async fn guest_vm_with_udev_and_agent_root_steps() {
         &format!("--max-volumes-per-node={ATTACH_LIMIT}"),
     )
     .await;
-    csi_sanity(&bed, &vm, &ctrl, "mount").await;
-    csi_sanity(&bed, &vm, &ctrl, "block").await;
+    csi_sanity(&bed, &vm, &ctrl, "mount", None).await;
+    // Block volumes: the node's specs. The controller's, with a block capability, are the host
+    // suite's (`csi_sanity` runs them all with block volumes), and their hot-plugs into this
+    // guest are the mount run's: the controller plugs a disk the same way for either.
+    csi_sanity(&bed, &vm, &ctrl, "block", Some("Node Service")).await;
     ctrl.stop().await;
     report_hotplugs(&vm);
     vm.stop().await;
@@ -771,7 +779,15 @@ async fn guest_vm_without_udev_or_agent_root_steps() {
 
     // No udev: no by-id links; stage finds the disk by its SCSI serial in sysfs.
     let ctrl = controller(&bed).await;
-    let node = start_plugin(&bed, &vm, 1, "node", "").await;
+    // The device wait shortened (30 s by default): the last step waits it out.
+    let node = start_plugin(
+        &bed,
+        &vm,
+        1,
+        "node",
+        &format!("--device-timeout-seconds={}", DEVICE_BOUND.as_secs()),
+    )
+    .await;
     let cap = mount_cap("ext4");
     let v = create_and_publish(&ctrl, "no-udev", 64 * MIB, &cap, &guest_paths("")).await;
     let serial = harvester_csi_driver::naming::disk_serial(&v.id);
@@ -806,12 +822,17 @@ async fn guest_vm_without_udev_or_agent_root_steps() {
     let err = stage(&node, &v, &cap)
         .await
         .expect_err("no disk in the guest");
+    let took = t.elapsed();
     assert_eq!(err.code(), tonic::Code::NotFound, "{err:?}");
     assert!(err.message().contains(&serial), "{}", err.message());
+    assert!(
+        took >= DEVICE_BOUND && took < DEVICE_BOUND + Duration::from_secs(10),
+        "NOT_FOUND once the device wait (--device-timeout-seconds) is over: {took:?}"
+    );
     say(&format!(
         "NodeStageVolume without the disk: {:?} after {:.0}s: {}",
         err.code(),
-        t.elapsed().as_secs_f64(),
+        took.as_secs_f64(),
         err.message()
     ));
     ControllerClient::new(ctrl.channel.clone())
