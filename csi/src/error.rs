@@ -100,6 +100,30 @@ pub enum ControllerError {
         namespace: String,
         node: String,
     },
+    #[error(
+        "{kind} {namespace}/{name} does not belong to guest cluster {cluster:?}: {found}; a \
+         Harvester admin hands it over by labelling it \
+         guestcluster.harvesterhci.io/name={cluster} (docs/install.md)"
+    )]
+    NotOwned {
+        kind: &'static str,
+        namespace: String,
+        name: String,
+        cluster: String,
+        found: String,
+    },
+    #[error(
+        "backup {backup} is in Harvester namespace {namespace:?}, not this cluster's {own:?}: \
+         {action} another namespace's backups needs the chart value \
+         allowCrossNamespaceBackups=true (--allow-cross-namespace-backups) and the \
+         harvester-guest-csi-driver-backups binding (docs/install.md)"
+    )]
+    CrossNamespaceBackup {
+        backup: String,
+        namespace: String,
+        own: String,
+        action: &'static str,
+    },
     #[error("{0}")]
     Precondition(String),
     #[error("timed out after {after:?} waiting for {what}")]
@@ -173,6 +197,9 @@ impl From<ControllerError> for Status {
             | ControllerError::StillPublished { .. }
             | ControllerError::Precondition(_) => Code::FailedPrecondition,
             ControllerError::TooManyVolumes { .. } => Code::ResourceExhausted,
+            ControllerError::NotOwned { .. } | ControllerError::CrossNamespaceBackup { .. } => {
+                Code::PermissionDenied
+            }
             ControllerError::Timeout { .. } => Code::DeadlineExceeded,
             ControllerError::Api { source, .. } | ControllerError::GuestApi { source, .. } => {
                 kube_code(source)

@@ -144,7 +144,19 @@ pub struct Config {
     /// The guest cluster's kubeconfig for the controller (it reads Nodes for the out-of-service
     /// taint); `None`: the in-cluster config, else `KUBECONFIG`.
     pub guest_kubeconfig: Option<PathBuf>,
+    /// `--cluster-name`: labels this cluster's objects on Harvester; the driver acts on no
+    /// other's (`controller::owner`).
+    pub cluster_name: String,
+    /// `--adopt-unlabelled-volumes`: objects without the cluster label count as this cluster's
+    /// (for a switch from upstream's driver, whose volumes carry none).
+    pub adopt_unlabelled_volumes: bool,
+    /// `--allow-cross-namespace-backups`: ListSnapshots shows, and CreateVolume restores, remote
+    /// backups of other Harvester namespaces (other guest clusters').
+    pub cross_namespace_backups: bool,
 }
+
+/// The cluster name when `--cluster-name` is not given (the cloud provider's and upstream's).
+pub const DEFAULT_CLUSTER_NAME: &str = "kubernetes";
 
 /// How long start-up waits for the first read of Harvester's `server-version` (the hot-plug mode)
 /// before serving anyway (then publish answers UNAVAILABLE until it is read).
@@ -174,6 +186,9 @@ impl Config {
             shutdown_grace: Duration::from_secs(25),
             harvester_check_period: harvester_common::cloud_config::CREDENTIALS_CHECK_PERIOD,
             guest_kubeconfig: None,
+            cluster_name: DEFAULT_CLUSTER_NAME.to_string(),
+            adopt_unlabelled_volumes: false,
+            cross_namespace_backups: false,
         }
     }
 }

@@ -57,6 +57,21 @@ struct Cli {
     /// Seconds RPCs in flight may take to finish after SIGTERM.
     #[arg(long, default_value_t = 25)]
     shutdown_grace_seconds: u16,
+    /// This guest cluster's name: labels the volumes, snapshots and backups the controller
+    /// makes on Harvester (`guestcluster.harvesterhci.io/name`); it acts on no others.
+    #[arg(long, default_value = harvester_csi_driver::DEFAULT_CLUSTER_NAME)]
+    cluster_name: String,
+    /// Also act on Harvester volumes, snapshots and backups without the cluster label (those
+    /// of upstream's driver), for the time of a switch from it: any such object of the
+    /// namespace is then reachable by volume ID (docs/install.md).
+    #[arg(long, default_value = "false", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = flags::parse_go_bool)]
+    adopt_unlabelled_volumes: bool,
+    /// List and restore remote backups of other Harvester namespaces (other guest clusters'),
+    /// as upstream does; needs the cluster-wide backups binding.
+    #[arg(long, default_value = "false", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = flags::parse_go_bool)]
+    allow_cross_namespace_backups: bool,
     /// Seconds NodeStageVolume waits for a hot-plugged disk to appear in the node (then
     /// NOT_FOUND naming its serial).
     #[arg(long, default_value_t = Timeouts::default().device.as_secs(), value_parser = bound_seconds())]
@@ -170,6 +185,10 @@ fn config(cli: Cli) -> Result<Config, String> {
     config.timeouts.device = Duration::from_secs(cli.device_timeout_seconds);
     config.timeouts.nfs_mount = Duration::from_secs(cli.nfs_mount_timeout_seconds);
     config.timeouts.nfs_server = Duration::from_secs(cli.nfs_server_timeout_seconds);
+    config.cluster_name =
+        harvester_csi_driver::controller::owner::parse_cluster_name(&cli.cluster_name)?;
+    config.adopt_unlabelled_volumes = cli.adopt_unlabelled_volumes;
+    config.cross_namespace_backups = cli.allow_cross_namespace_backups;
     Ok(config)
 }
 
@@ -266,6 +285,30 @@ mod tests {
         assert_eq!(set.nfs_mount, Duration::from_secs(6));
         assert_eq!(set.nfs_server, Duration::from_secs(7));
         assert_eq!(set.attach, Timeouts::default().attach, "the rest unchanged");
+    }
+
+    #[test]
+    fn tenancy_flags_default_to_the_safe_side_and_are_set_by_flags() {
+        let defaults = config(parse(&[]).unwrap()).unwrap();
+        assert_eq!(
+            defaults.cluster_name,
+            harvester_csi_driver::DEFAULT_CLUSTER_NAME
+        );
+        assert!(!defaults.adopt_unlabelled_volumes);
+        assert!(!defaults.cross_namespace_backups);
+        let set = config(
+            parse(&[
+                "--cluster-name=rke2-prod",
+                "--adopt-unlabelled-volumes",
+                "-allow-cross-namespace-backups=true",
+            ])
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(set.cluster_name, "rke2-prod");
+        assert!(set.adopt_unlabelled_volumes && set.cross_namespace_backups);
+        let e = config(parse(&["--cluster-name=a/b"]).unwrap()).unwrap_err();
+        assert!(e.contains("--cluster-name") && e.contains("a/b"), "{e}");
     }
 
     #[test]

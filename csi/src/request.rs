@@ -19,6 +19,21 @@ pub fn required<'a>(field: &'static str, value: &'a str) -> Result<&'a str, ArgE
     }
 }
 
+/// A node ID as the controller takes it: the name of a VM in the Harvester namespace, so a
+/// DNS-1123 subdomain (lowercase letters, digits, '-' and '.', at most 253 characters); anything
+/// else is refused before it can reach a Harvester URL.
+pub fn node_id<'a>(field: &'static str, value: &'a str) -> Result<&'a str, ArgError> {
+    let value = required(field, value)?;
+    let label_ok = |l: &str| harvester_common::names::is_dns1123_label(l);
+    if value.len() > 253 || !value.split('.').all(label_ok) {
+        return Err(ArgError::Invalid {
+            field,
+            reason: format!("{value:?} is not a VM name (a DNS-1123 subdomain)"),
+        });
+    }
+    Ok(value)
+}
+
 /// Filesystems the node plugin can create and grow.
 pub const SUPPORTED_FS: [&str; 2] = ["ext4", "xfs"];
 /// The filesystem of a mount volume that names none (upstream's default).

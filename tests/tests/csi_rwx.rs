@@ -206,6 +206,23 @@ fn guest_vol(id: &str, node: &str) -> Vol {
     }
 }
 
+/// The documented hand-over of a volume upstream's driver made: a Harvester admin labels its
+/// host PVC for this guest cluster (the driver's default cluster name here).
+async fn label_for_this_cluster(bed: &TestBed, id: &str) {
+    let patch = json!({"metadata": {"labels": {
+        harvester_csi_driver::controller::owner::LABEL_GUEST_CLUSTER:
+            harvester_csi_driver::DEFAULT_CLUSTER_NAME
+    }}});
+    Api::<PersistentVolumeClaim>::namespaced(bed.sim.harvester.clone(), &bed.vm_namespace)
+        .patch(
+            id,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .expect("labelling the host PVC for this cluster");
+}
+
 async fn controller_publish(c: &Driver, id: &str, node: &str) -> Result<Duration, tonic::Status> {
     let t0 = Instant::now();
     ControllerClient::new(c.channel.clone())
@@ -633,6 +650,26 @@ async fn rwx_volume_shared_by_two_guests_root_steps() {
         .create(&Default::default(), &up_cr)
         .await
         .expect("upstream-style NetworkFilesystem");
+    // Not this cluster's until a Harvester admin labels it so (docs/install.md): refused, and
+    // the NetworkFilesystem stays as it was.
+    let refused = controller_publish(&ctrl, up_id, "rwx-a")
+        .await
+        .expect_err("an unlabelled host PVC is no volume of this cluster");
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused.message().contains(up_id)
+            && refused
+                .message()
+                .contains("guestcluster.harvesterhci.io/name"),
+        "{refused:?}"
+    );
+    let cr =
+        Api::<NetworkFilesystem>::namespaced(bed.sim.harvester.clone(), upstream::NFS_NAMESPACE)
+            .get(&up_pv)
+            .await
+            .expect("the upstream-made NetworkFilesystem");
+    assert_eq!(cr.spec.desired_state, upstream::DESIRED_DISABLED);
+    label_for_this_cluster(&bed, up_id).await;
     controller_publish(&ctrl, up_id, "rwx-a")
         .await
         .expect("ControllerPublishVolume of the upstream-made volume");

@@ -28,6 +28,10 @@ pub struct Ctx {
     /// users of an RWX volume; `None` when none could be configured: no volume is then ever
     /// force-detached.
     pub guest: Option<kube::Client>,
+    /// This guest cluster: the driver acts only on the Harvester objects it owns.
+    pub owner: super::owner::Owner,
+    /// Remote backups of other namespaces may be listed and restored.
+    pub cross_namespace_backups: bool,
 }
 
 impl Ctx {
@@ -44,13 +48,17 @@ impl Ctx {
         Api::namespaced(self.harvester.client.clone(), self.ns())
     }
 
-    /// VM `node` (the CSI node ID), NOT_FOUND when Harvester has none.
+    /// VM `node` (the CSI node ID), NOT_FOUND when Harvester has none, PERMISSION_DENIED when
+    /// it is another guest cluster's node.
     pub async fn vm_or_not_found(&self, node: &str) -> Result<VirtualMachine, ControllerError> {
-        self.vms()
+        let vm = self
+            .vms()
             .get_opt(node)
             .await
             .map_err(ControllerError::api(format!("getting VM {node}")))?
-            .ok_or_else(|| self.node_not_found(node))
+            .ok_or_else(|| self.node_not_found(node))?;
+        self.owner.check_vm(self.ns(), &vm.metadata)?;
+        Ok(vm)
     }
 
     pub fn node_not_found(&self, node: &str) -> ControllerError {
@@ -67,15 +75,26 @@ impl Ctx {
     }
 
     /// The host PVC of volume `id`, if there is one; an ID that cannot name a PVC has none (and
-    /// costs no request).
+    /// costs no request). PERMISSION_DENIED when it is not this guest cluster's.
     pub async fn pvc(&self, id: &str) -> Result<Option<PersistentVolumeClaim>, ControllerError> {
         if !is_dns1123_label(id) {
             return Ok(None);
         }
-        self.pvcs()
+        let pvc = self
+            .pvcs()
             .get_opt(id)
             .await
-            .map_err(ControllerError::api(format!("getting PVC {id}")))
+            .map_err(ControllerError::api(format!("getting PVC {id}")))?;
+        if let Some(pvc) = &pvc {
+            self.owned_pvc(pvc)?;
+        }
+        Ok(pvc)
+    }
+
+    /// PERMISSION_DENIED unless host PVC `pvc` is this guest cluster's.
+    pub fn owned_pvc(&self, pvc: &PersistentVolumeClaim) -> Result<(), ControllerError> {
+        self.owner
+            .check("PersistentVolumeClaim", self.ns(), &pvc.metadata)
     }
 
     /// The host PVC of volume `id`, NOT_FOUND when there is none.

@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use super::owner::Owner;
 use crate::error::{ArgError, ControllerError};
 use crate::naming::ORIGINAL_NAME_ANNOTATION;
 use crate::request::required;
@@ -197,14 +198,16 @@ impl<'a> Source<'a> {
     }
 }
 
-/// The Harvester PVC for a new volume: RWX (so the VM can live-migrate), block mode unless
-/// `hostVolumeMode: filesystem`, the size already rounded; restored or cloned from `source`.
+/// The Harvester PVC for a new volume of `owner`: RWX (so the VM can live-migrate), block mode
+/// unless `hostVolumeMode: filesystem`, the size already rounded; restored or cloned from
+/// `source`.
 pub fn host_pvc(
     pvc_name: &str,
     csi_name: &str,
     size: u64,
     params: &Params,
     source: Option<Source>,
+    owner: &Owner,
 ) -> PersistentVolumeClaim {
     let annotations = (pvc_name != csi_name)
         .then(|| BTreeMap::from([(ORIGINAL_NAME_ANNOTATION.to_string(), csi_name.to_string())]));
@@ -212,10 +215,7 @@ pub fn host_pvc(
         metadata: ObjectMeta {
             name: Some(pvc_name.to_string()),
             annotations,
-            labels: Some(BTreeMap::from([(
-                LABEL_DRIVER.to_string(),
-                crate::DRIVER_NAME.to_string(),
-            )])),
+            labels: Some(volume_labels(owner)),
             ..Default::default()
         },
         spec: Some(PersistentVolumeClaimSpec {
@@ -234,6 +234,13 @@ pub fn host_pvc(
         }),
         status: None,
     }
+}
+
+/// The labels of every host PVC the driver makes: the driver's and the guest cluster's.
+pub fn volume_labels(owner: &Owner) -> BTreeMap<String, String> {
+    let mut labels = owner.labels();
+    labels.insert(LABEL_DRIVER.to_string(), crate::DRIVER_NAME.to_string());
+    labels
 }
 
 /// The requested size of a host PVC, in bytes.
@@ -358,6 +365,10 @@ mod tests {
     use super::*;
     use crate::naming;
 
+    fn owner() -> Owner {
+        Owner::new("rke2-a")
+    }
+
     fn params(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs
             .iter()
@@ -406,9 +417,12 @@ mod tests {
     #[test]
     fn host_pvc_is_rwx_block_with_the_original_name_when_mapped() {
         let p = Params::parse(&params(&[]), None).unwrap();
-        let pvc = host_pvc("pvc-1", "pvc-1", 64 << 20, &p, None);
+        let pvc = host_pvc("pvc-1", "pvc-1", 64 << 20, &p, None, &owner());
         let spec = pvc.spec.clone().unwrap();
         assert_eq!(spec.access_modes.unwrap(), vec!["ReadWriteMany"]);
+        let labels = pvc.metadata.labels.clone().unwrap();
+        assert_eq!(labels[LABEL_DRIVER], crate::DRIVER_NAME);
+        assert_eq!(labels[super::super::owner::LABEL_GUEST_CLUSTER], "rke2-a");
         assert_eq!(spec.volume_mode.as_deref(), Some("Block"));
         assert_eq!(spec.storage_class_name, None);
         assert_eq!(requested_bytes(&pvc), Some(64 << 20));
@@ -423,6 +437,7 @@ mod tests {
             64 << 20,
             &p,
             Some(Source::Snapshot("snap-1")),
+            &owner(),
         );
         let source = pvc
             .spec
@@ -452,6 +467,7 @@ mod tests {
             64 << 20,
             &p,
             Some(Source::Volume("pvc-1")),
+            &owner(),
         );
         let ds = pvc
             .spec
@@ -510,7 +526,7 @@ mod tests {
     fn create_is_idempotent_for_compatible_requests_only() {
         let p = Params::parse(&params(&[]), None).unwrap();
         let mapped = naming::host_volume_name("Vol-A");
-        let pvc = host_pvc(&mapped, "Vol-A", 64 << 20, &p, None);
+        let pvc = host_pvc(&mapped, "Vol-A", 64 << 20, &p, None, &owner());
         assert_eq!(
             existing_matches("Vol-A", &pvc, 64 << 20, 0, None).unwrap(),
             64 << 20

@@ -25,6 +25,7 @@ pub mod host_pvc;
 pub mod hotplug;
 mod kube;
 pub mod nfs;
+pub mod owner;
 pub mod snapshots;
 mod vm_cache;
 
@@ -94,6 +95,19 @@ impl ControllerService {
         config: &Config,
     ) -> Self {
         let vm_cache = vm_cache::VmCache::start(&harvester.client, &harvester.namespace);
+        if config.cluster_name == crate::DEFAULT_CLUSTER_NAME {
+            tracing::warn!(
+                "--cluster-name is {:?}: every guest cluster left at this default shares its volumes on Harvester with the others; set the chart's clusterName (docs/security.md)",
+                crate::DEFAULT_CLUSTER_NAME
+            );
+        }
+        if config.adopt_unlabelled_volumes {
+            tracing::warn!(
+                "--adopt-unlabelled-volumes: host PVCs, snapshots and backups without the {} label are taken as this cluster's, so a volume ID can reach another guest cluster's unlabelled volumes in namespace {}; unset it once the switch from upstream is done (docs/install.md)",
+                owner::LABEL_GUEST_CLUSTER,
+                harvester.namespace
+            );
+        }
         ControllerService {
             modes: hotplug,
             ctx: Ctx {
@@ -105,6 +119,11 @@ impl ControllerService {
                 timeouts: config.timeouts.clone(),
                 inflight: InFlight::default(),
                 rwx: tokio::sync::OnceCell::new(),
+                owner: owner::Owner {
+                    cluster: config.cluster_name.clone(),
+                    adopt_unlabelled: config.adopt_unlabelled_volumes,
+                },
+                cross_namespace_backups: config.cross_namespace_backups,
             },
         }
     }
@@ -165,7 +184,7 @@ impl ControllerService {
         req: ControllerPublishVolumeRequest,
     ) -> Result<ControllerPublishVolumeResponse, ControllerError> {
         let id = required("volume_id", &req.volume_id)?;
-        let node = required("node_id", &req.node_id)?;
+        let node = request::node_id("node_id", &req.node_id)?;
         let cap = request::capability("volume_capability", req.volume_capability.as_ref())?;
         if wants_rwx(&[cap]) {
             Nfs(&self.ctx).publish(id, node).await
@@ -179,6 +198,9 @@ impl ControllerService {
         req: ControllerUnpublishVolumeRequest,
     ) -> Result<ControllerUnpublishVolumeResponse, ControllerError> {
         let id = required("volume_id", &req.volume_id)?;
+        if !req.node_id.is_empty() {
+            request::node_id("node_id", &req.node_id)?;
+        }
         let pvc = self.ctx.pvc(id).await?;
         let kind = self.kind_of(pvc.as_ref()).await?;
         let _guard = self.ctx.begin(id)?;

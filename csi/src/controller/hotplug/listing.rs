@@ -2,9 +2,9 @@
 //! to and their condition ([`super::status`]). The VMs and VMIs come from the watch cache; the
 //! host PVCs from one list of the namespace's PVCs (ListVolumes) or one read (GetVolume).
 //!
-//! The driver's volumes: the host PVCs labelled [`LABEL_DRIVER`] (every one this driver
-//! creates), and any PVC hot-plugged into a VM (those upstream's driver made, which carry no
-//! label), in name order so that a page token (an index, as ListSnapshots') stays meaningful.
+//! The driver's volumes: this guest cluster's host PVCs ([`crate::controller::owner`]) that
+//! are labelled [`LABEL_DRIVER`] (every one this driver creates) or hot-plugged into a VM
+//! (adopted ones upstream's driver made, which carry no label), in name order so that a page token (an index, as ListSnapshots') stays meaningful.
 //! A host PVC being deleted (Terminating) is no volume any more: DeleteVolume has answered.
 
 use std::collections::BTreeSet;
@@ -51,6 +51,8 @@ impl Hotplug<'_> {
             .into_iter()
             // A PVC being deleted is a deleted volume (DeleteVolume has answered).
             .filter(|p| p.metadata.deletion_timestamp.is_none())
+            // Another guest cluster's volumes are not listed, even where a VM has them.
+            .filter(|p| self.owner.owns(&p.metadata))
             .filter(|p| {
                 let labelled = p.metadata.labels.as_ref().and_then(|l| l.get(LABEL_DRIVER));
                 labelled.is_some_and(|v| v == crate::DRIVER_NAME)

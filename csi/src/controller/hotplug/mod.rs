@@ -84,7 +84,10 @@ impl Hotplug<'_> {
             &self.pvcs(),
             &pvc_name,
             deleting,
-            |existing| existing_matches(name, existing, size, limit, source),
+            |existing| {
+                self.owned_pvc(existing)?;
+                existing_matches(name, existing, size, limit, source)
+            },
             self.new_pvc(&pvc_name, name, capacity, params, source),
         )
         .await?;
@@ -140,7 +143,7 @@ impl Hotplug<'_> {
         {
             self.check_storage_class(class).await?;
         }
-        Ok(host_pvc(pvc_name, name, size, &params, source))
+        Ok(host_pvc(pvc_name, name, size, &params, source, &self.owner))
     }
 
     /// The named Harvester StorageClass must exist; a forbidden read skips the check (upstream).

@@ -381,6 +381,9 @@ impl Hotplug<'_> {
             .get_opt(node)
             .await
             .map_err(ControllerError::api(format!("getting VM {node}")))?;
+        if let Some(vm) = &vm {
+            self.owner.check_vm(&ns, &vm.metadata)?;
+        }
         let vmi = self
             .vmis()
             .get_opt(node)

@@ -247,8 +247,11 @@ impl Nfs<'_> {
             &pvcs,
             &pvc_name,
             Deleting::Judge,
-            |p| existing_matches(name, p, size, limit, None),
-            async { Ok(host_pvc(&pvc_name, name, size, &params, None)) },
+            |p| {
+                self.owned_pvc(p)?;
+                existing_matches(name, p, size, limit, None)
+            },
+            async { Ok(host_pvc(&pvc_name, name, size, &params, None, &self.owner)) },
         )
         .await?;
         let size = found.unwrap_or(size);

@@ -22,8 +22,9 @@ pub use harvester_common::harvester::backup::{
 use kube::api::{Api, ListParams, ObjectMeta};
 
 use super::Snapshots;
-use crate::controller::host_pvc::{Source, out_of_range, requested_bytes};
+use crate::controller::host_pvc::{Source, out_of_range, requested_bytes, volume_labels};
 use crate::controller::kube::{Deleting, delete_if_exists, get_or_create, wait_for};
+use crate::controller::owner::Owner;
 use crate::error::{ArgError, ControllerError};
 use crate::naming::{self, ORIGINAL_NAME_ANNOTATION};
 
@@ -113,8 +114,13 @@ fn original_name(host_name: &str, csi_name: &str) -> Option<BTreeMap<String, Str
         .then(|| BTreeMap::from([(ORIGINAL_NAME_ANNOTATION.to_string(), csi_name.to_string())]))
 }
 
-/// The VRB for CSI snapshot `csi_name` (host name `vrb_name`) of volume `source`.
-pub fn host_backup(vrb_name: &str, csi_name: &str, source: &str) -> VolumeRemoteBackup {
+/// The VRB of `owner` for CSI snapshot `csi_name` (host name `vrb_name`) of volume `source`.
+pub fn host_backup(
+    vrb_name: &str,
+    csi_name: &str,
+    source: &str,
+    owner: &Owner,
+) -> VolumeRemoteBackup {
     let mut vrb = VolumeRemoteBackup::new(
         vrb_name,
         VolumeRemoteBackupSpec {
@@ -122,10 +128,9 @@ pub fn host_backup(vrb_name: &str, csi_name: &str, source: &str) -> VolumeRemote
             source: source.into(),
         },
     );
-    vrb.metadata.labels = Some(BTreeMap::from([(
-        LABEL_BACKUP_SOURCE_VOLUME.to_string(),
-        source.to_string(),
-    )]));
+    let mut labels = owner.labels();
+    labels.insert(LABEL_BACKUP_SOURCE_VOLUME.to_string(), source.to_string());
+    vrb.metadata.labels = Some(labels);
     vrb.metadata.annotations = original_name(vrb_name, csi_name);
     vrb
 }
@@ -173,8 +178,13 @@ pub fn csi_backup(vrb: &VolumeRemoteBackup, fallback_size: u64) -> Snapshot {
     }
 }
 
-/// The VRR restoring `from` into volume `vol_name` (CSI name `csi_name`).
-pub fn host_restore(vol_name: &str, csi_name: &str, from: &BackupId) -> VolumeRemoteRestore {
+/// The VRR of `owner` restoring `from` into volume `vol_name` (CSI name `csi_name`).
+pub fn host_restore(
+    vol_name: &str,
+    csi_name: &str,
+    from: &BackupId,
+    owner: &Owner,
+) -> VolumeRemoteRestore {
     let mut vrr = VolumeRemoteRestore::new(
         vol_name,
         VolumeRemoteRestoreSpec {
@@ -183,6 +193,7 @@ pub fn host_restore(vol_name: &str, csi_name: &str, from: &BackupId) -> VolumeRe
         },
     );
     vrr.metadata.annotations = original_name(vol_name, csi_name);
+    vrr.metadata.labels = Some(owner.labels());
     vrr
 }
 
@@ -255,10 +266,13 @@ impl Snapshots<'_> {
             &api,
             &vrb_name,
             Deleting::Judge,
-            |existing| existing_backup_matches(name, source, existing),
+            |existing| {
+                self.owned_backup(existing)?;
+                existing_backup_matches(name, source, existing)
+            },
             async {
                 self.existing(source).await?;
-                Ok(host_backup(&vrb_name, name, source))
+                Ok(host_backup(&vrb_name, name, source, &self.owner))
             },
         )
         .await?;
@@ -298,18 +312,33 @@ impl Snapshots<'_> {
         &self,
         id: &BackupId,
     ) -> Result<DeleteSnapshotResponse, ControllerError> {
+        if id.namespace != self.ns() {
+            // Never another namespace's: even an opted-in cluster only reads those.
+            return Err(ControllerError::NotOwned {
+                kind: "VolumeRemoteBackup",
+                namespace: id.namespace.clone(),
+                name: id.name.clone(),
+                cluster: self.owner.cluster.clone(),
+                found: format!("it is in another namespace than {:?}", self.ns()),
+            });
+        }
         let _guard = self.begin(&format!("snapshot/{}", id.name))?;
         let what = format!("VolumeRemoteBackup {}", id.reference());
+        match self.backups(&id.namespace).get_opt(&id.name).await {
+            Ok(Some(vrb)) => self.owned_backup(&vrb)?,
+            Ok(None) => return Ok(DeleteSnapshotResponse {}),
+            Err(e) => return Err(ControllerError::api(format!("getting {what}"))(e)),
+        }
         if delete_if_exists(&self.backups(&id.namespace), &id.name, &what).await? {
             tracing::info!(backup = %id, "deleted VolumeRemoteBackup");
         }
         Ok(DeleteSnapshotResponse {})
     }
 
-    /// The backups ListSnapshots reports: by ID, else (as upstream) the VRBs of every namespace
-    /// carrying the source label (of `source_volume_id` when given). Without the cluster-wide
-    /// read (our documented RBAC binds the driver's role in its namespace only) the VRBs of the
-    /// driver's own namespace.
+    /// The backups ListSnapshots reports: by ID, else this cluster's VRBs of its namespace
+    /// carrying the source label (of `source_volume_id` when given). With
+    /// `--allow-cross-namespace-backups` (as upstream) the VRBs of every namespace too; without
+    /// the cluster-wide read that needs (an optional binding) the own namespace's.
     pub async fn list_backups(
         &self,
         snapshot_id: &str,
@@ -320,6 +349,9 @@ impl Snapshots<'_> {
             let Ok(Some(id)) = BackupId::parse("snapshot_id", snapshot_id) else {
                 return Ok(Vec::new());
             };
+            if id.namespace != self.ns() && !self.cross_namespace_backups {
+                return Ok(Vec::new());
+            }
             self.backups(&id.namespace)
                 .get_opt(&id.name)
                 .await
@@ -336,7 +368,12 @@ impl Snapshots<'_> {
                 format!("{LABEL_BACKUP_SOURCE_VOLUME}={source_volume_id}")
             });
             let all: Api<VolumeRemoteBackup> = Api::all(self.harvester.client.clone());
-            match all.list(&params).await {
+            let listed = if self.cross_namespace_backups {
+                all.list(&params).await
+            } else {
+                self.backups(self.ns()).list(&params).await
+            };
+            match listed {
                 Ok(l) => l.items,
                 Err(e) if is_forbidden(&e) => {
                     self.backups(self.ns())
@@ -353,6 +390,11 @@ impl Snapshots<'_> {
                 }
             }
         };
+        // This namespace's backups only where they are this cluster's; another namespace's
+        // were listed only when opted in.
+        vrbs.retain(|b| {
+            b.metadata.namespace.as_deref() != Some(self.ns()) || self.owner.owns(&b.metadata)
+        });
         if !source_volume_id.is_empty() {
             vrbs.retain(|b| b.spec.source == source_volume_id);
         }
@@ -370,6 +412,14 @@ impl Snapshots<'_> {
         limit: u64,
     ) -> Result<(String, u64), ControllerError> {
         let vol = naming::host_volume_name(name);
+        if from.namespace != self.ns() && !self.cross_namespace_backups {
+            return Err(ControllerError::CrossNamespaceBackup {
+                backup: from.to_string(),
+                namespace: from.namespace.clone(),
+                own: self.ns().to_string(),
+                action: "restoring",
+            });
+        }
         let _guard = self.begin(&vol)?;
         let vrb = self
             .backups(&from.namespace)
@@ -383,6 +433,9 @@ impl Snapshots<'_> {
                 namespace: from.namespace.clone(),
                 name: from.name.clone(),
             })?;
+        if from.namespace == self.ns() {
+            self.owned_backup(&vrb)?;
+        }
         if !vrb.ready() {
             return Err(ControllerError::NotReady(format!(
                 "backup {from} is not ready to use yet (VolumeRemoteBackup status.success is not true)"
@@ -399,7 +452,11 @@ impl Snapshots<'_> {
             &api,
             &vol,
             Deleting::Judge,
-            |existing| existing_restore_matches(name, from, existing),
+            |existing| {
+                self.owner
+                    .check("VolumeRemoteRestore", self.ns(), &existing.metadata)?;
+                existing_restore_matches(name, from, existing)
+            },
             async {
                 // A volume of that name made another way is a clash, not a restore.
                 let pvc = self
@@ -413,7 +470,7 @@ impl Snapshots<'_> {
                         pvc: vol.clone(),
                         reason: format!("no VolumeRemoteRestore: it was not restored from {from}"),
                     }),
-                    None => Ok(host_restore(&vol, name, from)),
+                    None => Ok(host_restore(&vol, name, from, &self.owner)),
                 }
             },
         )
@@ -444,7 +501,46 @@ impl Snapshots<'_> {
                 Err(e) => return Err(e),
             }
         }
+        self.label_restored(&vol).await?;
         Ok((vol, size))
+    }
+
+    /// Harvester makes a restored volume's PVC without the driver's labels: they are added
+    /// once the restore succeeded, so the volume is this cluster's like any other.
+    async fn label_restored(&self, vol: &str) -> Result<(), ControllerError> {
+        let pvc = self
+            .pvcs()
+            .get_opt(vol)
+            .await
+            .map_err(ControllerError::api(format!("getting PVC {vol}")))?
+            .ok_or_else(|| {
+                ControllerError::NotReady(format!(
+                    "volume {vol}: Harvester has not made the restored PVC yet; ask again"
+                ))
+            })?;
+        let labels = volume_labels(&self.owner);
+        let have = pvc.metadata.labels.unwrap_or_default();
+        if labels.iter().all(|(k, v)| have.get(k) == Some(v)) {
+            return Ok(());
+        }
+        let patch = serde_json::json!({"metadata": {"labels": labels}});
+        self.pvcs()
+            .patch(
+                vol,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .map_err(ControllerError::api(format!(
+                "labelling restored PVC {vol}"
+            )))?;
+        Ok(())
+    }
+
+    /// PERMISSION_DENIED unless VRB `vrb` (of this namespace) is this guest cluster's.
+    fn owned_backup(&self, vrb: &VolumeRemoteBackup) -> Result<(), ControllerError> {
+        self.owner
+            .check("VolumeRemoteBackup", self.ns(), &vrb.metadata)
     }
 
     /// DeleteVolume of a restored volume: delete its VRR (Harvester's garbage collector then
@@ -479,6 +575,10 @@ impl Snapshots<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn owner() -> Owner {
+        Owner::new("rke2-a")
+    }
     use serde_json::json;
 
     fn id(ns: &str, name: &str) -> BackupId {
@@ -515,14 +615,17 @@ mod tests {
 
     #[test]
     fn a_backup_is_a_labelled_vrb_of_the_volume() {
-        let vrb = host_backup("snap-1", "snap-1", "pvc-1");
+        let vrb = host_backup("snap-1", "snap-1", "pvc-1", &owner());
         let v = serde_json::to_value(&vrb).unwrap();
         assert_eq!(v["apiVersion"], "harvesterhci.io/v1beta1");
         assert_eq!(v["kind"], "VolumeRemoteBackup");
         assert_eq!(v["spec"], json!({"type": "lh", "source": "pvc-1"}));
         assert_eq!(
             v["metadata"]["labels"],
-            json!({"harvesterhci.io/backupSourceVolume": "pvc-1"})
+            json!({
+                "harvesterhci.io/backupSourceVolume": "pvc-1",
+                "guestcluster.harvesterhci.io/name": "rke2-a"
+            })
         );
         assert!(existing_backup_matches("snap-1", "pvc-1", &vrb).is_ok());
         assert!(matches!(
@@ -530,14 +633,14 @@ mod tests {
             Err(ControllerError::AlreadyExists { .. })
         ));
         let mapped = naming::host_volume_name("Snap-A");
-        let vrb = host_backup(&mapped, "Snap-A", "pvc-1");
+        let vrb = host_backup(&mapped, "Snap-A", "pvc-1", &owner());
         assert!(existing_backup_matches("Snap-A", "pvc-1", &vrb).is_ok());
         assert!(existing_backup_matches("snap-a", "pvc-1", &vrb).is_err());
     }
 
     #[test]
     fn a_pending_backup_is_not_ready_and_a_done_one_has_the_source_size() {
-        let mut vrb = host_backup("snap-1", "snap-1", "pvc-1");
+        let mut vrb = host_backup("snap-1", "snap-1", "pvc-1", &owner());
         vrb.metadata.namespace = Some("guest-vms".into());
         let s = csi_backup(&vrb, 64 << 20);
         assert_eq!(
@@ -563,7 +666,7 @@ mod tests {
     #[test]
     fn a_restore_is_a_vrr_from_the_backup_with_its_size() {
         let from = id("other-ns", "snap-1");
-        let vrr = host_restore("pvc-9", "pvc-9", &from);
+        let vrr = host_restore("pvc-9", "pvc-9", &from, &owner());
         let v = serde_json::to_value(&vrr).unwrap();
         assert_eq!(v["kind"], "VolumeRemoteRestore");
         assert_eq!(v["spec"], json!({"type": "lh", "from": "other-ns/snap-1"}));

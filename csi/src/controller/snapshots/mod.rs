@@ -20,6 +20,7 @@ use kube::api::{Api, ObjectMeta};
 use super::context::borrows_ctx;
 use super::host_pvc::{PROVISIONER_PARAM_PREFIX, requested_bytes, unknown_params};
 use super::kube::{Deleting, delete_if_exists, get_or_create, wait_for};
+use super::owner::Owner;
 use crate::error::{ArgError, ControllerError};
 use crate::naming::{self, ORIGINAL_NAME_ANNOTATION};
 use crate::request::required;
@@ -87,15 +88,18 @@ impl<'a> SnapshotKind<'a> {
     }
 }
 
-/// The VolumeSnapshot for CSI snapshot `name` of volume `source` (whose PVC is `pvc`).
+/// The VolumeSnapshot of `owner` for CSI snapshot `name` of volume `source` (whose PVC is
+/// `pvc`).
 pub fn host_snapshot(
     snap_name: &str,
     csi_name: &str,
     pvc: &PersistentVolumeClaim,
     class: Option<&str>,
+    owner: &Owner,
 ) -> VolumeSnapshot {
     let spec = pvc.spec.clone().unwrap_or_default();
-    let labels = BTreeMap::from([
+    let mut labels = owner.labels();
+    labels.extend([
         (
             LABEL_SNAP_HOST_SC.to_string(),
             spec.storage_class_name.unwrap_or_default(),
@@ -218,6 +222,12 @@ impl Snapshots<'_> {
         Api::namespaced(self.harvester.client.clone(), self.ns())
     }
 
+    /// PERMISSION_DENIED unless VolumeSnapshot `snap` is this guest cluster's.
+    fn owned_snapshot(&self, snap: &VolumeSnapshot) -> Result<(), ControllerError> {
+        self.owner
+            .check("VolumeSnapshot", self.ns(), &snap.metadata)
+    }
+
     /// Waits briefly (watch) for a snapshot to become ready; not ready is not an error.
     async fn settle(&self, snap: VolumeSnapshot) -> Result<VolumeSnapshot, ControllerError> {
         if snap.ready() {
@@ -266,10 +276,13 @@ impl Snapshots<'_> {
             &self.snapshots(),
             &snap_name,
             Deleting::Judge,
-            |existing| existing_snapshot_matches(name, source, existing),
+            |existing| {
+                self.owned_snapshot(existing)?;
+                existing_snapshot_matches(name, source, existing)
+            },
             async {
                 let pvc = self.existing(source).await?;
-                Ok(host_snapshot(&snap_name, name, &pvc, class))
+                Ok(host_snapshot(&snap_name, name, &pvc, class, &self.owner))
             },
         )
         .await?;
@@ -296,6 +309,11 @@ impl Snapshots<'_> {
         }
         let _guard = self.begin(&format!("snapshot/{id}"))?;
         let what = format!("VolumeSnapshot {id}");
+        match self.snapshots().get_opt(id).await {
+            Ok(Some(snap)) => self.owned_snapshot(&snap)?,
+            Ok(None) => return Ok(DeleteSnapshotResponse {}),
+            Err(e) => return Err(ControllerError::api(format!("getting {what}"))(e)),
+        }
         if delete_if_exists(&self.snapshots(), id, &what).await? {
             tracing::info!(snapshot = id, "deleted VolumeSnapshot");
         }
@@ -331,6 +349,7 @@ impl Snapshots<'_> {
                 )))?
                 .items
         };
+        snaps.retain(|s| self.owner.owns(&s.metadata));
         if !req.source_volume_id.is_empty() {
             snaps.retain(|s| s.source_volume() == Some(req.source_volume_id.as_str()));
         }
@@ -368,6 +387,9 @@ impl Snapshots<'_> {
             let snap = self.snapshots().get_opt(id).await;
             let snap =
                 snap.map_err(ControllerError::api(format!("getting VolumeSnapshot {id}")))?;
+            if let Some(snap) = &snap {
+                self.owned_snapshot(snap)?;
+            }
             snap.map(|s| csi_snapshot(&s, 0))
         } else {
             None
@@ -397,6 +419,7 @@ impl Snapshots<'_> {
                 "getting VolumeSnapshot {snapshot_id}"
             )))?
             .ok_or_else(not_found)?;
+        self.owned_snapshot(&snap)?;
         if !snap.ready() {
             return Err(ControllerError::NotReady(format!(
                 "VolumeSnapshot {snapshot_id} is not ready to use yet"
@@ -422,7 +445,13 @@ mod tests {
 
     #[test]
     fn snapshots_carry_upstreams_restore_labels() {
-        let s = host_snapshot("snap-1", "snap-1", &pvc("pvc-1"), None);
+        let s = host_snapshot(
+            "snap-1",
+            "snap-1",
+            &pvc("pvc-1"),
+            None,
+            &Owner::new("rke2-a"),
+        );
         let labels = s.metadata.labels.clone().unwrap_or_default();
         assert_eq!(
             labels.get(LABEL_SNAP_HOST_SC).map(String::as_str),
@@ -442,7 +471,13 @@ mod tests {
 
     #[test]
     fn a_pending_snapshot_is_not_ready_rather_than_an_error() {
-        let mut s = host_snapshot("snap-1", "snap-1", &pvc("pvc-1"), None);
+        let mut s = host_snapshot(
+            "snap-1",
+            "snap-1",
+            &pvc("pvc-1"),
+            None,
+            &Owner::new("rke2-a"),
+        );
         let c = csi_snapshot(&s, 64 << 20);
         assert!(!c.ready_to_use);
         assert_eq!(c.size_bytes, 64 << 20);

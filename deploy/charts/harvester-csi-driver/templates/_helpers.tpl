@@ -172,3 +172,9 @@ readinessProbe:
   timeoutSeconds: 5
 {{- end }}
 {{- end -}}
+
+{{/* --cluster-name: Rancher's global.cattle.clusterName, else clusterName, else none (the
+driver's default). */}}
+{{- define "harvester-csi-driver.clusterName" -}}
+{{- dig "global" "cattle" "clusterName" "" .Values.AsMap | default (dig "clusterName" "" .Values.AsMap) -}}
+{{- end -}}
