@@ -389,6 +389,17 @@ async fn install_docs_run_as_written_on_a_real_guest_cluster_root() {
         out.contains("hello"),
         "check: the Pod read its file:\n{out}"
     );
+    // A volume upstream's driver made carries no cluster label: take it off the check's volume,
+    // and the documented hand-over labels it again (check-cleanup's delete needs it).
+    let handles = unlabel_host_pvcs(&bed).await;
+    doc.run("label-volumes").await;
+    for pvc in &handles {
+        assert_eq!(
+            host_pvc_owner(&bed, pvc).await.as_deref(),
+            Some(CLUSTER_NAME),
+            "label-volumes labelled host PVC {pvc}"
+        );
+    }
     for step in ["check-cleanup", "uninstall"] {
         doc.run(step).await;
     }
@@ -398,6 +409,46 @@ async fn install_docs_run_as_written_on_a_real_guest_cluster_root() {
         "[install_docs] upstream releases switched and uninstalled: done at {:.1}s",
         t0.elapsed().as_secs_f64()
     );
+}
+
+/// Removes the guest-cluster label from the host PVC of every PV of the driver (as upstream's
+/// driver leaves them); their names.
+async fn unlabel_host_pvcs(bed: &TestBed) -> Vec<String> {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    let pvs = Api::<PersistentVolume>::all(bed.guest.client.clone())
+        .list(&Default::default())
+        .await
+        .expect("guest PVs");
+    let handles: Vec<String> = pvs
+        .items
+        .iter()
+        .filter_map(|pv| pv.spec.as_ref()?.csi.as_ref())
+        .filter(|csi| csi.driver == harvester_csi_driver::DRIVER_NAME)
+        .map(|csi| csi.volume_handle.clone())
+        .collect();
+    assert!(!handles.is_empty(), "the check step left a volume of the driver");
+    let pvcs = Api::<PersistentVolumeClaim>::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);
+    let patch = serde_json::json!({"metadata": {"labels": {
+        harvester_csi_driver::controller::owner::LABEL_GUEST_CLUSTER: null
+    }}});
+    for pvc in &handles {
+        pvcs.patch(pvc, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+            .await
+            .unwrap_or_else(|e| panic!("unlabelling host PVC {pvc}: {e}"));
+        assert_eq!(host_pvc_owner(bed, pvc).await, None);
+    }
+    handles
+}
+
+async fn host_pvc_owner(bed: &TestBed, pvc: &str) -> Option<String> {
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+    Api::<PersistentVolumeClaim>::namespaced(bed.harvester.client.clone(), &bed.vm_namespace)
+        .get(pvc)
+        .await
+        .unwrap_or_else(|e| panic!("host PVC {pvc}: {e}"))
+        .metadata
+        .labels
+        .and_then(|l| l.get(harvester_csi_driver::controller::owner::LABEL_GUEST_CLUSTER).cloned())
 }
 
 /// `helm install` of the upstream fixture charts as an upstream user has them, with the bed's
@@ -654,6 +705,7 @@ fn the_document_has_every_step() {
         "check",
         "check-cleanup",
         "switch",
+        "label-volumes",
         "upgrade",
         "uninstall",
         "harvester-check",
