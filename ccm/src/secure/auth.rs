@@ -27,9 +27,12 @@
 //! The bound on TokenReviews, which upstream does not have: a token in neither cache is reviewed
 //! only while the review budget allows, a bucket of [`REVIEW_BURST`] refilled at
 //! [`REVIEWS_PER_SECOND`]; over it the request is 429 (`Retry-After: 1`, as upstream's
-//! max-in-flight filter answers) without a review. So at most `REVIEW_BURST + REVIEWS_PER_SECOND
-//! × t` TokenReviews in any `t` seconds, however many distinct tokens arrive, and one per
-//! distinct token per TTL once the answer is cached.
+//! max-in-flight filter answers) without a review. So tokens never accepted cost at most
+//! `REVIEW_BURST + REVIEWS_PER_SECOND × t` TokenReviews in any `t` seconds, however many
+//! distinct ones arrive, and one per distinct token per TTL once the answer is cached. A token
+//! accepted before is reviewed again when its answer expires without asking the budget (once
+//! per TTL each, as many as the accepted cache holds), so a flood of bogus tokens does not keep
+//! a working scraper out; a token seen for the first time during such a flood competes with it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -189,11 +192,10 @@ impl Delegated {
         if cached(&self.rejected, &key).is_some() {
             return Ok(None);
         }
-        let allowed = self.reviews.lock().unwrap_or_else(|p| p.into_inner()).take(
-            Instant::now(),
-            REVIEW_BURST,
-            REVIEWS_PER_SECOND,
-        );
+        // A token accepted before (its answer expired, its entry not yet swept) is reviewed
+        // again without the budget, so bogus tokens cannot keep a working scraper out.
+        let known = self.tokens.lock().is_ok_and(|map| map.contains_key(&key));
+        let allowed = known || self.spend_review();
         if !allowed {
             return Err(ReviewError::OverBudget);
         }
@@ -223,9 +225,20 @@ impl Delegated {
         let ttl = self.opts.token_cache_ttl;
         match &user {
             Some(u) => remember(&self.tokens, key, u.clone(), ttl),
-            None => remember(&self.rejected, key, (), ttl),
+            None => {
+                if let Ok(mut map) = self.tokens.lock() {
+                    map.remove(&key);
+                }
+                remember(&self.rejected, key, (), ttl)
+            }
         }
         Ok(user)
+    }
+
+    /// Takes one review from the budget, if there is one left.
+    fn spend_review(&self) -> bool {
+        let mut budget = self.reviews.lock().unwrap_or_else(|p| p.into_inner());
+        budget.take(Instant::now(), REVIEW_BURST, REVIEWS_PER_SECOND)
     }
 
     async fn authorize(&self, user: User, method: &str, path: &str) -> Decision {
