@@ -14,7 +14,25 @@
 //!
 //! Both reviews are cached per input for the TTLs of the `--authentication-token-webhook-cache-ttl`,
 //! `--authorization-webhook-cache-authorized-ttl` and `--authorization-webhook-cache-unauthorized-ttl`
-//! flags (upstream: 10 s each); failed reviews are not cached.
+//! flags (upstream: 10 s each); reviews that fail (no answer) are not cached.
+//!
+//! Tokens are cached as upstream's `cachedTokenAuthenticator` caches them (k8s.io/apiserver v0.34
+//! pkg/authentication/token/cache/cached_token_authenticator.go, made by
+//! pkg/authentication/authenticatorfactory/delegating.go as `cache.New(tokenAuth, false,
+//! CacheTTL, CacheTTL)`): accepted and rejected tokens alike for the TTL (its success and
+//! failure TTLs), keyed by an HMAC-SHA256 of the token under a key drawn at start (`keyFunc`),
+//! so no token is kept in memory. Accepted and rejected tokens have a cache each, so rejected
+//! ones cannot crowd out the scrapers'.
+//!
+//! The bound on TokenReviews, which upstream does not have: a token in neither cache is reviewed
+//! only while the review budget allows, a bucket of [`REVIEW_BURST`] refilled at
+//! [`REVIEWS_PER_SECOND`]; over it the request is 429 (`Retry-After: 1`, as upstream's
+//! max-in-flight filter answers) without a review. So tokens never accepted cost at most
+//! `REVIEW_BURST + REVIEWS_PER_SECOND × t` TokenReviews in any `t` seconds, however many
+//! distinct ones arrive, and one per distinct token per TTL once the answer is cached. A token
+//! accepted before is reviewed again when its answer expires without asking the budget (once
+//! per TTL each, as many as the accepted cache holds), so a flood of bogus tokens does not keep
+//! a working scraper out; a token seen for the first time during such a flood competes with it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -35,6 +53,11 @@ const ALWAYS_ALLOW_GROUP: &str = "system:masters";
 const CACHE_CAPACITY: usize = 4096;
 /// Upstream's timeout of a review (`TokenRequestTimeout`, `ClientTimeout`: 10 s).
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
+/// TokenReviews of uncached tokens at once (the review budget's bucket size).
+pub const REVIEW_BURST: u32 = 10;
+/// TokenReviews of uncached tokens per second once the burst is spent. A scraper's token is
+/// reviewed once per cache TTL, so a few scrapers and the odd `curl` need far less.
+pub const REVIEWS_PER_SECOND: f64 = 5.0;
 
 /// The typed flags of delegated authentication and authorization.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +109,8 @@ pub enum Decision {
     Unauthorized,
     /// 403, with upstream's message.
     Forbidden(String),
+    /// 429: a token to review while the review budget is spent.
+    TooManyRequests,
     /// 500: a review could not be made.
     Error(String),
 }
@@ -100,19 +125,34 @@ pub struct Delegated {
     /// Asked the SubjectAccessReviews.
     authz: kube::Client,
     opts: AuthOptions,
-    tokens: Cache<String, Option<User>>,
+    /// HMAC key of the token caches' keys.
+    key: ring::hmac::Key,
+    /// Accepted tokens.
+    tokens: Cache<TokenKey, User>,
+    /// Rejected tokens.
+    rejected: Cache<TokenKey, ()>,
+    reviews: Mutex<Budget>,
     decisions: Cache<(User, String, String), bool>,
 }
+
+/// HMAC-SHA256 of a token.
+type TokenKey = [u8; 32];
 
 impl Delegated {
     /// Reviews tokens with `authn` and requests with `authz` (upstream's
     /// `--authentication-kubeconfig` and `--authorization-kubeconfig`; often one client).
     pub fn new(authn: kube::Client, authz: kube::Client, opts: AuthOptions) -> Arc<Delegated> {
+        let key =
+            ring::hmac::Key::generate(ring::hmac::HMAC_SHA256, &ring::rand::SystemRandom::new())
+                .expect("the system's random source");
         Arc::new(Delegated {
             authn,
             authz,
             opts,
+            key,
             tokens: Mutex::default(),
+            rejected: Mutex::default(),
+            reviews: Mutex::new(Budget::full(Instant::now())),
             decisions: Mutex::default(),
         })
     }
@@ -133,6 +173,7 @@ impl Delegated {
                 match self.authenticate(token).await {
                     Ok(Some(user)) => user,
                     Ok(None) => return Decision::Unauthorized,
+                    Err(ReviewError::OverBudget) => return Decision::TooManyRequests,
                     Err(e) => {
                         tracing::warn!("TokenReview failed: {e}");
                         return Decision::Unauthorized;
@@ -144,8 +185,19 @@ impl Delegated {
     }
 
     async fn authenticate(&self, token: &str) -> Result<Option<User>, ReviewError> {
-        if let Some(hit) = cached(&self.tokens, token) {
-            return Ok(hit);
+        let key = token_key(&self.key, token);
+        if let Some(user) = cached(&self.tokens, &key) {
+            return Ok(Some(user));
+        }
+        if cached(&self.rejected, &key).is_some() {
+            return Ok(None);
+        }
+        // A token accepted before (its answer expired, its entry not yet swept) is reviewed
+        // again without the budget, so bogus tokens cannot keep a working scraper out.
+        let known = self.tokens.lock().is_ok_and(|map| map.contains_key(&key));
+        let allowed = known || self.spend_review();
+        if !allowed {
+            return Err(ReviewError::OverBudget);
         }
         let review = TokenReview {
             spec: TokenReviewSpec {
@@ -170,13 +222,23 @@ impl Delegated {
         } else {
             None
         };
-        remember(
-            &self.tokens,
-            token.to_string(),
-            user.clone(),
-            self.opts.token_cache_ttl,
-        );
+        let ttl = self.opts.token_cache_ttl;
+        match &user {
+            Some(u) => remember(&self.tokens, key, u.clone(), ttl),
+            None => {
+                if let Ok(mut map) = self.tokens.lock() {
+                    map.remove(&key);
+                }
+                remember(&self.rejected, key, (), ttl)
+            }
+        }
         Ok(user)
+    }
+
+    /// Takes one review from the budget, if there is one left.
+    fn spend_review(&self) -> bool {
+        let mut budget = self.reviews.lock().unwrap_or_else(|p| p.into_inner());
+        budget.take(Instant::now(), REVIEW_BURST, REVIEWS_PER_SECOND)
     }
 
     async fn authorize(&self, user: User, method: &str, path: &str) -> Decision {
@@ -258,6 +320,46 @@ pub enum ReviewError {
     Api(kube::Error),
     #[error("no answer within {0:?}")]
     Timeout(Duration),
+    #[error("not sent: the review budget is spent")]
+    OverBudget,
+}
+
+/// The cache key of `token`: upstream's `keyFunc` (HMAC-SHA256 under a random key, so the
+/// cache holds no token and its keys cannot be precomputed).
+fn token_key(key: &ring::hmac::Key, token: &str) -> TokenKey {
+    let tag = ring::hmac::sign(key, token.as_bytes());
+    let mut out = [0u8; 32];
+    out.copy_from_slice(tag.as_ref());
+    out
+}
+
+/// A token bucket: up to `burst` at once, refilled at `per_second`.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    left: f64,
+    at: Instant,
+}
+
+impl Budget {
+    fn full(now: Instant) -> Budget {
+        Budget {
+            left: f64::from(REVIEW_BURST),
+            at: now,
+        }
+    }
+
+    /// Takes one at `now` if there is one.
+    fn take(&mut self, now: Instant, burst: u32, per_second: f64) -> bool {
+        let refill = now.saturating_duration_since(self.at).as_secs_f64() * per_second;
+        self.left = (self.left + refill).min(f64::from(burst));
+        self.at = now.max(self.at);
+        if self.left >= 1.0 {
+            self.left -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 /// Whether `path` is among `patterns` (k8s.io/apiserver pkg/authorization/path: a leading `/`
@@ -352,6 +454,66 @@ mod tests {
         assert_eq!(cached(&brief, "t0"), None, "expired");
         remember(&cache, "zero ttl".into(), true, Duration::ZERO);
         assert_eq!(cache.lock().unwrap().len(), CACHE_CAPACITY);
+    }
+
+    #[test]
+    fn the_review_budget_allows_a_burst_then_the_rate() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut b = Budget::full(t0);
+        let taken = (0..100).filter(|_| b.take(t0, 10, 5.0)).count();
+        assert_eq!(taken, 10, "the burst, then nothing at the same instant");
+        assert!(!b.take(at(100), 10, 5.0), "half a review refilled");
+        assert!(b.take(at(250), 10, 5.0), "one after 200 ms at 5/s");
+        assert!(!b.take(at(300), 10, 5.0));
+        // Over any span t: at most burst + rate × t.
+        let mut b = Budget::full(t0);
+        let taken = (0..=3010).filter(|ms| b.take(at(*ms), 10, 5.0)).count();
+        assert_eq!(taken, 10 + 15);
+        // A long pause refills the burst, not more.
+        let taken = (0..100).filter(|_| b.take(at(60_000), 10, 5.0)).count();
+        assert_eq!(taken, 10);
+        // An instant before the last one (another thread's) refills nothing.
+        assert!(!b.take(at(59_000), 10, 5.0));
+    }
+
+    #[test]
+    fn rejected_tokens_are_cached_by_hash_bounded_and_expire() {
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, b"k");
+        let other = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, b"other");
+        assert_eq!(token_key(&key, "t"), token_key(&key, "t"));
+        assert_ne!(token_key(&key, "t"), token_key(&key, "u"));
+        assert_ne!(token_key(&key, "t"), token_key(&other, "t"), "keyed");
+        let rejected: Cache<TokenKey, ()> = Mutex::default();
+        let ttl = Duration::from_secs(60);
+        for i in 0..CACHE_CAPACITY + 10 {
+            remember(&rejected, token_key(&key, &format!("bogus-{i}")), (), ttl);
+        }
+        assert_eq!(rejected.lock().unwrap().len(), CACHE_CAPACITY, "bounded");
+        assert_eq!(cached(&rejected, &token_key(&key, "bogus-0")), Some(()));
+        assert_eq!(cached(&rejected, &token_key(&key, "bogus-4100")), None);
+        let brief: Cache<TokenKey, ()> = Mutex::default();
+        remember(
+            &brief,
+            token_key(&key, "bogus"),
+            (),
+            Duration::from_millis(1),
+        );
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(cached(&brief, &token_key(&key, "bogus")), None, "expired");
+        // Once expired, room is made for new ones.
+        let full: Cache<TokenKey, ()> = Mutex::default();
+        for i in 0..CACHE_CAPACITY {
+            remember(
+                &full,
+                token_key(&key, &format!("b{i}")),
+                (),
+                Duration::from_millis(1),
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+        remember(&full, token_key(&key, "new"), (), ttl);
+        assert_eq!(full.lock().unwrap().len(), 1);
     }
 
     #[test]

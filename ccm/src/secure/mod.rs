@@ -1,10 +1,11 @@
 //! `/healthz`, `/readyz`, `/livez` and `/metrics` over HTTPS with delegated authentication and
 //! authorization: what upstream's cloud provider serves on `--bind-address`:`--secure-port`
 //! (k8s.io/cloud-provider v0.34 app/controllermanager.go: `SecureServing.Serve` of the base
-//! handler wrapped by `BuildHandlerChain`). [`tls`] picks the certificate, [`auth`] decides who
-//! may read what.
+//! handler wrapped by `BuildHandlerChain`). [`tls`] picks the certificate, [`conn`] bounds the
+//! connections' time and number, [`auth`] decides who may read what.
 
 pub mod auth;
+pub mod conn;
 pub mod tls;
 
 use std::future::Future;
@@ -19,10 +20,7 @@ pub use auth::{AuthOptions, Decision, Delegated};
 pub use tls::{CertOptions, ServingCert, TlsError};
 
 use harvester_common::telemetry::Metrics;
-use harvester_common::telemetry::server::{Readiness, route, serve_connection, text};
-
-/// How long a client may take over the TLS handshake.
-const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+use harvester_common::telemetry::server::{Readiness, ReadyzDetail, route, text};
 
 /// Serves the endpoints over TLS on `listener` until `shutdown` resolves; every request passes
 /// `auth` first.
@@ -43,11 +41,30 @@ pub async fn serve_on(
                 .get(http::header::AUTHORIZATION)
                 .map(|v| v.as_bytes().to_vec());
             let path = req.uri().path().to_string();
+            let query = req.uri().query().map(str::to_string);
             match auth
                 .decide(authorization.as_deref(), req.method().as_str(), &path)
                 .await
             {
-                Decision::Allow => route(&path, &metrics, &readiness),
+                Decision::Allow => route(
+                    &path,
+                    query.as_deref(),
+                    &metrics,
+                    &readiness,
+                    ReadyzDetail::Withheld,
+                ),
+                Decision::TooManyRequests => {
+                    let mut r = status(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        "TooManyRequests",
+                        "too many requests with unknown tokens, please try again later",
+                    );
+                    r.headers_mut().insert(
+                        http::header::RETRY_AFTER,
+                        http::HeaderValue::from_static("1"),
+                    );
+                    r
+                }
                 Decision::Unauthorized => {
                     status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized")
                 }
@@ -60,21 +77,26 @@ pub async fn serve_on(
             }
         }
     };
+    let connections = conn::Connections::new(conn::MAX_CONNECTIONS);
     let accept = async {
         loop {
             let Ok((tcp, _)) = listener.accept().await else {
                 continue;
             };
-            let (acceptor, handler) = (acceptor.clone(), handler.clone());
-            tokio::spawn(async move {
-                // A client that fails the handshake (a plain-HTTP probe, a scanner) or stalls in
-                // it just goes.
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                    Ok(Ok(stream)) => serve_connection(stream, handler).await,
-                    Ok(Err(e)) => tracing::debug!("TLS handshake: {e}"),
-                    Err(_) => tracing::debug!("TLS handshake: no end within {HANDSHAKE_TIMEOUT:?}"),
-                }
-            });
+            let Some(place) = connections.admit(std::time::Instant::now()) else {
+                tracing::debug!(
+                    "{} connections, each with a request in flight: closing a new one",
+                    conn::MAX_CONNECTIONS
+                );
+                continue;
+            };
+            tokio::spawn(conn::serve_tls(
+                tcp,
+                acceptor.clone(),
+                place,
+                conn::Limits::default(),
+                handler.clone(),
+            ));
         }
     };
     tokio::select! {

@@ -37,6 +37,12 @@ impl Readiness {
             .insert(name.to_string(), state);
     }
 
+    /// Every check by name, with its state.
+    pub fn checks(&self) -> Vec<(String, Result<(), String>)> {
+        let checks = self.checks.lock().unwrap_or_else(|p| p.into_inner());
+        checks.iter().map(|(n, s)| (n.clone(), s.clone())).collect()
+    }
+
     /// `Ok` when ready, else the failing checks with their reasons.
     pub fn status(&self) -> Result<(), Vec<String>> {
         let checks = self.checks.lock().unwrap_or_else(|p| p.into_inner());
@@ -63,11 +69,32 @@ pub fn text(code: StatusCode, body: String, content_type: &'static str) -> Respo
     r
 }
 
-/// The endpoints' answers, by path.
-pub fn route(path: &str, metrics: &Metrics, readiness: &Readiness) -> Response<Full<Bytes>> {
-    match path {
-        "/healthz" | "/livez" => text(StatusCode::OK, "ok\n".into(), "text/plain"),
-        "/readyz" => match readiness.status() {
+/// What `/readyz` tells of the checks that fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadyzDetail {
+    /// Each failing check with its reason (the plain-HTTP endpoints: the CSI driver's and the
+    /// provider's `--metrics-address`).
+    Reasons,
+    /// Upstream's public `/readyz` (k8s.io/apiserver v0.34 pkg/server/healthz/healthz.go
+    /// `handleRootHealth`: "don't include the error since this endpoint is public"): `[+]name
+    /// ok` / `[-]name failed: reason withheld` lines and `readyz check failed`; `ok` when ready,
+    /// the list with `?verbose`. The reason of one check is at `/readyz/<check>` (upstream's
+    /// `InstallPathHandler` installs one path per check), which is not an always-allowed path:
+    /// only a caller authorised for `get` on it reads it (the provider's HTTPS port).
+    Withheld,
+}
+
+/// The endpoints' answers, by path and query.
+pub fn route(
+    path: &str,
+    query: Option<&str>,
+    metrics: &Metrics,
+    readiness: &Readiness,
+    detail: ReadyzDetail,
+) -> Response<Full<Bytes>> {
+    match (path, detail) {
+        ("/healthz" | "/livez", _) => text(StatusCode::OK, "ok\n".into(), "text/plain"),
+        ("/readyz", ReadyzDetail::Reasons) => match readiness.status() {
             Ok(()) => text(StatusCode::OK, "ok\n".into(), "text/plain"),
             Err(failing) => text(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -75,12 +102,57 @@ pub fn route(path: &str, metrics: &Metrics, readiness: &Readiness) -> Response<F
                 "text/plain",
             ),
         },
-        "/metrics" => text(
+        ("/readyz", ReadyzDetail::Withheld) => {
+            let (code, body) = readyz_withheld(&readiness.checks(), verbose(query));
+            text(code, body, "text/plain")
+        }
+        ("/metrics", _) => text(
             StatusCode::OK,
             metrics.encode(),
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         ),
+        (other, ReadyzDetail::Withheld) => match other
+            .strip_prefix("/readyz/")
+            .and_then(|name| readiness.checks().into_iter().find(|(n, _)| n == name))
+        {
+            Some((_, Ok(()))) => text(StatusCode::OK, "ok\n".into(), "text/plain"),
+            Some((name, Err(reason))) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("[-]{name} failed: {reason}\n"),
+                "text/plain",
+            ),
+            None => text(StatusCode::NOT_FOUND, "not found\n".into(), "text/plain"),
+        },
         _ => text(StatusCode::NOT_FOUND, "not found\n".into(), "text/plain"),
+    }
+}
+
+/// Whether the query has a `verbose` parameter (with or without a value), as upstream reads it.
+fn verbose(query: Option<&str>) -> bool {
+    query
+        .unwrap_or_default()
+        .split('&')
+        .any(|kv| kv.split('=').next() == Some("verbose"))
+}
+
+/// Upstream's public `/readyz` answer: the check names, never the reasons.
+fn readyz_withheld(checks: &[(String, Result<(), String>)], verbose: bool) -> (StatusCode, String) {
+    let lines: String = checks
+        .iter()
+        .map(|(name, state)| match state {
+            Ok(()) => format!("[+]{name} ok\n"),
+            Err(_) => format!("[-]{name} failed: reason withheld\n"),
+        })
+        .collect();
+    if checks.iter().any(|(_, s)| s.is_err()) {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{lines}readyz check failed\n"),
+        )
+    } else if verbose {
+        (StatusCode::OK, format!("{lines}readyz check passed\n"))
+    } else {
+        (StatusCode::OK, "ok\n".into())
     }
 }
 
@@ -122,7 +194,13 @@ pub async fn serve_on(
     shutdown: impl Future<Output = ()>,
 ) {
     let handler = move |req: Request<hyper::body::Incoming>| {
-        let r = route(req.uri().path(), &metrics, &readiness);
+        let r = route(
+            req.uri().path(),
+            req.uri().query(),
+            &metrics,
+            &readiness,
+            ReadyzDetail::Reasons,
+        );
         async move { r }
     };
     serve_with(listener, handler, shutdown).await
@@ -185,6 +263,53 @@ mod tests {
         );
         r.set("harvester", Ok(()));
         assert!(r.status().is_ok());
+    }
+
+    async fn answer(resp: Response<Full<Bytes>>) -> (u16, String) {
+        use http_body_util::BodyExt;
+        let code = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        (code, String::from_utf8(bytes.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn public_readyz_names_failing_checks_without_their_reasons() {
+        let r = Readiness::with_checks(&["clients", "harvester"]);
+        r.set("clients", Ok(()));
+        r.set("harvester", Err("401 from cloud-config /etc/cc".into()));
+        let m = Metrics::new();
+        let get = |path, query| answer(route(path, query, &m, &r, ReadyzDetail::Withheld));
+        let failed = "[+]clients ok\n[-]harvester failed: reason withheld\nreadyz check failed\n";
+        assert_eq!(get("/readyz", None).await, (503, failed.into()));
+        assert_eq!(get("/readyz", Some("verbose")).await, (503, failed.into()));
+        assert_eq!(
+            get("/readyz/harvester", None).await,
+            (
+                503,
+                "[-]harvester failed: 401 from cloud-config /etc/cc\n".into()
+            )
+        );
+        assert_eq!(get("/readyz/clients", None).await, (200, "ok\n".into()));
+        assert_eq!(get("/readyz/nope", None).await.0, 404);
+        // The plain-HTTP endpoints keep the reasons in /readyz, and have no per-check paths.
+        let plain = |path| answer(route(path, None, &m, &r, ReadyzDetail::Reasons));
+        assert_eq!(
+            plain("/readyz").await,
+            (
+                503,
+                "not ready:\nharvester: 401 from cloud-config /etc/cc\n".into()
+            )
+        );
+        assert_eq!(plain("/readyz/harvester").await.0, 404);
+        r.set("harvester", Ok(()));
+        assert_eq!(get("/readyz", None).await, (200, "ok\n".into()));
+        assert_eq!(
+            get("/readyz", Some("a=1&verbose")).await,
+            (
+                200,
+                "[+]clients ok\n[+]harvester ok\nreadyz check passed\n".into()
+            )
+        );
     }
 
     #[test]

@@ -42,20 +42,7 @@ pub struct HttpsResponse {
 /// server's certificate is not verified (as a scraper with `insecure_skip_verify`, or the
 /// kubelet's HTTPS probes) but returned, so a test can compare it with the one it expects.
 pub fn https_get(port: u16, path: &str, token: Option<&str>) -> Result<HttpsResponse, String> {
-    use std::sync::Arc;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyCert(provider)))
-        .with_no_client_auth();
-    let name = rustls::pki_types::ServerName::try_from("localhost").map_err(|e| e.to_string())?;
-    let conn = rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| e.to_string())?;
-    let tcp = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
-    tcp.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| e.to_string())?;
-    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    let mut tls = tls_connect(port, &[])?;
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
@@ -91,6 +78,64 @@ pub fn https_get(port: u16, path: &str, token: Option<&str>) -> Result<HttpsResp
         body,
         server_cert,
     })
+}
+
+/// A TLS client connection to 127.0.0.1:`port`, handshake done, offering the ALPN protocols
+/// `alpn` (none: the server picks HTTP/1.1); the server's certificate is not verified. Reads
+/// time out after 10 s.
+pub fn tls_connect(port: u16, alpn: &[&[u8]]) -> Result<TlsStream, String> {
+    use std::sync::Arc;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyCert(provider)))
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let name = rustls::pki_types::ServerName::try_from("localhost").map_err(|e| e.to_string())?;
+    let mut conn =
+        rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| e.to_string())?;
+    let mut tcp = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    tcp.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    while conn.is_handshaking() {
+        conn.complete_io(&mut tcp)
+            .map_err(|e| format!("TLS handshake with 127.0.0.1:{port}: {e}"))?;
+    }
+    Ok(rustls::StreamOwned::new(conn, tcp))
+}
+
+/// A client TLS connection of [`tls_connect`].
+pub type TlsStream = rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>;
+
+/// Whether the server has closed `tls`: a read within `wait` ends the stream (end of file, an
+/// error, a reset) rather than timing out. Bytes the server sends are read and dropped.
+pub fn closed_by_server(tls: &mut TlsStream, wait: Duration) -> bool {
+    let deadline = std::time::Instant::now() + wait;
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        if tls.sock.set_read_timeout(Some(left)).is_err() {
+            return true;
+        }
+        match tls.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return false;
+            }
+            Err(_) => return true,
+        }
+    }
 }
 
 /// Polls `https_get(port, path, None)` until it answers 200, up to `within`.
