@@ -193,21 +193,34 @@ fn cloud_provider_chart_renders_the_upstream_shape_with_our_needs() {
         kv["spec"]["selector"]["matchLabels"],
         json!({"app.kubernetes.io/name": "kube-vip", "app.kubernetes.io/instance": "harvester-cloud-provider"})
     );
-    // kube-vip's RBAC as its chart has it: nodes patch (it labels Nodes), secrets in its
-    // namespace (kube-vip/helm-charts pull request 102).
+    // kube-vip's RBAC: nodes patch (it labels Nodes), as its chart; no Secret at all in ARP
+    // mode, where kube-vip reads none (its chart grants get/list on every Secret of the
+    // namespace, the cloud-config's among them).
     let kv_role = grants(find(&docs, "ClusterRole", "kube-vip"));
     assert!(
         kv_role.contains(&grant("", "nodes", "patch")),
         "{kv_role:?}"
     );
-    let secrets = find(&docs, "Role", "kube-vip");
-    assert_eq!(secrets["metadata"]["namespace"], RELEASE_NAMESPACE);
-    assert_eq!(
-        grants(secrets),
-        [grant("", "secrets", "get"), grant("", "secrets", "list")].into()
+    assert!(
+        !kv_role.iter().any(|(_, r, _)| r == "secrets"),
+        "{kv_role:?}"
     );
+    for kind in ["Role", "RoleBinding"] {
+        assert!(
+            !docs
+                .iter()
+                .any(|d| d["kind"] == kind && d["metadata"]["name"] == "kube-vip"),
+            "kube-vip gets no {kind} for Secrets in ARP mode"
+        );
+    }
+    // In WireGuard mode the one Secret it reads, by name.
+    let wg = template(CCM_CHART, None, &["kube-vip.env.vip_wireguard=true"]);
+    let secrets = find(&wg, "Role", "kube-vip");
+    assert_eq!(secrets["metadata"]["namespace"], RELEASE_NAMESPACE);
+    assert_eq!(grants(secrets), [grant("", "secrets", "get")].into());
+    assert_eq!(secrets["rules"][0]["resourceNames"], json!(["wireguard"]));
     assert_eq!(
-        find(&docs, "RoleBinding", "kube-vip")["roleRef"]["name"],
+        find(&wg, "RoleBinding", "kube-vip")["roleRef"]["name"],
         "kube-vip"
     );
 
