@@ -29,22 +29,23 @@ pub struct DiskId {
 
 /// Picks the by-id entry of a disk among directory entry names: exactly QEMU's SCSI name, else
 /// any name ending in `_<serial>` or `-<serial>` (virtio, other buses), else (upstream disks)
-/// a whole-disk name containing the volume ID. Partitions (`-partN`) never match.
+/// a whole-disk name ending in `-<volume ID>` or `_<volume ID>` (libvirt's alias
+/// `drive-ua-<volume>`). A name that merely contains the ID (`pvc-1` in `...pvc-10`) is another
+/// disk; partitions (`-partN`) never match.
 pub fn pick_by_id<'a>(names: &'a [String], id: &DiskId) -> Option<&'a str> {
     let exact = format!("{BY_ID_PREFIX}{}", id.serial);
     let whole = |n: &&String| !n.contains("-part");
+    let ends_in = |n: &str, tail: &str| {
+        n.strip_suffix(tail)
+            .is_some_and(|p| p.ends_with('_') || p.ends_with('-'))
+    };
     names
         .iter()
         .find(|n| **n == exact)
-        .or_else(|| {
-            names.iter().filter(whole).find(|n| {
-                n.strip_suffix(id.serial.as_str())
-                    .is_some_and(|p| p.ends_with('_') || p.ends_with('-'))
-            })
-        })
+        .or_else(|| names.iter().filter(whole).find(|n| ends_in(n, &id.serial)))
         .or_else(|| {
             let v = id.volume.as_deref()?;
-            names.iter().filter(whole).find(|n| n.contains(v))
+            names.iter().filter(whole).find(|n| ends_in(n, v))
         })
         .map(String::as_str)
 }
@@ -223,6 +224,16 @@ mod tests {
             Some("scsi-0QEMU_QEMU_HARDDISK_drive-ua-pvc-42")
         );
         assert_eq!(pick_by_id(&n, &id), None, "volume match only when asked");
+        let n = names(&[
+            "scsi-0QEMU_QEMU_HARDDISK_drive-ua-pvc-420",
+            "scsi-0QEMU_QEMU_HARDDISK_drive-ua-pvc-42x",
+            "scsi-0QEMU_QEMU_HARDDISK_drive-ua-xpvc-42",
+        ]);
+        assert_eq!(
+            pick_by_id(&n, &upstream),
+            None,
+            "a name that only contains the volume ID is another disk"
+        );
     }
 
     #[test]
