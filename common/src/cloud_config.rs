@@ -92,6 +92,8 @@ struct Loaded {
     namespace: String,
     token_expiry: Option<jiff::Timestamp>,
     bytes: Vec<u8>,
+    /// [`weakened_transport`] of the file.
+    weakened: Vec<String>,
 }
 
 async fn build(path: &Path, metrics: Option<&Metrics>) -> Result<Loaded, CloudConfigError> {
@@ -101,6 +103,7 @@ async fn build(path: &Path, metrics: Option<&Metrics>) -> Result<Loaded, CloudCo
         source,
     })?;
     let token_expiry = current_token(&kubeconfig).as_deref().and_then(jwt_expiry);
+    let weakened = weakened_transport(&kubeconfig);
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(|source| CloudConfigError::Context {
@@ -119,7 +122,61 @@ async fn build(path: &Path, metrics: Option<&Metrics>) -> Result<Loaded, CloudCo
         namespace,
         token_expiry,
         bytes,
+        weakened,
     })
+}
+
+/// What in the current context of `kc` weakens how the credential travels, each said in a
+/// sentence naming the option: a plain-HTTP server, TLS verification turned off, credentials
+/// from a program the cloud-config names. Kubernetes' clients honour all three, and so do the
+/// programs (a drop-in cloud-config keeps working), but each is said once at start.
+pub fn weakened_transport(kc: &Kubeconfig) -> Vec<String> {
+    let Some(ctx) = kc
+        .current_context
+        .as_ref()
+        .and_then(|name| kc.contexts.iter().find(|c| &c.name == name))
+        .and_then(|c| c.context.as_ref())
+    else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    let cluster = kc
+        .clusters
+        .iter()
+        .find(|c| c.name == ctx.cluster)
+        .and_then(|c| c.cluster.as_ref());
+    if let Some(cluster) = cluster {
+        if let Some(server) = cluster
+            .server
+            .as_deref()
+            .filter(|s| s.starts_with("http://"))
+        {
+            found.push(format!(
+                "server {server} is plain HTTP: the token and every request travel unencrypted"
+            ));
+        }
+        if cluster.insecure_skip_tls_verify == Some(true) {
+            found.push(
+                "insecure-skip-tls-verify is true: Harvester's certificate is not verified, so \
+                 anyone on the path can read the token"
+                    .to_string(),
+            );
+        }
+    }
+    let exec = kc
+        .auth_infos
+        .iter()
+        .find(|u| Some(&u.name) == ctx.user.as_ref())
+        .and_then(|u| u.auth_info.as_ref())
+        .and_then(|a| a.exec.as_ref());
+    if let Some(exec) = exec {
+        found.push(format!(
+            "the credentials come from running {:?} (exec): a program the cloud-config names runs \
+             with this process's rights",
+            exec.command.as_deref().unwrap_or_default()
+        ));
+    }
+    found
 }
 
 /// The bearer token of the current context's user, if it has one inline or in a file.
@@ -178,6 +235,9 @@ impl Harvester {
         reload_period: Duration,
     ) -> Result<Self, CloudConfigError> {
         let loaded = build(path, metrics).await?;
+        for weak in &loaded.weakened {
+            tracing::warn!(cloud_config = %path.display(), "{weak}");
+        }
         let shared = Arc::new(Shared {
             current: RwLock::new(loaded.client.clone()),
             status: RwLock::new(Status {
@@ -430,6 +490,40 @@ impl tower::Service<Request<Body>> for Following {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn options_that_weaken_transport_are_named() {
+        let kc = |server: &str, extra_cluster: &str, user: &str| {
+            Kubeconfig::from_yaml(&format!(
+                "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+                 clusters: [{{name: h, cluster: {{server: \"{server}\"{extra_cluster}}}}}]\n\
+                 contexts: [{{name: c, context: {{cluster: h, user: u}}}}]\n\
+                 users: [{{name: u, user: {user}}}]\n"
+            ))
+            .unwrap()
+        };
+        assert!(weakened_transport(&kc("https://h:6443", "", "{token: t}")).is_empty());
+        let plain = weakened_transport(&kc("http://h:6443", "", "{token: t}"));
+        assert!(
+            plain.len() == 1 && plain[0].contains("plain HTTP"),
+            "{plain:?}"
+        );
+        let skip = weakened_transport(&kc(
+            "https://h:6443",
+            ", insecure-skip-tls-verify: true",
+            "{token: t}",
+        ));
+        assert!(
+            skip.len() == 1 && skip[0].contains("insecure-skip-tls-verify"),
+            "{skip:?}"
+        );
+        let exec = weakened_transport(&kc(
+            "https://h:6443",
+            "",
+            "{exec: {apiVersion: client.authentication.k8s.io/v1, command: get-token}}",
+        ));
+        assert!(exec.len() == 1 && exec[0].contains("get-token"), "{exec:?}");
+    }
+
     use super::*;
 
     fn jwt(exp: i64) -> String {
