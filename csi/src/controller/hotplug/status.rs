@@ -93,6 +93,22 @@ where
             Some(_) => {}
         }
     }
+    // The other way round: a VMI holds the disk its VM's spec no longer names (an unplug that
+    // did not finish, or a spec edited behind the driver's back): the disk goes at the VM's
+    // next restart.
+    for v in vmis.iter().map(Borrow::borrow).filter(|v| v.has_volume(id)) {
+        let name = v.metadata.name.as_deref().unwrap_or("");
+        let named = vms
+            .iter()
+            .map(Borrow::borrow)
+            .any(|vm| vm.metadata.name.as_deref() == Some(name) && vm.volume(id).is_some());
+        if !named {
+            problems.push(format!(
+                "VMI {ns}/{name} holds the volume but VM {ns}/{name} does not name it in its \
+                 spec: the disk leaves at the VM's next restart"
+            ));
+        }
+    }
     (!problems.is_empty()).then(|| problems.join("; "))
 }
 
@@ -172,5 +188,11 @@ mod tests {
         assert!(stopped.contains("is not running (no VMI)"), "{stopped}");
         // In no VM at all: normal (simply not published).
         assert_eq!(abnormal("pvc-9", &pvc("Bound"), &vms, &ok), None);
+        // The VMI still holds it, the VM spec no longer names it.
+        let behind = abnormal("pvc-1", &pvc("Bound"), &[vm("w1", &[])], &ok).expect("behind");
+        assert!(
+            behind.contains("VMI ns/w1 holds the volume but VM ns/w1 does not name it"),
+            "{behind}"
+        );
     }
 }
