@@ -751,7 +751,11 @@ kube-vip:
         json!({"a": "b"})
     );
     assert_eq!(
-        find(&docs, "Role", "vip")["metadata"]["namespace"],
+        find(&docs, "ServiceAccount", "vip")["metadata"]["namespace"],
+        "kube-vip"
+    );
+    assert_eq!(
+        find(&docs, "ClusterRoleBinding", "vip")["subjects"][0]["namespace"],
         "kube-vip"
     );
 
