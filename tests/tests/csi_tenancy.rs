@@ -28,7 +28,16 @@ const B_NODE: &str = "b-worker-1";
 /// A guest cluster's CSI controller with its own Harvester ServiceAccount `name` (in namespace
 /// `ns`, bound by deploy/harvester-rbac's bindings there) and cluster name `name`.
 async fn tenant(bed: &TestBed, ns: &str, name: &str) -> Driver {
-    let docs = harvester_rbac(ns, name);
+    tenant_with(bed, ns, name, false).await.0
+}
+
+/// [`tenant`], with deploy/harvester-rbac/ownership-binding.yaml applied for it too when
+/// `policed`; also the account's own Harvester client (what its token reaches directly).
+async fn tenant_with(bed: &TestBed, ns: &str, name: &str, policed: bool) -> (Driver, kube::Client) {
+    let mut docs = harvester_rbac(ns, name);
+    if policed {
+        docs.extend(ownership(ns, name));
+    }
     apply_all(&bed.harvester.client, &docs, ns).await;
     let cloud_config = bed.dir.path().join(format!("cloud-config-{name}"));
     let access = testbed::bed::rbac::account_kubeconfig(
@@ -43,14 +52,30 @@ async fn tenant(bed: &TestBed, ns: &str, name: &str) -> Driver {
     .unwrap_or_else(|e| panic!("Harvester ServiceAccount {ns}/{name}: {e}"));
     wait_bindings(&access.client, &docs, ns, name).await;
     let socket = bed.dir.path().join(format!("csi-{name}.sock"));
-    Driver::start(bed, |c| {
+    let driver = Driver::start(bed, |c| {
         c.endpoint = format!("unix://{}", socket.display());
         c.mode = Mode::Controller;
         c.cloud_config = cloud_config;
         c.cluster_name = name.to_string();
         c.node_id = None;
     })
-    .await
+    .await;
+    (driver, access.client)
+}
+
+/// deploy/harvester-rbac/ownership-policy.yaml and its binding for account `ns/sa`, cluster `sa`.
+fn ownership(ns: &str, sa: &str) -> Vec<serde_json::Value> {
+    let dir = testbed::suites::deploy::repo().join("deploy/harvester-rbac");
+    let mut docs = Vec::new();
+    for file in ["ownership-policy.yaml", "ownership-binding.yaml"] {
+        let text = std::fs::read_to_string(dir.join(file))
+            .unwrap_or_else(|e| panic!("{file}: {e}"))
+            .replace("${NAMESPACE}", ns)
+            .replace("${SERVICE_ACCOUNT}", sa)
+            .replace("${CLUSTER_NAME}", sa);
+        docs.extend(testbed::suites::deploy::parse(&text));
+    }
+    docs
 }
 
 async fn label_vm(bed: &TestBed, vm: &str, cluster: &str) {
@@ -468,5 +493,195 @@ async fn another_namespaces_backups_are_neither_listed_nor_restored_root() {
         "nothing restored in C's namespace"
     );
     c.stop().await;
+    a.stop().await;
+}
+
+/// A host PVC of `size` in `ns`, labelled for `cluster` when given.
+fn host_pvc(name: &str, cluster: Option<&str>) -> PersistentVolumeClaim {
+    let labels = cluster.map(|c| json!({LABEL_GUEST_CLUSTER: c}));
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"accessModes": ["ReadWriteMany"], "volumeMode": "Block",
+                 "resources": {"requests": {"storage": "16Mi"}}}
+    }))
+    .expect("PVC literal")
+}
+
+/// Harvester's admission refusing the account's own write: 403 from the ownership policy.
+fn assert_policed<T: std::fmt::Debug>(what: &str, got: Result<T, kube::Error>) {
+    match got {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 403, "{what}: {s:?}");
+            assert!(
+                s.message.contains("does not belong to guest cluster"),
+                "{what}: {s:?}"
+            );
+        }
+        other => panic!("{what} must be refused by the ownership policy, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ownership_policy_stops_a_token_used_directly_and_lets_the_driver_work_root() {
+    assert_root();
+    let bed = bed_with_vm().await;
+    let ns = bed.vm_namespace.clone();
+    let (a, _) = tenant_with(&bed, &ns, "tenant-a", true).await;
+    let (b, b_token) = tenant_with(&bed, &ns, "tenant-b", true).await;
+    let cap = mount_cap("ext4");
+    let b_pvcs = Api::<PersistentVolumeClaim>::namespaced(b_token, &ns);
+    // The API server compiles a new policy asynchronously: wait until it refuses B's
+    // unlabelled PVC (a dry run), before anything is tried under it.
+    testbed::util::wait::until(
+        "the ownership policy in force",
+        Duration::from_secs(60),
+        || {
+            let b_pvcs = b_pvcs.clone();
+            async move {
+                let dry = kube::api::PostParams {
+                    dry_run: true,
+                    ..Default::default()
+                };
+                Ok(
+                    match b_pvcs.create(&dry, &host_pvc("pvc-b-probe", None)).await {
+                        Err(kube::Error::Api(s)) if s.code == 403 => Ok(()),
+                        other => Err(format!("{:?}", other.map(|_| "admitted"))),
+                    },
+                )
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+
+    // Under the policy, cluster A's driver does everything it does: create, publish, snapshot,
+    // back up, restore (labelling the PVC Harvester made), unpublish, delete.
+    let mut c = a.controller();
+    let vol = c
+        .create_volume(create_request("pvc-a-data", 16 << 20, &cap))
+        .await
+        .expect("A creates its volume under the policy")
+        .into_inner()
+        .volume
+        .expect("volume")
+        .volume_id;
+    c.controller_publish_volume(publish_request(&vol, &cap))
+        .await
+        .expect("A publishes");
+    let snap = c
+        .create_snapshot(CreateSnapshotRequest {
+            name: "snap-a".into(),
+            source_volume_id: vol.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("A snapshots")
+        .into_inner()
+        .snapshot
+        .expect("snapshot")
+        .snapshot_id;
+    let backup = c
+        .create_snapshot(backup_request("backup-a", &vol))
+        .await
+        .expect("A backs up")
+        .into_inner()
+        .snapshot
+        .expect("backup")
+        .snapshot_id;
+    let restored = testbed::util::wait::until("A's restore", Duration::from_secs(90), || {
+        let mut c = c.clone();
+        let backup = backup.clone();
+        let cap = cap.clone();
+        async move {
+            match c
+                .create_volume(from_snapshot(
+                    create_request("pvc-a-restored", 16 << 20, &cap),
+                    &backup,
+                ))
+                .await
+            {
+                Ok(r) => Ok(Ok(r.into_inner().volume.expect("volume").volume_id)),
+                Err(e) if matches!(e.code(), Code::Unavailable) => Ok(Err(e.message().to_string())),
+                Err(e) => Err(format!("restore: {e:?}")),
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let pvcs = Api::<PersistentVolumeClaim>::namespaced(bed.harvester.client.clone(), &ns);
+    let labels = pvcs
+        .get(&restored)
+        .await
+        .expect("restored PVC")
+        .metadata
+        .labels;
+    assert_eq!(
+        labels
+            .and_then(|l| l.get(LABEL_GUEST_CLUSTER).cloned())
+            .as_deref(),
+        Some("tenant-a"),
+        "the restored PVC is labelled for A"
+    );
+
+    // Cluster B's token, used directly: no write to A's objects, no unlabelled object.
+    assert_policed(
+        "B deletes A's PVC with its token",
+        b_pvcs.delete(&vol, &Default::default()).await,
+    );
+    let steal = json!({"metadata": {"labels": {LABEL_GUEST_CLUSTER: "tenant-b"}}});
+    assert_policed(
+        "B relabels A's PVC as its own",
+        b_pvcs
+            .patch(&vol, &PatchParams::default(), &Patch::Merge(&steal))
+            .await,
+    );
+    assert_policed(
+        "B creates an unlabelled PVC",
+        b_pvcs
+            .create(&Default::default(), &host_pvc("pvc-b-bare", None))
+            .await,
+    );
+    assert_policed(
+        "B creates a PVC labelled for A",
+        b_pvcs
+            .create(
+                &Default::default(),
+                &host_pvc("pvc-b-as-a", Some("tenant-a")),
+            )
+            .await,
+    );
+    b_pvcs
+        .create(
+            &Default::default(),
+            &host_pvc("pvc-b-own", Some("tenant-b")),
+        )
+        .await
+        .expect("B may create its own labelled PVC");
+
+    // A cleans up through its driver.
+    c.controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+        volume_id: vol.clone(),
+        node_id: NODE.into(),
+        ..Default::default()
+    })
+    .await
+    .expect("A unpublishes");
+    for id in [&snap, &backup] {
+        c.delete_snapshot(DeleteSnapshotRequest {
+            snapshot_id: id.to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("A deletes {id}: {e:?}"));
+    }
+    for id in [&restored, &vol] {
+        c.delete_volume(DeleteVolumeRequest {
+            volume_id: id.to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("A deletes {id}: {e:?}"));
+    }
+    b.stop().await;
     a.stop().await;
 }
