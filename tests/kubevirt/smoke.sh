@@ -1,0 +1,243 @@
+#!/usr/bin/env bash
+# Manual smoke check of one KubeVirt line built by tests/scripts/kubevirt.sh: starts etcd and a
+# kube-apiserver (the bed's flags, tests/src/bed/cluster.rs), applies install-manifests' output,
+# creates the KubeVirt CR with the status virt-operator would write, runs the real virt-api and
+# virt-controller as plain processes, then checks that a VirtualMachine create passes the real
+# webhooks, that virt-controller makes the VMI and its launcher Pod, and that
+# PUT .../virtualmachines/<vm>/addvolume through the aggregator answers 202.
+#
+#   tests/kubevirt/smoke.sh 1.7.0 [FEATURE_GATE]   # FEATURE_GATE: HotplugVolumes (default) or
+#                                                # DeclarativeHotplugVolumes
+# Needs tests/scripts/tools.sh's etcd and kube-apiserver, kubectl, openssl, curl, python3-yaml.
+# KEEP=1 leaves the processes and the directory for a look.
+set -euo pipefail
+
+V=${1:?usage: $0 VERSION [FEATURE_GATE]}; V=${V#v}
+GATE=${2:-HotplugVolumes}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+TOOLS=$("$HERE/../scripts/tools.sh" --print-dir)
+KV=$("$HERE/../scripts/kubevirt.sh" --print-dir "$V")
+D=$(mktemp -d /tmp/kv-smoke-v$V.XXXX)
+say() { printf '[smoke v%s] %s\n' "$V" "$*"; }
+PIDS=()
+cleanup() {
+  local rc=$?
+  if [ "${KEEP:-}" = 1 ]; then say "kept $D, pids ${PIDS[*]}"; exit $rc; fi
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  [ $rc = 0 ] && rm -rf "$D" || say "failed; logs in $D"
+  exit $rc
+}
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# --- certificates (the bed's set, tests/src/bed/certs.rs, made with openssl) ----------------
+cd "$D"
+ca() { openssl req -x509 -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -keyout "$1.key" \
+  -out "$1.crt" -subj "/CN=$1" -days 2 2>/dev/null; }
+leaf() { # leaf NAME CA SUBJECT EXTKEYUSAGE [SANS]
+  openssl req -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -keyout "$1.key" -out "$1.csr" \
+    -subj "$3" 2>/dev/null
+  { echo "extendedKeyUsage=$4"; echo "keyUsage=digitalSignature,keyEncipherment"
+    [ -n "${5:-}" ] && echo "subjectAltName=$5"; } >"$1.ext"
+  openssl x509 -req -in "$1.csr" -CA "$2.crt" -CAkey "$2.key" -CAcreateserial -out "$1.crt" -days 2 \
+    -extfile "$1.ext" 2>/dev/null
+}
+ca ca; ca front-proxy-ca; ca virt-ca
+leaf apiserver ca /CN=kube-apiserver serverAuth "IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc"
+leaf admin ca "/O=system:masters/CN=admin" clientAuth
+leaf front-proxy-client front-proxy-ca /CN=front-proxy-client clientAuth
+# virt-api's serving certificate: the aggregator and the webhooks dial virt-api.kubevirt.svc.
+leaf virt-api virt-ca /CN=virt-api serverAuth "DNS:virt-api.kubevirt.svc,DNS:localhost,IP:127.0.0.1"
+# virt-api's client certificate towards virt-handler, and virt-controller's metrics certificate:
+# both must exist as files (bootstrap.NewFileCertificateManager) but nothing dials with them here.
+leaf virt-handler-client virt-ca /CN=kubevirt.io:system:client:virt-handler clientAuth
+leaf virt-controller-metrics virt-ca /CN=virt-controller serverAuth "DNS:localhost,IP:127.0.0.1"
+openssl genrsa -out sa.key 2048 2>/dev/null; openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
+
+# --- etcd + kube-apiserver ---------------------------------------------------------------------
+EP=$(free_port); PP=$(free_port); AP=$(free_port); VAP=$(free_port); VCP=$(free_port)
+"$TOOLS/etcd" --name=smoke --data-dir="$D/etcd" --listen-client-urls="http://127.0.0.1:$EP" \
+  --advertise-client-urls="http://127.0.0.1:$EP" --listen-peer-urls="http://127.0.0.1:$PP" \
+  --initial-advertise-peer-urls="http://127.0.0.1:$PP" --initial-cluster="smoke=http://127.0.0.1:$PP" \
+  --unsafe-no-fsync --log-level=warn >etcd.log 2>&1 & PIDS+=($!)
+"$TOOLS/kube-apiserver" --etcd-servers="http://127.0.0.1:$EP" --bind-address=127.0.0.1 \
+  --advertise-address=127.0.0.1 --secure-port="$AP" --tls-cert-file=apiserver.crt \
+  --tls-private-key-file=apiserver.key --client-ca-file=ca.crt --authorization-mode=RBAC \
+  --service-account-issuer=https://kubernetes.default.svc --service-account-key-file=sa.pub \
+  --service-account-signing-key-file=sa.key --service-cluster-ip-range=10.96.0.0/16 \
+  --requestheader-client-ca-file=front-proxy-ca.crt --requestheader-allowed-names=front-proxy-client \
+  --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
+  --requestheader-extra-headers-prefix=X-Remote-Extra- --proxy-client-cert-file=front-proxy-client.crt \
+  --proxy-client-key-file=front-proxy-client.key --cert-dir="$D/apiserver-certs" \
+  --enable-priority-and-fairness=false --profiling=false --allow-privileged=true --v=1 \
+  >apiserver.log 2>&1 & PIDS+=($!)
+
+kubeconfig() { # kubeconfig FILE USER (client cert USER.crt or token file USER.token)
+  local auth
+  if [ -f "$D/$2.token" ]; then auth="    token: $(cat "$D/$2.token")"
+  else auth="    client-certificate: $D/$2.crt
+    client-key: $D/$2.key"; fi
+  cat >"$1" <<KC
+apiVersion: v1
+kind: Config
+clusters: [{name: smoke, cluster: {server: "https://127.0.0.1:$AP", certificate-authority: "$D/ca.crt"}}]
+users:
+- name: $2
+  user:
+$auth
+contexts: [{name: smoke, context: {cluster: smoke, user: $2}}]
+current-context: smoke
+KC
+}
+kubeconfig admin.kubeconfig admin
+export KUBECONFIG=$D/admin.kubeconfig
+k() { kubectl "$@"; }
+t0=$(date +%s)
+until k get --raw /readyz >/dev/null 2>&1; do
+  sleep 0.5; [ $(( $(date +%s) - t0 )) -lt 60 ] || { say "apiserver not ready"; tail apiserver.log; exit 1; }
+done
+say "kube-apiserver ready on $AP in $(( $(date +%s) - t0 ))s"
+
+# --- what virt-operator would install -----------------------------------------------------------
+k create namespace kubevirt >/dev/null
+"$KV/install-manifests" --namespace kubevirt >manifests.yaml
+# The operator injects virt-api's CA into its webhooks and APIServices; here the Service virt-api
+# is an ExternalName to localhost (as the bed's register_virt_api does), so every reference to it
+# also takes virt-api's real port. The operator's own webhook (virt-operator-validator) is dropped:
+# no virt-operator runs.
+python3 - "$VAP" "$D/virt-ca.crt" <manifests.yaml >manifests-bed.yaml <<'PY'
+import base64, sys, yaml
+port, ca = int(sys.argv[1]), base64.b64encode(open(sys.argv[2], 'rb').read()).decode()
+out = []
+for d in yaml.safe_load_all(sys.stdin):
+    if not d:
+        continue
+    kind, name = d['kind'], d['metadata']['name']
+    if kind == 'ValidatingWebhookConfiguration' and name == 'virt-operator-validator':
+        continue
+    if kind in ('ValidatingWebhookConfiguration', 'MutatingWebhookConfiguration'):
+        for w in d['webhooks']:
+            w['clientConfig']['caBundle'] = ca
+            w['clientConfig']['service']['port'] = port
+    if kind == 'APIService':
+        d['spec']['caBundle'] = ca
+        d['spec']['service']['port'] = port
+    out.append(d)
+kinds = {}
+for d in out:
+    kinds[d['kind']] = kinds.get(d['kind'], 0) + 1
+sys.stderr.write('applying %s\n' % ', '.join('%d %s' % (n, k) for k, n in sorted(kinds.items())))
+yaml.safe_dump_all(out, sys.stdout)
+PY
+# CRDs first (so the webhooks never see a request for a type not yet served), then the rest.
+python3 -c 'import sys,yaml; ds=[d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"]==sys.argv[2]]; yaml.safe_dump_all(ds, sys.stdout)' \
+  manifests-bed.yaml CustomResourceDefinition >crds.yaml
+k apply --server-side -f crds.yaml >/dev/null
+k wait --for=condition=Established --timeout=60s crd --all >/dev/null
+k apply --server-side -f manifests-bed.yaml >/dev/null
+say "applied $(grep -c '^kind:' manifests-bed.yaml) objects ($(grep -c '^kind: CustomResourceDefinition' manifests-bed.yaml) CRDs)"
+cat <<SVC | k apply -f - >/dev/null
+apiVersion: v1
+kind: Service
+metadata: {name: virt-api, namespace: kubevirt}
+spec: {type: ExternalName, externalName: localhost, ports: [{name: https, port: $VAP, protocol: TCP}]}
+SVC
+# virt-api's CA for virt-handler clients (--ca-configmap-name, default kubevirt-ca).
+k -n kubevirt create configmap kubevirt-ca --from-file=ca-bundle=virt-ca.crt >/dev/null
+
+# --- the KubeVirt CR, with the status virt-operator would write -------------------------------
+cat <<CR | k apply -f - >/dev/null
+apiVersion: kubevirt.io/v1
+kind: KubeVirt
+metadata: {name: kubevirt, namespace: kubevirt}
+spec:
+  configuration:
+    developerConfiguration: {featureGates: [$GATE]}
+CR
+k -n kubevirt patch kubevirt kubevirt --subresource=status --type=merge -p "{\"status\":{\"phase\":\"Deployed\",\"defaultArchitecture\":\"amd64\",\"observedKubeVirtVersion\":\"v$V\",\"targetKubeVirtVersion\":\"v$V\"}}" >/dev/null
+
+# --- identities: ServiceAccount tokens (the SAs come from the manifests) ------------------------
+for sa in kubevirt-apiserver kubevirt-controller; do
+  k -n kubevirt create token "$sa" --duration=24h >"$sa.token"
+  kubeconfig "$sa.kubeconfig" "$sa"
+done
+
+# --- virt-api, virt-controller --------------------------------------------------------------------
+"$KV/virt-api" --kubeconfig="$D/kubevirt-apiserver.kubeconfig" --listen=127.0.0.1 --port="$VAP" \
+  --tls-cert-file="$D/virt-api.crt" --tls-key-file="$D/virt-api.key" \
+  --handler-cert-file="$D/virt-handler-client.crt" --handler-key-file="$D/virt-handler-client.key" \
+  >virt-api.log 2>&1 & PIDS+=($!)
+"$KV/virt-controller" --kubeconfig="$D/kubevirt-controller.kubeconfig" --listen=127.0.0.1 --port="$VCP" \
+  --launcher-image="quay.io/kubevirt/virt-launcher:v$V" --exporter-image="quay.io/kubevirt/virt-exportserver:v$V" \
+  --prom-cert-file="$D/virt-controller-metrics.crt" --prom-key-file="$D/virt-controller-metrics.key" \
+  >virt-controller.log 2>&1 & PIDS+=($!)
+
+wait_for() { # wait_for SECONDS WHAT COMMAND...
+  local s=$1 what=$2 t; shift 2; t=$(date +%s)
+  until "$@" >/dev/null 2>&1; do
+    sleep 1
+    if [ $(( $(date +%s) - t )) -ge "$s" ]; then say "timeout: $what"; return 1; fi
+  done
+  say "$what after $(( $(date +%s) - t ))s"
+}
+apiservice_available() { [ "$(k get apiservice v1.subresources.kubevirt.io -o jsonpath='{.status.conditions[?(@.type=="Available")].status}')" = True ]; }
+wait_for 90 "APIService v1.subresources.kubevirt.io Available" apiservice_available
+wait_for 90 "virt-controller leader (lease virt-controller)" k -n kubevirt get lease virt-controller
+
+# --- a VM namespace, a VM, the VMI and its launcher Pod ----------------------------------------------
+k create namespace vms >/dev/null
+k -n vms create serviceaccount default >/dev/null
+cat <<PVC | k apply -f - >/dev/null
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: hp1, namespace: vms}
+spec: {accessModes: [ReadWriteOnce], volumeMode: Block, resources: {requests: {storage: 1Gi}}}
+PVC
+cat <<VM | k apply -f - 2>&1 | tee vm-create.out
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {name: vm1, namespace: vms}
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      domain:
+        devices: {disks: [{name: root, disk: {bus: virtio}}]}
+        resources: {requests: {memory: 64Mi}}
+      volumes: [{name: root, containerDisk: {image: quay.io/kubevirt/cirros-container-disk-demo:v$V}}]
+VM
+# The mutating webhook fills in defaults: proof that it ran.
+k -n vms get vm vm1 -o jsonpath='{.spec.template.spec.domain.machine.type}{" "}{.spec.template.spec.architecture}{"\n"}' | sed 's/^/[smoke] VM defaults by the mutating webhook (machine type, architecture): /'
+# A refused VM proves the validating webhook: a disk that names no volume.
+if k -n vms create -f - >refused.out 2>&1 <<BAD
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {name: bad, namespace: vms}
+spec:
+  runStrategy: Halted
+  template:
+    spec:
+      domain: {devices: {disks: [{name: nothere, disk: {bus: virtio}}]}}
+BAD
+then say "FAIL: the validating webhook let an invalid VM through"; exit 1; fi
+say "invalid VM refused: $(head -c 300 refused.out)"
+wait_for 60 "VMI vm1 created by virt-controller" k -n vms get vmi vm1
+launcher_pod() { [ -n "$(k -n vms get pods -l kubevirt.io=virt-launcher -o name)" ]; }
+wait_for 60 "launcher Pod created by virt-controller" launcher_pod
+k -n vms get pods -o wide
+k -n vms get vmi vm1 -o jsonpath='{.status.phase}{"\n"}' | sed 's/^/[smoke] VMI phase: /'
+
+# --- addvolume through the aggregator ----------------------------------------------------------------------
+code=$(curl -sS -o addvolume.out -w '%{http_code}' --cacert ca.crt --cert admin.crt --key admin.key \
+  -X PUT -H 'Content-Type: application/json' \
+  "https://127.0.0.1:$AP/apis/subresources.kubevirt.io/v1/namespaces/vms/virtualmachines/vm1/addvolume" \
+  -d '{"name":"hp1","disk":{"disk":{"bus":"scsi"}},"volumeSource":{"persistentVolumeClaim":{"claimName":"hp1"}}}')
+say "addvolume: HTTP $code $(head -c 300 addvolume.out)"
+[ "$code" = 202 ] || exit 1
+if [ "$GATE" = HotplugVolumes ]; then
+  k -n vms get vm vm1 -o jsonpath='{.status.volumeRequests}{"\n"}' | sed 's/^/[smoke] vm.status.volumeRequests: /'
+else
+  k -n vms get vm vm1 -o jsonpath='{.spec.template.spec.volumes[*].name}{"\n"}' | sed 's/^/[smoke] vm template volumes: /'
+fi
+say "OK"
