@@ -33,6 +33,9 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 # --- certificates (the bed's set, tests/src/bed/certs.rs, made with openssl) ----------------
 cd "$D"
+# Logs apart: virt-api and virt-controller watch their certificates' directory (fsnotify) and
+# reload on every change, so a log written beside the certificates makes a reload per log line.
+mkdir logs
 ca() { openssl req -x509 -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -keyout "$1.key" \
   -out "$1.crt" -subj "/CN=$1" -days 2 2>/dev/null; }
 leaf() { # leaf NAME CA SUBJECT EXTKEYUSAGE [SANS]
@@ -60,7 +63,7 @@ EP=$(free_port); PP=$(free_port); AP=$(free_port); VAP=$(free_port); VCP=$(free_
 "$TOOLS/etcd" --name=smoke --data-dir="$D/etcd" --listen-client-urls="http://127.0.0.1:$EP" \
   --advertise-client-urls="http://127.0.0.1:$EP" --listen-peer-urls="http://127.0.0.1:$PP" \
   --initial-advertise-peer-urls="http://127.0.0.1:$PP" --initial-cluster="smoke=http://127.0.0.1:$PP" \
-  --unsafe-no-fsync --log-level=warn >etcd.log 2>&1 & PIDS+=($!)
+  --unsafe-no-fsync --log-level=warn >logs/etcd.log 2>&1 & PIDS+=($!)
 "$TOOLS/kube-apiserver" --etcd-servers="http://127.0.0.1:$EP" --bind-address=127.0.0.1 \
   --advertise-address=127.0.0.1 --secure-port="$AP" --tls-cert-file=apiserver.crt \
   --tls-private-key-file=apiserver.key --client-ca-file=ca.crt --authorization-mode=RBAC \
@@ -71,7 +74,7 @@ EP=$(free_port); PP=$(free_port); AP=$(free_port); VAP=$(free_port); VCP=$(free_
   --requestheader-extra-headers-prefix=X-Remote-Extra- --proxy-client-cert-file=front-proxy-client.crt \
   --proxy-client-key-file=front-proxy-client.key --cert-dir="$D/apiserver-certs" \
   --enable-priority-and-fairness=false --profiling=false --allow-privileged=true --v=1 \
-  >apiserver.log 2>&1 & PIDS+=($!)
+  >logs/apiserver.log 2>&1 & PIDS+=($!)
 
 kubeconfig() { # kubeconfig FILE USER (client cert USER.crt or token file USER.token)
   local auth
@@ -95,18 +98,18 @@ export KUBECONFIG=$D/admin.kubeconfig
 k() { kubectl "$@"; }
 t0=$(date +%s)
 until k get --raw /readyz >/dev/null 2>&1; do
-  sleep 0.5; [ $(( $(date +%s) - t0 )) -lt 60 ] || { say "apiserver not ready"; tail apiserver.log; exit 1; }
+  sleep 0.5; [ $(( $(date +%s) - t0 )) -lt 60 ] || { say "apiserver not ready"; tail logs/apiserver.log; exit 1; }
 done
 say "kube-apiserver ready on $AP in $(( $(date +%s) - t0 ))s"
 
 # --- what virt-operator would install -----------------------------------------------------------
 k create namespace kubevirt >/dev/null
-"$KV/install-manifests" --namespace kubevirt >manifests.yaml
+"$KV/install-manifests" --namespace kubevirt >manifests.yaml 2>install-manifests.log
 # The operator injects virt-api's CA into its webhooks and APIServices; here the Service virt-api
 # is an ExternalName to localhost (as the bed's register_virt_api does), so every reference to it
 # also takes virt-api's real port. The operator's own webhook (virt-operator-validator) is dropped:
 # no virt-operator runs.
-python3 - "$VAP" "$D/virt-ca.crt" <manifests.yaml >manifests-bed.yaml <<'PY'
+cat >bed.py <<'PY'
 import base64, sys, yaml
 port, ca = int(sys.argv[1]), base64.b64encode(open(sys.argv[2], 'rb').read()).decode()
 out = []
@@ -130,6 +133,7 @@ for d in out:
 sys.stderr.write('applying %s\n' % ', '.join('%d %s' % (n, k) for k, n in sorted(kinds.items())))
 yaml.safe_dump_all(out, sys.stdout)
 PY
+python3 bed.py "$VAP" "$D/virt-ca.crt" <manifests.yaml >manifests-bed.yaml
 # CRDs first (so the webhooks never see a request for a type not yet served), then the rest.
 python3 -c 'import sys,yaml; ds=[d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"]==sys.argv[2]]; yaml.safe_dump_all(ds, sys.stdout)' \
   manifests-bed.yaml CustomResourceDefinition >crds.yaml
@@ -167,11 +171,11 @@ done
 "$KV/virt-api" --kubeconfig="$D/kubevirt-apiserver.kubeconfig" --listen=127.0.0.1 --port="$VAP" \
   --tls-cert-file="$D/virt-api.crt" --tls-key-file="$D/virt-api.key" \
   --handler-cert-file="$D/virt-handler-client.crt" --handler-key-file="$D/virt-handler-client.key" \
-  >virt-api.log 2>&1 & PIDS+=($!)
+  >logs/virt-api.log 2>&1 & PIDS+=($!)
 "$KV/virt-controller" --kubeconfig="$D/kubevirt-controller.kubeconfig" --listen=127.0.0.1 --port="$VCP" \
   --launcher-image="quay.io/kubevirt/virt-launcher:v$V" --exporter-image="quay.io/kubevirt/virt-exportserver:v$V" \
   --prom-cert-file="$D/virt-controller-metrics.crt" --prom-key-file="$D/virt-controller-metrics.key" \
-  >virt-controller.log 2>&1 & PIDS+=($!)
+  >logs/virt-controller.log 2>&1 & PIDS+=($!)
 
 wait_for() { # wait_for SECONDS WHAT COMMAND...
   local s=$1 what=$2 t; shift 2; t=$(date +%s)

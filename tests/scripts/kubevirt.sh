@@ -34,10 +34,11 @@ BINS=(virt-api virt-controller install-manifests)
 # The hash of install-manifests' source is part of the stamp: an edit rebuilds that version.
 src_hash() { (cd "$SRC_DIR" && find . -type f -name '*.go' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16); }
 
-# build_version VERSION: one wrapper module next to kubevirt.io/kubevirt@vVERSION, all three binaries.
+# build_version VERSION BINARY...: one wrapper module next to kubevirt.io/kubevirt@vVERSION, then
+# the named binaries.
 build_version() {
   set -euo pipefail
-  local v=$1 dir w gomod m r api_v cg_v ld
+  local v=$1 dir w gomod m r rv api_v cg_v ld b; shift
   dir=$(kv_dir "$v")
   w=$(mktemp -d); trap "rm -rf '$w'" EXIT
   cd "$w"
@@ -57,14 +58,20 @@ build_version() {
     -replace="kubevirt.io/client-go=kubevirt.io/client-go@$cg_v"
   go get "kubevirt.io/kubevirt@v$v"
   go mod tidy
+  # tidy keeps only what install-manifests imports; the commands' dependencies (and go.sum lines)
+  # come from a go get of their packages.
+  go get "kubevirt.io/kubevirt/cmd/virt-api@v$v" "kubevirt.io/kubevirt/cmd/virt-controller@v$v"
   # What virt-api reports at /version and virt-controller writes as the observed version.
   ld="-s -w -X kubevirt.io/client-go/version.gitVersion=v$v -X kubevirt.io/client-go/version.gitTreeState=clean"
   mkdir -p "$dir"
-  go build -trimpath -ldflags "$ld" -o "$dir/virt-api.tmp" kubevirt.io/kubevirt/cmd/virt-api
-  go build -trimpath -ldflags "$ld" -o "$dir/virt-controller.tmp" kubevirt.io/kubevirt/cmd/virt-controller
-  go build -trimpath -ldflags "$ld" -o "$dir/install-manifests.tmp" ./install-manifests
   cp go.mod "$dir/wrapper-go.mod"
-  for b in "${BINS[@]}"; do mv "$dir/$b.tmp" "$dir/$b"; done
+  for b in "$@"; do
+    case $b in
+      install-manifests) go build -trimpath -ldflags "$ld" -o "$dir/$b.tmp" ./install-manifests ;;
+      *) go build -trimpath -ldflags "$ld" -o "$dir/$b.tmp" "kubevirt.io/kubevirt/cmd/$b" ;;
+    esac
+    mv "$dir/$b.tmp" "$dir/$b"
+  done
 }
 
 # served MODULE VERSION: VERSION if the proxy serves MODULE@vVERSION, else the highest lower patch
@@ -84,18 +91,23 @@ hash=$(src_hash)
 for v in $KUBEVIRT_VERSIONS; do
   v=${v#v}
   dir=$(kv_dir "$v") log="$CACHE_ROOT/logs/build-kubevirt-v$v.log"
-  ok=1
-  for b in "${BINS[@]}"; do [ -x "$dir/$b" ] || ok=0; done
-  [ "$(cat "$dir/source-hash" 2>/dev/null)" = "$hash" ] || ok=0
-  [ $ok = 1 ] && continue
-  say "building virt-api, virt-controller, install-manifests v$v (log: $log)"
+  # install-manifests is rebuilt when its source changes (the hash in install-manifests.source).
+  todo=()
+  for b in virt-api virt-controller; do [ -x "$dir/$b" ] || todo+=("$b"); done
+  if [ ! -x "$dir/install-manifests" ] || [ "$(cat "$dir/install-manifests.source" 2>/dev/null)" != "$hash" ]; then
+    todo+=(install-manifests)
+  fi
+  [ ${#todo[@]} -eq 0 ] && continue
+  say "building ${todo[*]} v$v (log: $log)"
   start=$(date +%s)
-  if ! ( build_version "$v" ) >"$log" 2>&1; then
+  # In the background, so that set -e holds inside (an `if !` or `||` would switch it off).
+  ( build_version "$v" "${todo[@]}" ) >"$log" 2>&1 &
+  if ! wait $!; then
     say "FAILED to build v$v; last lines of $log:" >&2
     tail -n 30 "$log" >&2
     exit 1
   fi
-  echo "$hash" >"$dir/source-hash"
+  echo "$hash" >"$dir/install-manifests.source"
   say "built v$v in $(( $(date +%s) - start ))s: $(cd "$dir" && du -m "${BINS[@]}" | awk '{printf "%s %s MiB; ", $2, $1}')"
 done
 say "kubevirt ready ($(( $(date +%s) - total_start ))s)"

@@ -32,6 +32,11 @@ const defaultKinds = "CustomResourceDefinition,ValidatingWebhookConfiguration," 
 	"MutatingWebhookConfiguration,APIService,ClusterRole,ClusterRoleBinding,Role,RoleBinding," +
 	"ServiceAccount,ValidatingAdmissionPolicy,ValidatingAdmissionPolicyBinding"
 
+var groupOf = map[string]string{
+	"ValidatingAdmissionPolicy":        "admissionregistration.k8s.io",
+	"ValidatingAdmissionPolicyBinding": "admissionregistration.k8s.io",
+}
+
 func main() {
 	namespace := flag.String("namespace", "kubevirt", "namespace of the KubeVirt CR and its components")
 	registry := flag.String("registry", "quay.io/kubevirt", "image registry written into Deployments")
@@ -83,6 +88,11 @@ func main() {
 		}
 		if !keep["all"] && !keep[meta.Kind] {
 			continue
+		}
+		// virt-operator creates these through typed clients, so their TypeMeta was never used:
+		// KubeVirt sets apiVersion "v1" on its ValidatingAdmissionPolicy(Binding) (v1.6-v1.8).
+		if group, ok := groupOf[meta.Kind]; ok && meta.APIVersion == "v1" {
+			doc = strings.Replace(doc, "apiVersion: v1\n", "apiVersion: "+group+"/v1\n", 1)
 		}
 		fmt.Fprintf(out, "---\n%s\n", doc)
 	}
