@@ -31,7 +31,7 @@ say() { printf '[kubevirt] %s\n' "$*"; }
 
 BINS=(virt-api virt-controller install-manifests)
 
-# The hash of install-manifests' source is part of the stamp: an edit rebuilds that version.
+# The hash of install-manifests' source, kept beside it: an edit rebuilds install-manifests.
 src_hash() { (cd "$SRC_DIR" && find . -type f -name '*.go' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16); }
 
 # build_version VERSION BINARY...: one wrapper module next to kubevirt.io/kubevirt@vVERSION, then
