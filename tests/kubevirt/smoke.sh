@@ -252,7 +252,10 @@ say "addvolume OK"
 # play writes the VMI Running with selinuxContext none, as kubevirt-handler (on an update by anyone
 # but KubeVirt's own service accounts virt-api's VMI mutating webhook puts the old status back);
 # virt-controller then moves the volume request into the VMI and, the PVC Bound, creates the
-# attachment Pod (hp-volume-*).
+# attachment Pod (hp-volume-*); that Pod run by the kubelet play, virt-controller writes the
+# volume AttachedToNode, and the virt-handler play writes it Ready; removevolume takes it out of
+# the VMI, the virt-handler play writes it UnMountedFromPod, and virt-controller deletes the
+# attachment Pod and the volume's status.
 [ "${STOP_AT_ADDVOLUME:-}" = 1 ] && exit 0
 k -n kubevirt create token kubevirt-handler --duration=24h >kubevirt-handler.token
 kubeconfig kubevirt-handler.kubeconfig kubevirt-handler
@@ -261,27 +264,31 @@ apiVersion: v1
 kind: Node
 metadata: {name: node1, labels: {kubevirt.io/schedulable: "true", kubernetes.io/hostname: node1}}
 NODE
-pod=$(k -n vms get pods -l kubevirt.io=virt-launcher -o jsonpath='{.items[0].metadata.name}')
-k -n vms create -f - >/dev/null <<BIND
+# run_pod POD IP: the kubelet play: bind POD to node1, write it Running and Ready.
+run_pod() {
+  local now statuses
+  k -n vms create -f - >/dev/null <<BIND
 apiVersion: v1
 kind: Binding
-metadata: {name: $pod, namespace: vms}
+metadata: {name: $1, namespace: vms}
 target: {apiVersion: v1, kind: Node, name: node1}
 BIND
-now=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-statuses=$(k -n vms get pod "$pod" -o json | python3 -c '
+  now=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  statuses=$(k -n vms get pod "$1" -o json | python3 -c '
 import json, sys
 p = json.load(sys.stdin)
-now = sys.argv[1]
+now, ip = sys.argv[1], sys.argv[2]
 cs = [{"name": c["name"], "image": c["image"], "imageID": "", "ready": True, "restartCount": 0,
        "started": True, "state": {"running": {"startedAt": now}}} for c in p["spec"]["containers"]]
 conds = [{"type": t, "status": "True", "lastTransitionTime": now} for t in
          ("PodScheduled", "Initialized", "ContainersReady", "Ready")]
 conds += [{"type": g["conditionType"], "status": "True", "lastTransitionTime": now}
           for g in p["spec"].get("readinessGates", [])]
-print(json.dumps({"status": {"phase": "Running", "podIP": "10.0.0.10", "podIPs": [{"ip": "10.0.0.10"}],
-      "hostIP": "127.0.0.1", "startTime": now, "conditions": conds, "containerStatuses": cs}}))' "$now")
-k -n vms patch pod "$pod" --subresource=status --type=merge -p "$statuses" >/dev/null
+print(json.dumps({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+      "hostIP": "127.0.0.1", "startTime": now, "conditions": conds, "containerStatuses": cs}}))' "$now" "$2")
+  k -n vms patch pod "$1" --subresource=status --type=merge -p "$statuses" >/dev/null
+}
+run_pod "$(k -n vms get pods -l kubevirt.io=virt-launcher -o jsonpath='{.items[0].metadata.name}')" 10.0.0.10
 vmi_phase() { [ "$(k -n vms get vmi vm1 -o jsonpath='{.status.phase}')" = "$1" ]; }
 wait_for 60 "VMI Scheduled (virt-controller saw the launcher Pod ready)" vmi_phase Scheduled
 # The VMI CRD has no status subresource, and kubevirt-handler's ClusterRole grants VMIs only
@@ -298,5 +305,47 @@ in_vmi() { k -n vms get vmi vm1 -o jsonpath='{.spec.volumes[*].name}' | grep -qw
 wait_for 60 "volume hp1 in the VMI spec (virt-controller applied the request)" in_vmi
 attachment_pod() { [ -n "$(k -n vms get pods -l kubevirt.io=hotplug-disk -o name)" ]; }
 wait_for 60 "attachment Pod created by virt-controller" attachment_pod
+# The attachment Pod running: virt-controller writes the volume AttachedToNode
+# (pkg/virt-controller/watch/vmi/storage.go); MountedToPod and Ready are virt-handler's.
+run_pod "$(k -n vms get pods -l kubevirt.io=hotplug-disk -o jsonpath='{.items[0].metadata.name}')" 10.0.0.11
+volume_phase() { [ "$(k -n vms get vmi vm1 -o jsonpath='{.status.volumeStatus[?(@.name=="hp1")].phase}')" = "$1" ]; }
+wait_for 60 "volume hp1 AttachedToNode (virt-controller saw the attachment Pod ready)" volume_phase AttachedToNode
+k -n vms get vmi vm1 -o json | python3 -c '
+import json, sys
+v = json.load(sys.stdin)
+for vs in v["status"]["volumeStatus"]:
+    if vs["name"] == "hp1":
+        vs.update({"phase": "Ready", "reason": "VolumeReady", "target": "sda",
+                   "message": "Successfully attach hotplugged volume hp1 to VM"})
+print(json.dumps(v))' | KUBECONFIG=$D/kubevirt-handler.kubeconfig kubectl replace -f - >/dev/null
+wait_for 30 "volume hp1 Ready (written as kubevirt-handler)" volume_phase Ready
+sleep 3; volume_phase Ready || { say "FAIL: the volume's Ready was not kept"; exit 1; }
+k -n vms get pods -o wide
+
+# --- removevolume: out of the VMI spec, then (the volume unmounted) the attachment Pod deleted ----
+code=$(curl -sS -o removevolume.out -w '%{http_code}' --cacert ca.crt --cert admin.crt --key admin.key \
+  -X PUT -H 'Content-Type: application/json' \
+  "https://127.0.0.1:$AP/apis/subresources.kubevirt.io/v1/namespaces/vms/virtualmachines/vm1/removevolume" \
+  -d '{"name":"hp1"}')
+say "removevolume: HTTP $code $(head -c 300 removevolume.out)"
+[ "$code" = 202 ] || exit 1
+not_in_vmi() { ! in_vmi; }
+wait_for 60 "volume hp1 out of the VMI spec" not_in_vmi
+# virt-controller keeps the attachment Pod while the volume is Ready or MountedToPod
+# (volume-hotplug.go volumeReadyForPodDelete): the virt-handler play writes it UnMountedFromPod,
+# as virt-handler does once it has unmounted it (pkg/virt-handler/vm.go).
+k -n vms get vmi vm1 -o json | python3 -c '
+import json, sys
+v = json.load(sys.stdin)
+for vs in v["status"]["volumeStatus"]:
+    if vs["name"] == "hp1":
+        vs.update({"phase": "UnMountedFromPod", "reason": "VolumeUnMountedFromPod",
+                   "message": "Volume hp1 has been unmounted from virt-launcher pod"})
+print(json.dumps(v))' | KUBECONFIG=$D/kubevirt-handler.kubeconfig kubectl replace -f - >/dev/null
+no_attachment_pod() { [ -z "$(k -n vms get pods -l kubevirt.io=hotplug-disk -o name)" ]; }
+wait_for 60 "attachment Pod deleted by virt-controller" no_attachment_pod
+no_status() { ! k -n vms get vmi vm1 -o jsonpath='{.status.volumeStatus[*].name}' | grep -qw hp1; }
+wait_for 60 "volume hp1 out of the VMI status (virt-controller)" no_status
+k -n vms get vmi vm1 -o jsonpath='{.status.volumeStatus[*].name}{" "}{.status.volumeStatus[*].phase}{"\n"}' | sed 's/^/[smoke] VMI volumeStatus after unplug: /'
 k -n vms get pods -o wide
 say "OK"
