@@ -4,7 +4,9 @@
 # creates the KubeVirt CR with the status virt-operator would write, runs the real virt-api and
 # virt-controller as plain processes, then checks that a VirtualMachine create passes the real
 # webhooks, that virt-controller makes the VMI and its launcher Pod, and that
-# PUT .../virtualmachines/<vm>/addvolume through the aggregator answers 202.
+# PUT .../virtualmachines/<vm>/addvolume through the aggregator answers 202; then plays the
+# kubelet and virt-handler's node side by hand through a whole hot-plug and unplug (below).
+# About 40 s. Not part of `make test`.
 #
 #   tests/kubevirt/smoke.sh 1.7.0 [FEATURE_GATE]   # FEATURE_GATE: HotplugVolumes (default) or
 #                                                # DeclarativeHotplugVolumes
@@ -246,7 +248,7 @@ else
 fi
 say "addvolume OK"
 
-# --- further: play kubelet and virt-handler until virt-controller makes the attachment Pod ----------
+# --- further: play kubelet and virt-handler through the hot-plug and the unplug -----------------------
 # (STOP_AT_ADDVOLUME=1 skips this.) The kubelet play binds the launcher Pod to a Node and writes it
 # Running and Ready; virt-controller then marks the VMI Scheduled on that node; the virt-handler
 # play writes the VMI Running with selinuxContext none, as kubevirt-handler (on an update by anyone
