@@ -48,7 +48,9 @@ build() {
   if [ -x "$NODE_TOOLS_DIR/$name" ]; then return 0; fi
   say "building $name (log: $log)"
   start=$(date +%s)
-  if ! ( "$fn" "$name" "$@" ) >"$log" 2>&1; then
+  # In the background, so that set -e holds inside (an `if !` would switch it off there).
+  ( "$fn" "$name" "$@" ) >"$log" 2>&1 &
+  if ! wait $!; then
     say "FAILED to build $name; last lines of $log:" >&2
     tail -n 30 "$log" >&2
     exit 1
@@ -107,7 +109,8 @@ sidecar_group() {
   local log="$CACHE_ROOT/logs/build-$group.log" start secs
   say "building $group: ${*%%:*} (log: $log)"
   start=$(date +%s)
-  if ! ( build_sidecar_group "$@" ) >"$log" 2>&1; then
+  ( build_sidecar_group "$@" ) >"$log" 2>&1 &
+  if ! wait $!; then
     say "FAILED to build $group; last lines of $log:" >&2
     tail -n 30 "$log" >&2
     exit 1

@@ -44,7 +44,9 @@ build() {
   if [ -x "$TOOLS_DIR/$name" ]; then return 0; fi
   say "building $name (log: $log)"
   start=$(date +%s)
-  if ! ( "$fn" ) >"$log" 2>&1; then
+  # In the background, so that set -e holds inside (an `if !` would switch it off there).
+  ( "$fn" ) >"$log" 2>&1 &
+  if ! wait $!; then
     say "FAILED to build $name; last lines of $log:" >&2
     tail -n 30 "$log" >&2
     exit 1
