@@ -426,15 +426,23 @@ async fn unlabel_host_pvcs(bed: &TestBed) -> Vec<String> {
         .filter(|csi| csi.driver == harvester_csi_driver::DRIVER_NAME)
         .map(|csi| csi.volume_handle.clone())
         .collect();
-    assert!(!handles.is_empty(), "the check step left a volume of the driver");
-    let pvcs = Api::<PersistentVolumeClaim>::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);
+    assert!(
+        !handles.is_empty(),
+        "the check step left a volume of the driver"
+    );
+    let pvcs =
+        Api::<PersistentVolumeClaim>::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);
     let patch = serde_json::json!({"metadata": {"labels": {
         harvester_csi_driver::controller::owner::LABEL_GUEST_CLUSTER: null
     }}});
     for pvc in &handles {
-        pvcs.patch(pvc, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
-            .await
-            .unwrap_or_else(|e| panic!("unlabelling host PVC {pvc}: {e}"));
+        pvcs.patch(
+            pvc,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("unlabelling host PVC {pvc}: {e}"));
         assert_eq!(host_pvc_owner(bed, pvc).await, None);
     }
     handles
@@ -448,7 +456,10 @@ async fn host_pvc_owner(bed: &TestBed, pvc: &str) -> Option<String> {
         .unwrap_or_else(|e| panic!("host PVC {pvc}: {e}"))
         .metadata
         .labels
-        .and_then(|l| l.get(harvester_csi_driver::controller::owner::LABEL_GUEST_CLUSTER).cloned())
+        .and_then(|l| {
+            l.get(harvester_csi_driver::controller::owner::LABEL_GUEST_CLUSTER)
+                .cloned()
+        })
 }
 
 /// `helm install` of the upstream fixture charts as an upstream user has them, with the bed's
