@@ -271,7 +271,7 @@ fn cloud_provider_chart_takes_every_cloud_config_source_and_the_cluster_name() {
             "--controllers=*,-service-lb-controller",
         ]
     );
-    assert_eq!(mount(c, "cloud-config")["subPath"], "cloud-config");
+    assert_eq!(mount(c, "cloud-config")["mountPath"], "/etc/kubernetes");
     assert_eq!(
         volume(deploy, "cloud-config")["secret"],
         json!({"secretName": "harvester-cloud-config",
@@ -313,6 +313,114 @@ fn cloud_provider_chart_takes_every_cloud_config_source_and_the_cluster_name() {
         err.contains("cloudConfig.secretName, cloudConfigPath or cloudConfig.hostPath"),
         "{err}"
     );
+}
+
+/// Every container of `workload` that mounts the volume `cloud-config`, with that mount.
+fn cloud_config_mounts(workload: &Value) -> Vec<(&Value, &Value)> {
+    workload["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .expect("containers")
+        .iter()
+        .filter_map(|c| {
+            c["volumeMounts"]
+                .as_array()?
+                .iter()
+                .find(|m| m["name"] == "cloud-config")
+                .map(|m| (c, m))
+        })
+        .collect()
+}
+
+#[test]
+fn cloud_config_secret_is_mounted_as_a_directory_so_a_rotation_reaches_the_pods() {
+    // (chart, workloads, the flag naming the file): the Secret source of each chart.
+    let cases = [
+        (
+            CCM_CHART,
+            vec![("Deployment", "harvester-cloud-provider")],
+            "--cloud-config=",
+        ),
+        (
+            CSI_CHART,
+            vec![
+                ("Deployment", "harvester-csi-driver-controllers"),
+                ("DaemonSet", "harvester-csi-driver"),
+            ],
+            "--kubeconfig=",
+        ),
+    ];
+    for (chart, workloads, flag) in cases {
+        let docs = template(
+            chart,
+            None,
+            &[
+                "cloudConfig.secretName=harvester-cloud-config",
+                "cloudConfig.secretKey=kubeconfig",
+            ],
+        );
+        for (kind, name) in workloads {
+            let workload = find(&docs, kind, name);
+            let secret = &volume(workload, "cloud-config")["secret"];
+            assert_eq!(secret["secretName"], "harvester-cloud-config", "{name}");
+            let file = secret["items"][0]["path"].as_str().expect("items[0].path");
+            let mounts = cloud_config_mounts(workload);
+            assert!(
+                !mounts.is_empty(),
+                "{name}: no container mounts the cloud-config"
+            );
+            for (c, m) in mounts {
+                // The kubelet never updates a subPath mount: a rotated Secret would not reach
+                // the file the program re-reads.
+                assert!(
+                    m.get("subPath").is_none() && m.get("subPathExpr").is_none(),
+                    "{name}/{}: the cloud-config Secret is mounted with a subPath: {m}",
+                    c["name"]
+                );
+                let dir = m["mountPath"].as_str().expect("mountPath");
+                let names_file = format!("{flag}{}/{file}", dir.trim_end_matches('/'));
+                if args(c).iter().any(|a| a.starts_with(flag)) {
+                    assert!(
+                        args(c).contains(&names_file),
+                        "{name}/{}: {flag} names the file in the mounted directory ({names_file}): {:?}",
+                        c["name"],
+                        args(c)
+                    );
+                }
+            }
+        }
+    }
+    // The cloud provider's file keeps upstream's path (--cloud-config's default too), so an
+    // extraArgs `--cloud-config=/etc/kubernetes/cloud-config` still names it; a later one wins.
+    let docs = template(
+        CCM_CHART,
+        None,
+        &[
+            "cloudConfig.secretName=harvester-cloud-config",
+            "extraArgs[0]=--cloud-config=/etc/kubernetes/cloud-config",
+        ],
+    );
+    let a = args(container(
+        find(&docs, "Deployment", "harvester-cloud-provider"),
+        "harvester-cloud-provider",
+    ));
+    assert_eq!(
+        a.first().map(String::as_str),
+        Some("--cloud-config=/etc/kubernetes/cloud-config")
+    );
+    assert_eq!(
+        a.last().map(String::as_str),
+        Some("--cloud-config=/etc/kubernetes/cloud-config")
+    );
+
+    // A host file stays a file mount at the same path, as before.
+    let docs = template(CCM_CHART, None, &[]);
+    let deploy = find(&docs, "Deployment", "harvester-cloud-provider");
+    let c = container(deploy, "harvester-cloud-provider");
+    assert_eq!(
+        mount(c, "cloud-config")["mountPath"],
+        "/etc/kubernetes/cloud-config"
+    );
+    assert_eq!(volume(deploy, "cloud-config")["hostPath"]["type"], "File");
 }
 
 #[test]

@@ -336,8 +336,9 @@ async fn cloud_provider_release_of_the_upstream_chart_upgrades_with_reuse_values
                         .as_array()
                         .and_then(|m| m.iter().find(|m| m["name"] == "cloud-config"))
                         .expect("cloud-config mount");
-                    assert_eq!(mount["mountPath"], "/etc/kubernetes/cloud-config");
-                    assert_eq!(mount["subPath"], "cloud-config");
+                    // The Secret's directory: a rotated Secret reaches the pod.
+                    assert_eq!(mount["mountPath"], "/etc/kubernetes", "{what}");
+                    assert_eq!(mount.get("subPath"), None, "{what}");
                 }
                 _ => assert!(cluster_name_args(new).is_empty(), "{what}"),
             }
@@ -512,8 +513,12 @@ async fn cloud_config_secret_is_mounted_with_the_default_cloud_config_path() {
         .as_array()
         .and_then(|m| m.iter().find(|m| m["name"] == "cloud-config"))
         .expect("cloud-config mount");
-    assert_eq!(mount["mountPath"], "/etc/kubernetes/cloud-config");
-    assert_eq!(mount["subPath"], "cloud-config");
+    assert_eq!(mount["mountPath"], "/etc/kubernetes");
+    assert_eq!(
+        mount.get("subPath"),
+        None,
+        "no subPath: the kubelet updates the file"
+    );
     assert!(args(c).contains(&"--cloud-config=/etc/kubernetes/cloud-config".to_string()));
 }
 
