@@ -692,6 +692,57 @@ fn csi_chart_takes_secret_host_class_kubelet_dir_and_storage_class_parameters() 
     );
 }
 
+#[test]
+fn csi_chart_passes_extra_args_last_to_the_driver_of_each_mode() {
+    let plain = template(CSI_CHART, None, &[]);
+    let docs = template(
+        CSI_CHART,
+        None,
+        &[
+            "extraArgs.controller={--log-format=json,--metrics-address=:9811}",
+            "extraArgs.node={--device-timeout-seconds=60,--debug}",
+        ],
+    );
+    for (kind, name, extra) in [
+        (
+            "Deployment",
+            "harvester-csi-driver-controllers",
+            vec!["--log-format=json", "--metrics-address=:9811"],
+        ),
+        (
+            "DaemonSet",
+            "harvester-csi-driver",
+            vec!["--device-timeout-seconds=60", "--debug"],
+        ),
+    ] {
+        let before = args(container(find(&plain, kind, name), "harvester-csi-driver"));
+        let after = args(container(find(&docs, kind, name), "harvester-csi-driver"));
+        // The chart's flags unchanged, the user's after them (a repeated flag keeps the last:
+        // theirs, as --metrics-address here).
+        let mut expected = before.clone();
+        expected.extend(extra.iter().map(|s| s.to_string()));
+        assert_eq!(after, expected, "{name}");
+        // Only the driver's container: the sidecars would refuse the driver's flags.
+        for c in find(&docs, kind, name)["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .expect("containers")
+            .iter()
+            .filter(|c| c["name"] != "harvester-csi-driver")
+        {
+            let a = args(c);
+            assert!(
+                !extra.iter().any(|x| a.contains(&x.to_string())),
+                "{name}/{}: {a:?}",
+                c["name"]
+            );
+        }
+    }
+    // The schema takes lists of strings only.
+    let err = try_template(CSI_CHART, None, &["extraArgs.node=--debug"])
+        .expect_err("extraArgs.node must be a list");
+    assert!(err.contains("extraArgs") && err.contains("schema"), "{err}");
+}
+
 /// The long flags `struct Cli` of csi/src/main.rs defines (the binary's CLI is private to it).
 fn csi_flags() -> BTreeSet<String> {
     let path = repo().join("csi/src/main.rs");

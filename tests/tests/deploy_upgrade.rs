@@ -530,7 +530,10 @@ async fn default_mark(classes: &Api<StorageClass>, name: &str) -> Option<String>
         .unwrap_or_else(|e| panic!("StorageClass {name}: {e}"))
         .metadata
         .annotations
-        .and_then(|a| a.get("storageclass.kubernetes.io/is-default-class").cloned())
+        .and_then(|a| {
+            a.get("storageclass.kubernetes.io/is-default-class")
+                .cloned()
+        })
 }
 
 #[tokio::test]
