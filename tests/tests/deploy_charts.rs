@@ -692,6 +692,111 @@ fn csi_chart_takes_secret_host_class_kubelet_dir_and_storage_class_parameters() 
     );
 }
 
+/// Whether a container runs without capabilities, privilege escalation or a writable root.
+fn locked_down(c: &Value) -> bool {
+    let sc = &c["securityContext"];
+    sc["readOnlyRootFilesystem"] == true
+        && sc["allowPrivilegeEscalation"] == false
+        && strs(&sc["capabilities"]["drop"]) == ["ALL"]
+}
+
+#[test]
+fn pods_get_the_runtime_seccomp_filter_and_containers_lose_what_they_do_not_need() {
+    let runtime_default = json!({"seccompProfile": {"type": "RuntimeDefault"}});
+    let pod_sc = |w: &Value| w["spec"]["template"]["spec"]["securityContext"].clone();
+    let containers = |w: &Value| {
+        w["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .expect("containers")
+            .clone()
+    };
+    for (set, values) in value_sets(CCM_CHART) {
+        let docs = template(CCM_CHART, values.as_deref(), &[]);
+        let deploy = find(&docs, "Deployment", "harvester-cloud-provider");
+        assert_eq!(pod_sc(deploy), runtime_default, "{set}");
+        let c = container(deploy, "harvester-cloud-provider");
+        assert!(locked_down(c), "{set}: {}", c["securityContext"]);
+        if let Some(kv) = docs
+            .iter()
+            .find(|d| d["kind"] == "DaemonSet" && d["metadata"]["name"] == "kube-vip")
+        {
+            assert_eq!(pod_sc(kv), runtime_default, "{set}: kube-vip");
+            // Upstream's container securityContext (it announces addresses: NET_ADMIN, NET_RAW).
+            assert_eq!(
+                strs(&container(kv, "kube-vip")["securityContext"]["capabilities"]["drop"]),
+                ["ALL"]
+            );
+        }
+    }
+    for (set, values) in value_sets(CSI_CHART) {
+        let docs = template(CSI_CHART, values.as_deref(), &[]);
+        let ctrl = find(&docs, "Deployment", "harvester-csi-driver-controllers");
+        assert_eq!(pod_sc(ctrl), runtime_default, "{set}");
+        for c in containers(ctrl) {
+            assert!(
+                locked_down(&c),
+                "{set}: {}: {}",
+                c["name"],
+                c["securityContext"]
+            );
+        }
+        // The node plugin mounts and formats: privileged, where a filter means nothing; its
+        // sidecars only use the socket and registration directories.
+        let node = find(&docs, "DaemonSet", "harvester-csi-driver");
+        assert_eq!(pod_sc(node), Value::Null, "{set}");
+        for c in containers(node) {
+            if c["name"] == "harvester-csi-driver" {
+                assert_eq!(c["securityContext"], json!({"privileged": true}), "{set}");
+            } else {
+                assert!(
+                    locked_down(&c),
+                    "{set}: {}: {}",
+                    c["name"],
+                    c["securityContext"]
+                );
+            }
+        }
+    }
+
+    // A podSecurityContext the user gives is used as it is.
+    let mine = json!({"runAsNonRoot": false, "fsGroup": 0});
+    let set = format!("podSecurityContext={mine}");
+    let docs = template_json(CCM_CHART, &[&set, &format!("kube-vip.{set}")]);
+    assert_eq!(
+        pod_sc(find(&docs, "Deployment", "harvester-cloud-provider")),
+        mine
+    );
+    assert_eq!(pod_sc(find(&docs, "DaemonSet", "kube-vip")), mine);
+    let docs = template_json(CSI_CHART, &[&set]);
+    assert_eq!(
+        pod_sc(find(
+            &docs,
+            "Deployment",
+            "harvester-csi-driver-controllers"
+        )),
+        mine
+    );
+}
+
+/// `helm template` of `chart` (its default-values.yaml) with `--set-json` pairs.
+fn template_json(chart: &str, pairs: &[&str]) -> Vec<Value> {
+    let dir = chart_dir(chart).to_string_lossy().to_string();
+    let values = default_values(chart).to_string_lossy().to_string();
+    let mut a = vec![
+        "template",
+        chart,
+        &dir,
+        "--namespace",
+        RELEASE_NAMESPACE,
+        "--values",
+        &values,
+    ];
+    for p in pairs {
+        a.extend(["--set-json", p]);
+    }
+    parse(&run_helm(&a).unwrap_or_else(|e| panic!("{chart} --set-json {pairs:?}: {e}")))
+}
+
 #[test]
 fn csi_chart_passes_extra_args_last_to_the_driver_of_each_mode() {
     let plain = template(CSI_CHART, None, &[]);
