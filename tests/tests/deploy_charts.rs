@@ -265,6 +265,8 @@ fn cloud_provider_chart_takes_every_cloud_config_source_and_the_cluster_name() {
             "--leader-elect-resource-name=cloud-controller-manager",
             "--bind-address=0.0.0.0",
             "--secure-port=10258",
+            "--tls-cert-file=/etc/harvester-cloud-provider/serving-cert/tls.crt",
+            "--tls-private-key-file=/etc/harvester-cloud-provider/serving-cert/tls.key",
             "--cluster-name=rke2-prod",
             "--management-network=default/vlan-100",
             "--node-ip-cidr=10.52.0.0/16",
@@ -421,6 +423,78 @@ fn cloud_config_secret_is_mounted_as_a_directory_so_a_rotation_reaches_the_pods(
         "/etc/kubernetes/cloud-config"
     );
     assert_eq!(volume(deploy, "cloud-config")["hostPath"]["type"], "File");
+}
+
+#[test]
+fn cloud_provider_serves_the_certificate_of_the_secret_secure_serving_names() {
+    let tls_args = |c: &Value| -> Vec<String> {
+        args(c)
+            .into_iter()
+            .filter(|a| a.starts_with("--tls-"))
+            .collect()
+    };
+    // Default: no Secret, no files: the provider makes a self-signed certificate.
+    let docs = template(CCM_CHART, None, &[]);
+    let deploy = find(&docs, "Deployment", "harvester-cloud-provider");
+    let c = container(deploy, "harvester-cloud-provider");
+    assert!(tls_args(c).is_empty(), "{:?}", args(c));
+    assert!(
+        !deploy["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .expect("volumes")
+            .iter()
+            .any(|v| v["name"] == "serving-cert")
+    );
+
+    let docs = template(
+        CCM_CHART,
+        None,
+        &["secureServing.certSecretName=harvester-cloud-provider-serving"],
+    );
+    let deploy = find(&docs, "Deployment", "harvester-cloud-provider");
+    assert_eq!(
+        volume(deploy, "serving-cert"),
+        &json!({"name": "serving-cert",
+                "secret": {"secretName": "harvester-cloud-provider-serving"}})
+    );
+    let c = container(deploy, "harvester-cloud-provider");
+    let m = mount(c, "serving-cert");
+    assert_eq!(m["readOnly"], true);
+    assert!(m.get("subPath").is_none(), "the Secret's directory: {m}");
+    let dir = m["mountPath"].as_str().expect("mountPath");
+    assert_eq!(
+        tls_args(c),
+        [
+            format!("--tls-cert-file={dir}/tls.crt"),
+            format!("--tls-private-key-file={dir}/tls.key"),
+        ],
+        "the keys of a kubernetes.io/tls Secret"
+    );
+    let mut argv = strs(&c["command"]);
+    argv.extend(args(c));
+    harvester_cloud_provider::Config::from_args(&argv)
+        .unwrap_or_else(|e| panic!("the binary refuses {argv:?}: {e}"));
+
+    // Files in extraArgs come later and win, as before this value existed.
+    let docs = template(
+        CCM_CHART,
+        None,
+        &[
+            "secureServing.certSecretName=harvester-cloud-provider-serving",
+            "extraArgs={--tls-cert-file=/etc/mine/crt,--tls-private-key-file=/etc/mine/key}",
+        ],
+    );
+    let c = container(
+        find(&docs, "Deployment", "harvester-cloud-provider"),
+        "harvester-cloud-provider",
+    );
+    assert_eq!(
+        tls_args(c)[2..],
+        [
+            "--tls-cert-file=/etc/mine/crt".to_string(),
+            "--tls-private-key-file=/etc/mine/key".to_string()
+        ]
+    );
 }
 
 #[test]
