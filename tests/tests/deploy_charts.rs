@@ -278,13 +278,15 @@ fn cloud_provider_chart_takes_every_cloud_config_source_and_the_cluster_name() {
             "--leader-elect-resource-name=cloud-controller-manager",
             "--bind-address=0.0.0.0",
             "--secure-port=10258",
+            "--tls-cert-file=/etc/harvester-cloud-provider/serving-cert/tls.crt",
+            "--tls-private-key-file=/etc/harvester-cloud-provider/serving-cert/tls.key",
             "--cluster-name=rke2-prod",
             "--management-network=default/vlan-100",
             "--node-ip-cidr=10.52.0.0/16",
             "--controllers=*,-service-lb-controller",
         ]
     );
-    assert_eq!(mount(c, "cloud-config")["subPath"], "cloud-config");
+    assert_eq!(mount(c, "cloud-config")["mountPath"], "/etc/kubernetes");
     assert_eq!(
         volume(deploy, "cloud-config")["secret"],
         json!({"secretName": "harvester-cloud-config",
@@ -325,6 +327,186 @@ fn cloud_provider_chart_takes_every_cloud_config_source_and_the_cluster_name() {
     assert!(
         err.contains("cloudConfig.secretName, cloudConfigPath or cloudConfig.hostPath"),
         "{err}"
+    );
+}
+
+/// Every container of `workload` that mounts the volume `cloud-config`, with that mount.
+fn cloud_config_mounts(workload: &Value) -> Vec<(&Value, &Value)> {
+    workload["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .expect("containers")
+        .iter()
+        .filter_map(|c| {
+            c["volumeMounts"]
+                .as_array()?
+                .iter()
+                .find(|m| m["name"] == "cloud-config")
+                .map(|m| (c, m))
+        })
+        .collect()
+}
+
+#[test]
+fn cloud_config_secret_is_mounted_as_a_directory_so_a_rotation_reaches_the_pods() {
+    // (chart, workloads, the flag naming the file): the Secret source of each chart.
+    let cases = [
+        (
+            CCM_CHART,
+            vec![("Deployment", "harvester-cloud-provider")],
+            "--cloud-config=",
+        ),
+        (
+            CSI_CHART,
+            vec![
+                ("Deployment", "harvester-csi-driver-controllers"),
+                ("DaemonSet", "harvester-csi-driver"),
+            ],
+            "--kubeconfig=",
+        ),
+    ];
+    for (chart, workloads, flag) in cases {
+        let docs = template(
+            chart,
+            None,
+            &[
+                "cloudConfig.secretName=harvester-cloud-config",
+                "cloudConfig.secretKey=kubeconfig",
+            ],
+        );
+        for (kind, name) in workloads {
+            let workload = find(&docs, kind, name);
+            let secret = &volume(workload, "cloud-config")["secret"];
+            assert_eq!(secret["secretName"], "harvester-cloud-config", "{name}");
+            let file = secret["items"][0]["path"].as_str().expect("items[0].path");
+            let mounts = cloud_config_mounts(workload);
+            assert!(
+                !mounts.is_empty(),
+                "{name}: no container mounts the cloud-config"
+            );
+            for (c, m) in mounts {
+                // The kubelet never updates a subPath mount: a rotated Secret would not reach
+                // the file the program re-reads.
+                assert!(
+                    m.get("subPath").is_none() && m.get("subPathExpr").is_none(),
+                    "{name}/{}: the cloud-config Secret is mounted with a subPath: {m}",
+                    c["name"]
+                );
+                let dir = m["mountPath"].as_str().expect("mountPath");
+                let names_file = format!("{flag}{}/{file}", dir.trim_end_matches('/'));
+                if args(c).iter().any(|a| a.starts_with(flag)) {
+                    assert!(
+                        args(c).contains(&names_file),
+                        "{name}/{}: {flag} names the file in the mounted directory ({names_file}): {:?}",
+                        c["name"],
+                        args(c)
+                    );
+                }
+            }
+        }
+    }
+    // The cloud provider's file keeps upstream's path (--cloud-config's default too), so an
+    // extraArgs `--cloud-config=/etc/kubernetes/cloud-config` still names it; a later one wins.
+    let docs = template(
+        CCM_CHART,
+        None,
+        &[
+            "cloudConfig.secretName=harvester-cloud-config",
+            "extraArgs[0]=--cloud-config=/etc/kubernetes/cloud-config",
+        ],
+    );
+    let a = args(container(
+        find(&docs, "Deployment", "harvester-cloud-provider"),
+        "harvester-cloud-provider",
+    ));
+    assert_eq!(
+        a.first().map(String::as_str),
+        Some("--cloud-config=/etc/kubernetes/cloud-config")
+    );
+    assert_eq!(
+        a.last().map(String::as_str),
+        Some("--cloud-config=/etc/kubernetes/cloud-config")
+    );
+
+    // A host file stays a file mount at the same path, as before.
+    let docs = template(CCM_CHART, None, &[]);
+    let deploy = find(&docs, "Deployment", "harvester-cloud-provider");
+    let c = container(deploy, "harvester-cloud-provider");
+    assert_eq!(
+        mount(c, "cloud-config")["mountPath"],
+        "/etc/kubernetes/cloud-config"
+    );
+    assert_eq!(volume(deploy, "cloud-config")["hostPath"]["type"], "File");
+}
+
+#[test]
+fn cloud_provider_serves_the_certificate_of_the_secret_secure_serving_names() {
+    let tls_args = |c: &Value| -> Vec<String> {
+        args(c)
+            .into_iter()
+            .filter(|a| a.starts_with("--tls-"))
+            .collect()
+    };
+    // Default: no Secret, no files: the provider makes a self-signed certificate.
+    let docs = template(CCM_CHART, None, &[]);
+    let deploy = find(&docs, "Deployment", "harvester-cloud-provider");
+    let c = container(deploy, "harvester-cloud-provider");
+    assert!(tls_args(c).is_empty(), "{:?}", args(c));
+    assert!(
+        !deploy["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .expect("volumes")
+            .iter()
+            .any(|v| v["name"] == "serving-cert")
+    );
+
+    let docs = template(
+        CCM_CHART,
+        None,
+        &["secureServing.certSecretName=harvester-cloud-provider-serving"],
+    );
+    let deploy = find(&docs, "Deployment", "harvester-cloud-provider");
+    assert_eq!(
+        volume(deploy, "serving-cert"),
+        &json!({"name": "serving-cert",
+                "secret": {"secretName": "harvester-cloud-provider-serving"}})
+    );
+    let c = container(deploy, "harvester-cloud-provider");
+    let m = mount(c, "serving-cert");
+    assert_eq!(m["readOnly"], true);
+    assert!(m.get("subPath").is_none(), "the Secret's directory: {m}");
+    let dir = m["mountPath"].as_str().expect("mountPath");
+    assert_eq!(
+        tls_args(c),
+        [
+            format!("--tls-cert-file={dir}/tls.crt"),
+            format!("--tls-private-key-file={dir}/tls.key"),
+        ],
+        "the keys of a kubernetes.io/tls Secret"
+    );
+    let mut argv = strs(&c["command"]);
+    argv.extend(args(c));
+    harvester_cloud_provider::Config::from_args(&argv)
+        .unwrap_or_else(|e| panic!("the binary refuses {argv:?}: {e}"));
+
+    // Files in extraArgs come later and win, as before this value existed.
+    let docs = template(
+        CCM_CHART,
+        None,
+        &[
+            "secureServing.certSecretName=harvester-cloud-provider-serving",
+            "extraArgs={--tls-cert-file=/etc/mine/crt,--tls-private-key-file=/etc/mine/key}",
+        ],
+    );
+    let c = container(
+        find(&docs, "Deployment", "harvester-cloud-provider"),
+        "harvester-cloud-provider",
+    );
+    assert_eq!(
+        tls_args(c)[2..],
+        [
+            "--tls-cert-file=/etc/mine/crt".to_string(),
+            "--tls-private-key-file=/etc/mine/key".to_string()
+        ]
     );
 }
 
@@ -595,6 +777,162 @@ fn csi_chart_takes_secret_host_class_kubelet_dir_and_storage_class_parameters() 
         node["spec"]["template"]["spec"]["imagePullSecrets"],
         json!([{"name": "regcred"}, {"name": "mine"}, {"name": "other"}])
     );
+}
+
+/// Whether a container runs without capabilities, privilege escalation or a writable root.
+fn locked_down(c: &Value) -> bool {
+    let sc = &c["securityContext"];
+    sc["readOnlyRootFilesystem"] == true
+        && sc["allowPrivilegeEscalation"] == false
+        && strs(&sc["capabilities"]["drop"]) == ["ALL"]
+}
+
+#[test]
+fn pods_get_the_runtime_seccomp_filter_and_containers_lose_what_they_do_not_need() {
+    let runtime_default = json!({"seccompProfile": {"type": "RuntimeDefault"}});
+    let pod_sc = |w: &Value| w["spec"]["template"]["spec"]["securityContext"].clone();
+    let containers = |w: &Value| {
+        w["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .expect("containers")
+            .clone()
+    };
+    for (set, values) in value_sets(CCM_CHART) {
+        let docs = template(CCM_CHART, values.as_deref(), &[]);
+        let deploy = find(&docs, "Deployment", "harvester-cloud-provider");
+        assert_eq!(pod_sc(deploy), runtime_default, "{set}");
+        let c = container(deploy, "harvester-cloud-provider");
+        assert!(locked_down(c), "{set}: {}", c["securityContext"]);
+        if let Some(kv) = docs
+            .iter()
+            .find(|d| d["kind"] == "DaemonSet" && d["metadata"]["name"] == "kube-vip")
+        {
+            assert_eq!(pod_sc(kv), runtime_default, "{set}: kube-vip");
+            // Upstream's container securityContext (it announces addresses: NET_ADMIN, NET_RAW).
+            assert_eq!(
+                strs(&container(kv, "kube-vip")["securityContext"]["capabilities"]["drop"]),
+                ["ALL"]
+            );
+        }
+    }
+    for (set, values) in value_sets(CSI_CHART) {
+        let docs = template(CSI_CHART, values.as_deref(), &[]);
+        let ctrl = find(&docs, "Deployment", "harvester-csi-driver-controllers");
+        assert_eq!(pod_sc(ctrl), runtime_default, "{set}");
+        for c in containers(ctrl) {
+            assert!(
+                locked_down(&c),
+                "{set}: {}: {}",
+                c["name"],
+                c["securityContext"]
+            );
+        }
+        // The node plugin mounts and formats: privileged, where a filter means nothing; its
+        // sidecars only use the socket and registration directories.
+        let node = find(&docs, "DaemonSet", "harvester-csi-driver");
+        assert_eq!(pod_sc(node), Value::Null, "{set}");
+        for c in containers(node) {
+            if c["name"] == "harvester-csi-driver" {
+                assert_eq!(c["securityContext"], json!({"privileged": true}), "{set}");
+            } else {
+                assert!(
+                    locked_down(&c),
+                    "{set}: {}: {}",
+                    c["name"],
+                    c["securityContext"]
+                );
+            }
+        }
+    }
+
+    // A podSecurityContext the user gives is used as it is.
+    let mine = json!({"runAsNonRoot": false, "fsGroup": 0});
+    let set = format!("podSecurityContext={mine}");
+    let docs = template_json(CCM_CHART, &[&set, &format!("kube-vip.{set}")]);
+    assert_eq!(
+        pod_sc(find(&docs, "Deployment", "harvester-cloud-provider")),
+        mine
+    );
+    assert_eq!(pod_sc(find(&docs, "DaemonSet", "kube-vip")), mine);
+    let docs = template_json(CSI_CHART, &[&set]);
+    assert_eq!(
+        pod_sc(find(
+            &docs,
+            "Deployment",
+            "harvester-csi-driver-controllers"
+        )),
+        mine
+    );
+}
+
+/// `helm template` of `chart` (its default-values.yaml) with `--set-json` pairs.
+fn template_json(chart: &str, pairs: &[&str]) -> Vec<Value> {
+    let dir = chart_dir(chart).to_string_lossy().to_string();
+    let values = default_values(chart).to_string_lossy().to_string();
+    let mut a = vec![
+        "template",
+        chart,
+        &dir,
+        "--namespace",
+        RELEASE_NAMESPACE,
+        "--values",
+        &values,
+    ];
+    for p in pairs {
+        a.extend(["--set-json", p]);
+    }
+    parse(&run_helm(&a).unwrap_or_else(|e| panic!("{chart} --set-json {pairs:?}: {e}")))
+}
+
+#[test]
+fn csi_chart_passes_extra_args_last_to_the_driver_of_each_mode() {
+    let plain = template(CSI_CHART, None, &[]);
+    let docs = template(
+        CSI_CHART,
+        None,
+        &[
+            "extraArgs.controller={--log-format=json,--metrics-address=:9811}",
+            "extraArgs.node={--device-timeout-seconds=60,--debug}",
+        ],
+    );
+    for (kind, name, extra) in [
+        (
+            "Deployment",
+            "harvester-csi-driver-controllers",
+            vec!["--log-format=json", "--metrics-address=:9811"],
+        ),
+        (
+            "DaemonSet",
+            "harvester-csi-driver",
+            vec!["--device-timeout-seconds=60", "--debug"],
+        ),
+    ] {
+        let before = args(container(find(&plain, kind, name), "harvester-csi-driver"));
+        let after = args(container(find(&docs, kind, name), "harvester-csi-driver"));
+        // The chart's flags unchanged, the user's after them (a repeated flag keeps the last:
+        // theirs, as --metrics-address here).
+        let mut expected = before.clone();
+        expected.extend(extra.iter().map(|s| s.to_string()));
+        assert_eq!(after, expected, "{name}");
+        // Only the driver's container: the sidecars would refuse the driver's flags.
+        for c in find(&docs, kind, name)["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .expect("containers")
+            .iter()
+            .filter(|c| c["name"] != "harvester-csi-driver")
+        {
+            let a = args(c);
+            assert!(
+                !extra.iter().any(|x| a.contains(&x.to_string())),
+                "{name}/{}: {a:?}",
+                c["name"]
+            );
+        }
+    }
+    // The schema takes lists of strings only.
+    let err = try_template(CSI_CHART, None, &["extraArgs.node=--debug"])
+        .expect_err("extraArgs.node must be a list");
+    assert!(err.contains("extraArgs") && err.contains("schema"), "{err}");
 }
 
 /// The long flags `struct Cli` of csi/src/main.rs defines (the binary's CLI is private to it).

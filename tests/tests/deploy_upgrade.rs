@@ -336,8 +336,9 @@ async fn cloud_provider_release_of_the_upstream_chart_upgrades_with_reuse_values
                         .as_array()
                         .and_then(|m| m.iter().find(|m| m["name"] == "cloud-config"))
                         .expect("cloud-config mount");
-                    assert_eq!(mount["mountPath"], "/etc/kubernetes/cloud-config");
-                    assert_eq!(mount["subPath"], "cloud-config");
+                    // The Secret's directory: a rotated Secret reaches the pod.
+                    assert_eq!(mount["mountPath"], "/etc/kubernetes", "{what}");
+                    assert_eq!(mount.get("subPath"), None, "{what}");
                 }
                 _ => assert!(cluster_name_args(new).is_empty(), "{what}"),
             }
@@ -512,9 +513,90 @@ async fn cloud_config_secret_is_mounted_with_the_default_cloud_config_path() {
         .as_array()
         .and_then(|m| m.iter().find(|m| m["name"] == "cloud-config"))
         .expect("cloud-config mount");
-    assert_eq!(mount["mountPath"], "/etc/kubernetes/cloud-config");
-    assert_eq!(mount["subPath"], "cloud-config");
+    assert_eq!(mount["mountPath"], "/etc/kubernetes");
+    assert_eq!(
+        mount.get("subPath"),
+        None,
+        "no subPath: the kubelet updates the file"
+    );
     assert!(args(c).contains(&"--cloud-config=/etc/kubernetes/cloud-config".to_string()));
+}
+
+/// The `storageclass.kubernetes.io/is-default-class` annotation of a live StorageClass.
+async fn default_mark(classes: &Api<StorageClass>, name: &str) -> Option<String> {
+    classes
+        .get(name)
+        .await
+        .unwrap_or_else(|e| panic!("StorageClass {name}: {e}"))
+        .metadata
+        .annotations
+        .and_then(|a| {
+            a.get("storageclass.kubernetes.io/is-default-class")
+                .cloned()
+        })
+}
+
+#[tokio::test]
+async fn on_k3s_harvester_becomes_the_default_class_once_local_path_is_unmarked() {
+    let bed = bed().await;
+    let helm = BedHelm::new(&bed);
+    let client = &bed.guest.client;
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    // K3s' local-path class as its manifest creates it (k3s-io/k3s manifests/local-storage.yaml).
+    let local_path = json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": "local-path",
+                     "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+        "provisioner": "rancher.io/local-path",
+        "volumeBindingMode": "WaitForFirstConsumer", "reclaimPolicy": "Delete"});
+    apply(client, &local_path, "default", false)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    // docs/install.md, "K3s": without the CRDs, no VolumeSnapshotClass.
+    let ours = chart_dir(CSI_CHART).to_string_lossy().to_string();
+    let install = |verb: &str| {
+        let mut a = vec![verb, CSI_CHART, &ours, "--namespace", RELEASE_NAMESPACE];
+        if verb == "install" {
+            a.extend(["--set", "volumeSnapshotClass.create=false"]);
+            for s in CSI_IMAGE {
+                a.extend(["--set", s]);
+            }
+        } else {
+            a.push("--reuse-values");
+        }
+        helm.ok(&a);
+    };
+    install("install");
+    assert_eq!(
+        default_mark(&classes, "harvester").await.as_deref(),
+        Some("false"),
+        "storageClass.default=true leaves harvester non-default while local-path is the default \
+         (upstream's behaviour, which the K3s section states)"
+    );
+
+    // The documented step: unmark local-path, then upgrade the release with its values.
+    let unmark = json!({"metadata": {"annotations":
+        {"storageclass.kubernetes.io/is-default-class": "false"}}});
+    classes
+        .patch(
+            "local-path",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&unmark),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("unmarking local-path: {e}"));
+    install("upgrade");
+    assert_eq!(
+        default_mark(&classes, "harvester").await.as_deref(),
+        Some("true"),
+        "harvester is the default once local-path is not"
+    );
+    assert_eq!(
+        default_mark(&classes, "local-path").await.as_deref(),
+        Some("false")
+    );
+    uninstall(&helm, CSI_CHART);
 }
 
 // ---- no test bed: helm template only ----

@@ -94,6 +94,17 @@ snapshotter came later to the upstream chart. */}}
 {{- include "harvester-csi-driver.image" (dict "ctx" .ctx "image" $image) -}}
 {{- end -}}
 
+{{/* A CSI sidecar's securityContext: it only talks over the driver's socket (and the
+registrar over the kubelet's registration directory), both volumes, and listens on an
+unprivileged port at most, so no capability, no privilege escalation, a read-only root. */}}
+{{- define "harvester-csi-driver.sidecarSecurityContext" -}}
+securityContext:
+  allowPrivilegeEscalation: false
+  readOnlyRootFilesystem: true
+  capabilities:
+    drop: ["ALL"]
+{{- end -}}
+
 {{/* metricsPort (not in the upstream chart); 0 turns the endpoint off. */}}
 {{- define "harvester-csi-driver.metricsPortNumber" -}}
 {{- dig "metricsPort" 9810 .Values.AsMap -}}
