@@ -226,3 +226,56 @@ async fn contract_a_migration_strategy_vm_on_harvester_1_8_fails_clearly_and_unp
     delete(&mut c, &id).await;
     d.stop().await;
 }
+
+/// A volume hot-plugged before Harvester set `updateVolumesStrategy: Migration` on the VM (as
+/// v1.8 does for every VM it storage-migrates): under the declarative gate alone KubeVirt never
+/// unplugs it, so unpublish fails clearly within KubeVirt's grace instead of waiting out the
+/// detach bound; once the strategy is back to Replacement, unpublish ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_unpublish_from_a_vm_turned_migration_on_harvester_1_8_fails_clearly() {
+    let bed = bed_with_vm_and(harvester(HotplugMode::Declarative, Gates::DECLARATIVE)).await;
+    let d = Driver::start(&bed, |_| {}).await;
+    let dir = bed.dir.path().to_path_buf();
+    let v = create_and_publish(&d, "migr-late", 64 << 20, &mount(), &dir).await;
+    assert_eq!(attached(&bed, std::slice::from_ref(&v.id)).await, (1, 1));
+    migration_strategy(&bed).await;
+    let mut c = d.controller();
+    let t0 = Instant::now();
+    let err = c
+        .controller_unpublish_volume(unpublish_request(&v.id))
+        .await
+        .expect_err("KubeVirt never unplugs from this VM: unpublish must fail");
+    let took = t0.elapsed();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    for word in [
+        "updateVolumesStrategy",
+        "Migration",
+        "DeclarativeHotplugVolumes",
+        "stays attached",
+    ] {
+        assert!(
+            err.message().contains(word),
+            "names {word}: {}",
+            err.message()
+        );
+    }
+    assert!(
+        took < Duration::from_secs(30),
+        "answered within KubeVirt's grace, not the detach bound: {took:?}"
+    );
+    // The storage migration cancelled: the strategy goes back, and unpublish ends.
+    Api::<VirtualMachine>::namespaced(bed.sim.harvester.clone(), &bed.vm_namespace)
+        .patch(
+            NODE,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"updateVolumesStrategy": "Replacement"}})),
+        )
+        .await
+        .expect("VM updateVolumesStrategy: Replacement");
+    c.controller_unpublish_volume(unpublish_request(&v.id))
+        .await
+        .expect("ControllerUnpublishVolume once the strategy is Replacement");
+    assert_eq!(attached(&bed, std::slice::from_ref(&v.id)).await, (0, 0));
+    detach_and_delete(&d, &v).await;
+    d.stop().await;
+}

@@ -336,6 +336,33 @@ impl Hotplug<'_> {
         }
     }
 
+    /// For a VM whose `spec.updateVolumesStrategy` is `Migration`: waits, [`KUBEVIRT_ACTS_WITHIN`]
+    /// at most, until KubeVirt has begun to unplug volume `id` (the VMI's spec no longer lists
+    /// it). With only the `DeclarativeHotplugVolumes` gate it never does for such a VM (the same
+    /// early return as for a hot-plug; Harvester v1.8 sets `Migration` on every VM it
+    /// storage-migrates), so unpublish says so instead of waiting out its bound on every retry.
+    async fn wait_unplug_started(&self, node: &str, id: &str) -> Result<(), ControllerError> {
+        let ns = self.ns();
+        let limit = KUBEVIRT_ACTS_WITHIN.min(self.timeouts.detach);
+        let unlisted = move |v: Option<&VirtualMachineInstance>| {
+            v.is_none_or(|v| !v.spec.volumes.iter().any(|vol| vol.name == id))
+        };
+        let what = format!("volume {id} to leave VMI {ns}/{node}'s spec");
+        match self.vm_cache.wait_vmi(node, what, limit, unlisted).await {
+            Err(ControllerError::Timeout { after, .. }) => {
+                Err(ControllerError::Precondition(format!(
+                    "VM {ns}/{node} has spec.updateVolumesStrategy {UPDATE_VOLUMES_MIGRATION} and KubeVirt \
+                 did not begin to unplug volume {id} from its VMI within {after:?}: under the \
+                 DeclarativeHotplugVolumes feature gate alone (Harvester v1.8 and later) KubeVirt \
+                 unplugs no volume from such a VM, so the disk stays attached; set the VM's \
+                 updateVolumesStrategy to Replacement (cancel its storage migration), or enable \
+                 the HotplugVolumes feature gate"
+                )))
+            }
+            other => other.map(|_| ()),
+        }
+    }
+
     /// Volume `id` is in VM `node`'s spec but not in its VMI: the disk left behind the driver's
     /// back (harvester#10588, #9761). KubeVirt gets [`KUBEVIRT_ACTS_WITHIN`] to take it in (its
     /// declarative controller does); otherwise it is removed from the VM and added again, as the
@@ -419,6 +446,13 @@ impl Hotplug<'_> {
             }
             if hotplugged {
                 self.remove_from_vm(node, id).await?;
+            }
+            let in_vmi = vmi.as_ref().is_some_and(|v| v.has_volume(id));
+            if !stale_vmi
+                && in_vmi
+                && vm.update_volumes_strategy() == Some(UPDATE_VOLUMES_MIGRATION)
+            {
+                self.wait_unplug_started(node, id).await?;
             }
         }
         if !stale_vmi {
