@@ -188,6 +188,31 @@ async fn contract_a_migration_strategy_vm_is_hot_plugged_with_both_gates() {
     migration_vm_works(HotplugMode::Declarative, Gates::BOTH).await;
 }
 
+/// What a request KubeVirt will not act on for a `Migration` VM must get: FAILED_PRECONDITION
+/// naming the strategy and the gate (and `more`), within KubeVirt's grace rather than the
+/// request's attach or detach bound.
+fn assert_migration_refusal(err: &tonic::Status, took: Duration, more: &[&str]) {
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    for word in [
+        "updateVolumesStrategy",
+        "Migration",
+        "DeclarativeHotplugVolumes",
+    ]
+    .iter()
+    .chain(more)
+    {
+        assert!(
+            err.message().contains(word),
+            "names {word}: {}",
+            err.message()
+        );
+    }
+    assert!(
+        took < Duration::from_secs(30),
+        "answered within KubeVirt's grace, not the request's bound: {took:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contract_a_migration_strategy_vm_on_harvester_1_8_fails_clearly_and_unpublishes() {
     let bed = bed_with_vm_and(harvester(HotplugMode::Declarative, Gates::DECLARATIVE)).await;
@@ -200,23 +225,7 @@ async fn contract_a_migration_strategy_vm_on_harvester_1_8_fails_clearly_and_unp
         .controller_publish_volume(publish_request(&id, &mount()))
         .await
         .expect_err("KubeVirt never hot-plugs into this VM: publish must fail");
-    let took = t0.elapsed();
-    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
-    for word in [
-        "updateVolumesStrategy",
-        "Migration",
-        "DeclarativeHotplugVolumes",
-    ] {
-        assert!(
-            err.message().contains(word),
-            "names {word}: {}",
-            err.message()
-        );
-    }
-    assert!(
-        took < Duration::from_secs(30),
-        "answered within KubeVirt's grace, not the attach bound: {took:?}"
-    );
+    assert_migration_refusal(&err, t0.elapsed(), &[]);
     // The request left the volume in the VM spec; unpublish takes it out again.
     c.controller_unpublish_volume(unpublish_request(&id))
         .await
@@ -245,24 +254,7 @@ async fn contract_unpublish_from_a_vm_turned_migration_on_harvester_1_8_fails_cl
         .controller_unpublish_volume(unpublish_request(&v.id))
         .await
         .expect_err("KubeVirt never unplugs from this VM: unpublish must fail");
-    let took = t0.elapsed();
-    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
-    for word in [
-        "updateVolumesStrategy",
-        "Migration",
-        "DeclarativeHotplugVolumes",
-        "stays attached",
-    ] {
-        assert!(
-            err.message().contains(word),
-            "names {word}: {}",
-            err.message()
-        );
-    }
-    assert!(
-        took < Duration::from_secs(30),
-        "answered within KubeVirt's grace, not the detach bound: {took:?}"
-    );
+    assert_migration_refusal(&err, t0.elapsed(), &["stays attached"]);
     // The storage migration cancelled: the strategy goes back, and unpublish ends.
     Api::<VirtualMachine>::namespaced(bed.sim.harvester.clone(), &bed.vm_namespace)
         .patch(

@@ -867,21 +867,9 @@ fn pods_get_the_runtime_seccomp_filter_and_containers_lose_what_they_do_not_need
 
 /// `helm template` of `chart` (its default-values.yaml) with `--set-json` pairs.
 fn template_json(chart: &str, pairs: &[&str]) -> Vec<Value> {
-    let dir = chart_dir(chart).to_string_lossy().to_string();
-    let values = default_values(chart).to_string_lossy().to_string();
-    let mut a = vec![
-        "template",
-        chart,
-        &dir,
-        "--namespace",
-        RELEASE_NAMESPACE,
-        "--values",
-        &values,
-    ];
-    for p in pairs {
-        a.extend(["--set-json", p]);
-    }
-    parse(&run_helm(&a).unwrap_or_else(|e| panic!("{chart} --set-json {pairs:?}: {e}")))
+    let text = try_template_with(chart, None, "--set-json", pairs)
+        .unwrap_or_else(|e| panic!("{chart} --set-json {pairs:?}: {e}"));
+    parse(&text)
 }
 
 #[test]

@@ -86,6 +86,16 @@ pub fn run_helm(args: &[&str]) -> Result<String, String> {
 /// `helm template` of `chart` as release `chart` in kube-system, with [`default_values`] (the
 /// image), then a values file and `--set` pairs; Err(helm's message) when rendering fails.
 pub fn try_template(chart: &str, values: Option<&Path>, set: &[&str]) -> Result<String, String> {
+    try_template_with(chart, values, "--set", set)
+}
+
+/// [`try_template`] with each of `pairs` given after `flag` (`--set`, `--set-json`, ...).
+pub fn try_template_with(
+    chart: &str,
+    values: Option<&Path>,
+    flag: &str,
+    pairs: &[&str],
+) -> Result<String, String> {
     let dir = chart_dir(chart);
     let dir = dir.to_string_lossy();
     let defaults = default_values(chart).to_string_lossy().to_string();
@@ -102,8 +112,8 @@ pub fn try_template(chart: &str, values: Option<&Path>, set: &[&str]) -> Result<
     if let Some(v) = &values {
         args.extend(["--values", v]);
     }
-    for s in set {
-        args.extend(["--set", s]);
+    for p in pairs {
+        args.extend([flag, p]);
     }
     run_helm(&args)
 }

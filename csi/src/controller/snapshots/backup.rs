@@ -24,7 +24,7 @@ use kube::api::{Api, ListParams, ObjectMeta};
 use super::Snapshots;
 use crate::controller::host_pvc::{Source, out_of_range, requested_bytes, volume_labels};
 use crate::controller::kube::{Deleting, delete_if_exists, get_or_create, wait_for};
-use crate::controller::owner::Owner;
+use crate::controller::owner::{Claim, Owner};
 use crate::error::{ArgError, ControllerError};
 use crate::naming::{self, ORIGINAL_NAME_ANNOTATION};
 
@@ -518,6 +518,10 @@ impl Snapshots<'_> {
                     "volume {vol}: Harvester has not made the restored PVC yet; ask again"
                 ))
             })?;
+        // Never take a PVC another cluster's label claims (there should be none by this name).
+        if matches!(self.owner.claim(&pvc.metadata), Claim::Other(_)) {
+            self.owned_pvc(&pvc)?;
+        }
         let labels = volume_labels(&self.owner);
         let have = pvc.metadata.labels.unwrap_or_default();
         if labels.iter().all(|(k, v)| have.get(k) == Some(v)) {
