@@ -1313,6 +1313,18 @@ async fn contract_nfs_server_down_never_blocks_the_node_plugin_root_steps() {
     let err = r.expect_err("still dead");
     assert!(err.message().contains(HOST_FROM_GUEST), "{}", err.message());
     assert!(took < Duration::from_secs(3), "answered at once: {took:?}");
+    // A kubelet restart re-sends NodeStage and NodePublish of what is staged and published:
+    // answered from mountinfo at once, without touching the dead mount.
+    let t = Instant::now();
+    let r = tokio::time::timeout(limit, stage(&node, &v)).await;
+    let (r, took) = call("NodeStageVolume again", t, r);
+    r.expect("NodeStageVolume of a staged RWX volume is done");
+    assert!(took < Duration::from_secs(3), "answered at once: {took:?}");
+    let t = Instant::now();
+    let r = tokio::time::timeout(limit, common::publish(&node, &v, &rwx_cap())).await;
+    let (r, took) = call("NodePublishVolume again", t, r);
+    r.expect("NodePublishVolume of a published RWX volume is done");
+    assert!(took < Duration::from_secs(3), "answered at once: {took:?}");
     // NodeUnpublish (the bind) and NodeUnstage (the NFS mount itself): bounded, and either done
     // or UNAVAILABLE naming the server; nothing left mounted either way.
     for (what, path) in [

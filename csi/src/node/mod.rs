@@ -206,6 +206,12 @@ impl NodeService {
         let cap = request::capability("volume_capability", req.volume_capability.as_ref())?;
         let _guard = self.begin(id)?;
         let _path = self.begin_path(id, &staging)?;
+        // An RWX volume staged already (a kubelet restart re-sends NodeStage): its NFS mount is
+        // recognised from mountinfo, before anything stats the path, which waits in the kernel
+        // while the server is down. The kubelet's staging path is the volume's own.
+        if cap.is_rwx() && nfs::nfs_mount_at(&mounts()?, &nfs::mount_key(&staging)).is_some() {
+            return Ok(NodeStageVolumeResponse {});
+        }
         not_a_symlink("staging_target_path", &staging)?;
         if !cap.is_block() {
             directory_or_nothing("staging_target_path", &staging)?;
@@ -352,6 +358,12 @@ impl NodeService {
         let read_only = req.readonly || cap.read_only();
         let _guard = self.begin(id)?;
         let _path = self.begin_path(id, &target)?;
+        if let Some(staged) = nfs::nfs_mount_at(&mounts()?, &nfs::mount_key(&staging)).cloned() {
+            // An RWX volume: the staging path and its bind are NFS mounts, never touched.
+            return self
+                .publish_nfs(id, &staging, &target, &staged, read_only)
+                .await;
+        }
         not_a_symlink("target_path", &target)?;
         let target = target.as_path();
         let source = match cap.access {

@@ -19,8 +19,9 @@
 //!
 //! The same holds once mounted: on a hard mount whose server is dead, `stat`, `statvfs` and
 //! `umount` wait in the kernel until the server is back, and the node plugin serves everything
-//! from one thread. So NodeGetVolumeStats, NodeUnpublish and NodeUnstage recognise an NFS mount
-//! from mountinfo alone (never touching the path), and bound what touches it by
+//! from one thread. So every node RPC (NodeStage and NodePublish re-sent after a kubelet
+//! restart too) recognises an NFS mount from mountinfo alone (never touching the path), and
+//! bounds what touches it (the bind of NodePublish among them) by
 //! [`crate::Timeouts::nfs_server`]: statvfs runs on a blocking thread (one per path at a time:
 //! a call while an earlier one still waits answers at once), the unmount in a child that is
 //! SIGKILLed at the deadline, after which the mount is detached forced and lazily
@@ -31,7 +32,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use csi_proto::csi::v1::NodeGetVolumeStatsResponse;
+use csi_proto::csi::v1::{NodeGetVolumeStatsResponse, NodePublishVolumeResponse};
 
 use harvester_common::harvester::NetworkFilesystem;
 use harvester_common::harvester::networkfs::NAMESPACE;
@@ -126,6 +127,44 @@ fn is_nfs_of(m: &super::mount::MountInfo, export: &str) -> bool {
 }
 
 impl NodeService {
+    /// NodePublish of an RWX volume staged at `staging` (NFS mount `staged`): the bind to
+    /// `target`, judged from mountinfo alone and bounded by [`crate::Timeouts::nfs_server`] (a
+    /// bind of a mount whose server is down waits in the kernel). Published already (a kubelet
+    /// restart re-sends it): done, or finished read-only.
+    pub(super) async fn publish_nfs(
+        &self,
+        id: &str,
+        staging: &Path,
+        target: &Path,
+        staged: &MountInfo,
+        read_only: bool,
+    ) -> Result<NodePublishVolumeResponse, NodeError> {
+        let key = mount_key(target);
+        if let Some(m) = mount_at(&mounts()?, &key) {
+            return if is_nfs_of(m, &staged.source) {
+                super::paths::republish(target, m, read_only).await
+            } else {
+                Err(super::paths::other_mount(target, m, staging))
+            };
+        }
+        super::paths::not_a_symlink("target_path", target)?;
+        super::paths::directory_or_nothing("target_path", target)?;
+        std::fs::create_dir_all(target).map_err(NodeError::io("creating", target))?;
+        let source = mount_key(staging);
+        let limit = self.nfs_server_timeout;
+        if run_bounded(&super::mount::bind_cmd(&source, target), limit)
+            .await?
+            .is_none()
+        {
+            undo_mount(&target.to_path_buf()).await;
+            return Err(self.server_down(id, staged, &source, "bind mount", ""));
+        }
+        if read_only {
+            super::paths::remount_read_only(target).await?;
+        }
+        Ok(NodePublishVolumeResponse {})
+    }
+
     /// NodeStage of an RWX volume `id` at `staging` (see the module doc).
     pub(super) async fn stage_nfs(
         &self,
