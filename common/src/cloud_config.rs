@@ -131,12 +131,7 @@ async fn build(path: &Path, metrics: Option<&Metrics>) -> Result<Loaded, CloudCo
 /// from a program the cloud-config names. Kubernetes' clients honour all three, and so do the
 /// programs (a drop-in cloud-config keeps working), but each is said once at start.
 pub fn weakened_transport(kc: &Kubeconfig) -> Vec<String> {
-    let Some(ctx) = kc
-        .current_context
-        .as_ref()
-        .and_then(|name| kc.contexts.iter().find(|c| &c.name == name))
-        .and_then(|c| c.context.as_ref())
-    else {
+    let Some(ctx) = current_context(kc) else {
         return Vec::new();
     };
     let mut found = Vec::new();
@@ -163,12 +158,7 @@ pub fn weakened_transport(kc: &Kubeconfig) -> Vec<String> {
             );
         }
     }
-    let exec = kc
-        .auth_infos
-        .iter()
-        .find(|u| Some(&u.name) == ctx.user.as_ref())
-        .and_then(|u| u.auth_info.as_ref())
-        .and_then(|a| a.exec.as_ref());
+    let exec = current_auth(kc).and_then(|a| a.exec.as_ref());
     if let Some(exec) = exec {
         found.push(format!(
             "the credentials come from running {:?} (exec): a program the cloud-config names runs \
@@ -179,20 +169,29 @@ pub fn weakened_transport(kc: &Kubeconfig) -> Vec<String> {
     found
 }
 
+/// The current context of `kc`.
+fn current_context(kc: &Kubeconfig) -> Option<&kube::config::Context> {
+    let name = kc.current_context.as_ref()?;
+    kc.contexts
+        .iter()
+        .find(|c| &c.name == name)?
+        .context
+        .as_ref()
+}
+
+/// The credentials of the current context's user.
+fn current_auth(kc: &Kubeconfig) -> Option<&kube::config::AuthInfo> {
+    let user = current_context(kc)?.user.clone().unwrap_or_default();
+    kc.auth_infos
+        .iter()
+        .find(|u| u.name == user)?
+        .auth_info
+        .as_ref()
+}
+
 /// The bearer token of the current context's user, if it has one inline or in a file.
 fn current_token(kc: &Kubeconfig) -> Option<String> {
-    let ctx_name = kc.current_context.as_ref()?;
-    let ctx = kc
-        .contexts
-        .iter()
-        .find(|c| &c.name == ctx_name)?
-        .context
-        .as_ref()?;
-    let user = kc
-        .auth_infos
-        .iter()
-        .find(|u| u.name == ctx.user.clone().unwrap_or_default())?;
-    let auth = user.auth_info.as_ref()?;
+    let auth = current_auth(kc)?;
     if let Some(t) = &auth.token {
         use secrecy::ExposeSecret;
         return Some(t.expose_secret().to_string());
