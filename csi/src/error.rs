@@ -285,6 +285,13 @@ pub enum NodeError {
         name: String,
         reason: String,
     },
+    #[error(
+        "volume {volume}: publish_context carries no nfsExport (it was attached by a driver that \
+         does not pass it, such as upstream's) and this node plugin has no Harvester credential \
+         to look the export up: detach and attach the volume again (drain the node), or give \
+         the node plugin a read-only cloud-config (chart value nodeCloudConfig.secretName)"
+    )]
+    NoNfsSource { volume: String },
     #[error("volume {volume}: mounting NFS export {export} at {path} failed: {reason}")]
     NfsMount {
         volume: String,
@@ -357,7 +364,7 @@ impl From<NodeError> for Status {
             NodeError::Command { .. } | NodeError::Io { .. } => Code::Internal,
             NodeError::Busy(_) | NodeError::PathBusy { .. } => Code::Aborted,
             NodeError::VolumeNotFound { .. } => Code::NotFound,
-            NodeError::NotBound { .. } => Code::FailedPrecondition,
+            NodeError::NotBound { .. } | NodeError::NoNfsSource { .. } => Code::FailedPrecondition,
             // The NFS server is not serving (yet): the CO retries.
             NodeError::NfsNotReady { .. }
             | NodeError::NfsMount { .. }

@@ -121,8 +121,9 @@ pub struct Config {
     pub mode: Mode,
     /// The node ID as given (`--nodeid`, the hostname); the VM name is discovered from it.
     pub node_id: Option<String>,
-    /// The Harvester cloud-config (kubeconfig whose context namespace holds the VMs).
-    pub cloud_config: PathBuf,
+    /// The Harvester cloud-config (kubeconfig whose context namespace holds the VMs); `None`
+    /// (`--kubeconfig=`): none, which only the node plugin can do without (docs/security.md).
+    pub cloud_config: Option<PathBuf>,
     /// Default Harvester StorageClass for new volumes (the `hostStorageClass` parameter wins).
     pub host_storage_class: Option<String>,
     /// Where hot-plugged disks appear by id (`/dev/disk/by-id`).
@@ -175,7 +176,7 @@ impl Config {
             endpoint: endpoint.into(),
             mode: Mode::All,
             node_id: None,
-            cloud_config: cloud_config.into(),
+            cloud_config: Some(cloud_config.into()),
             host_storage_class: None,
             disk_by_id_dir: PathBuf::from("/dev/disk/by-id"),
             sysfs_dir: PathBuf::from("/sys"),
@@ -216,6 +217,8 @@ pub enum ServeError {
     CloudConfig(#[from] CloudConfigError),
     #[error("--nodeid is required in {0:?} mode")]
     NoNodeId(Mode),
+    #[error("--kubeconfig is required in {0:?} mode: the controller acts on Harvester")]
+    NoCloudConfig(Mode),
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
     #[error("--metrics-address {addr}: {source}")]
@@ -405,22 +408,30 @@ pub async fn serve_with(
             shutdown.clone(),
         ));
     }
-    let harvester = Harvester::load_with_metrics(&config.cloud_config, Some(&metrics)).await?;
-    let credentials = tokio::spawn({
-        let (harvester, readiness) = (harvester.clone(), readiness.clone());
+    let harvester = match &config.cloud_config {
+        Some(path) => Some(Harvester::load_with_metrics(path, Some(&metrics)).await?),
+        None if config.mode.controller() => return Err(ServeError::NoCloudConfig(config.mode)),
+        None => None,
+    };
+    let credentials = harvester.clone().map(|harvester| {
+        let readiness = readiness.clone();
         let (warn_before, period) = (config.token_expiry_warning, config.harvester_check_period);
-        async move {
+        tokio::spawn(async move {
             harvester
                 .watch_credentials(&readiness, READY_HARVESTER, warn_before, period, |_| {})
                 .await
-        }
+        })
     });
+    if harvester.is_none() {
+        readiness.set(READY_HARVESTER, Ok(()));
+    }
     let identity = identity::IdentityService::new(config.mode);
-    let (controller, hotplug_follower) = if config.mode.controller() {
-        let (service, task) = start_controller(&config, &harvester, &metrics, &readiness).await;
-        (Some(service), Some(task))
-    } else {
-        (None, None)
+    let (controller, hotplug_follower) = match (&harvester, config.mode.controller()) {
+        (Some(harvester), true) => {
+            let (service, task) = start_controller(&config, harvester, &metrics, &readiness).await;
+            (Some(service), Some(task))
+        }
+        _ => (None, None),
     };
     let node = if config.mode.node() {
         let given = config
@@ -428,7 +439,7 @@ pub async fn serve_with(
             .clone()
             .filter(|n| !n.is_empty())
             .ok_or(ServeError::NoNodeId(config.mode))?;
-        let node = node::NodeService::start(&harvester, &given, &config).await;
+        let node = node::NodeService::start(harvester.as_ref(), &given, &config).await;
         readiness.set(READY_NODE, node.discovery());
         Some(node)
     } else {
@@ -438,7 +449,7 @@ pub async fn serve_with(
     tracing::info!(
         endpoint = %listener.describe(),
         mode = ?config.mode,
-        namespace = %harvester.namespace,
+        namespace = harvester.as_ref().map_or("", |h| h.namespace.as_str()),
         node = node.as_ref().map(|n| n.node_id()).unwrap_or_default(),
         "harvester-csi-driver {VERSION} serving CSI {}",
         csi_proto::CSI_SPEC_VERSION
@@ -469,7 +480,9 @@ pub async fn serve_with(
             Ok(())
         }
     };
-    credentials.abort();
+    if let Some(task) = credentials {
+        task.abort();
+    }
     if let Some(task) = hotplug_follower {
         task.abort();
     }

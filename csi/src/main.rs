@@ -25,8 +25,10 @@ struct Cli {
     /// Node ID: the guest node's name (the hostname); the VM name is discovered from it.
     #[arg(long, env = "NODE_ID")]
     nodeid: Option<String>,
-    /// The Harvester cloud-config (kubeconfig; its context namespace holds the guest VMs).
-    #[arg(long, default_value = harvester_common::cloud_config::DEFAULT_PATH)]
+    /// The Harvester cloud-config (kubeconfig; its context namespace holds the guest VMs). Empty:
+    /// none, for a node plugin (`--mode=node`) that needs no Harvester credential.
+    #[arg(long, default_value = harvester_common::cloud_config::DEFAULT_PATH,
+          value_parser = path_or_empty)]
     kubeconfig: PathBuf,
     /// Harvester StorageClass for new volumes when the guest StorageClass has no `hostStorageClass`.
     #[arg(long, env = "HOST_STORAGE_CLASS")]
@@ -83,6 +85,11 @@ struct Cli {
     /// UNAVAILABLE naming the server; the unmount is forced and lazy).
     #[arg(long, default_value_t = Timeouts::default().nfs_server.as_secs(), value_parser = bound_seconds())]
     nfs_server_timeout_seconds: u64,
+}
+
+/// A path, or nothing (clap's own path parser refuses an empty value).
+fn path_or_empty(s: &str) -> Result<PathBuf, std::convert::Infallible> {
+    Ok(PathBuf::from(s))
 }
 
 /// A node-side wait's bound: at least a second (a zero bound fails every wait), at most an hour.
@@ -169,7 +176,9 @@ fn runtime(mode: Mode) -> std::io::Result<tokio::runtime::Runtime> {
 /// The driver's configuration from the flags; a value that does not parse is named.
 fn config(cli: Cli) -> Result<Config, String> {
     harvester_csi_driver::parse_endpoint(&cli.endpoint).map_err(|e| e.to_string())?;
-    let mut config = Config::new(cli.endpoint, cloud_config_path(cli.kubeconfig));
+    let mut config = Config::new(cli.endpoint, PathBuf::new());
+    config.cloud_config =
+        (!cli.kubeconfig.as_os_str().is_empty()).then(|| cloud_config_path(cli.kubeconfig));
     config.mode = cli.mode;
     config.node_id = cli.nodeid;
     config.host_storage_class = cli.host_storage_class;
@@ -237,6 +246,16 @@ mod tests {
             matches!(cli.mode, Mode::All),
             "one process serves all, as upstream"
         );
+    }
+
+    /// Our chart's node DaemonSet passes `--kubeconfig=` (no Harvester credential).
+    #[test]
+    fn an_empty_kubeconfig_means_none() {
+        let none =
+            config(parse(&["--mode=node", "--nodeid=n1", "--kubeconfig="]).unwrap()).unwrap();
+        assert_eq!(none.cloud_config, None);
+        let given = config(parse(&["--kubeconfig=/c/cloud-config"]).unwrap()).unwrap();
+        assert_eq!(given.cloud_config, Some(PathBuf::from("/c/cloud-config")));
     }
 
     #[test]

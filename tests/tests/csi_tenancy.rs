@@ -55,7 +55,7 @@ async fn tenant_with(bed: &TestBed, ns: &str, name: &str, policed: bool) -> (Dri
     let driver = Driver::start(bed, |c| {
         c.endpoint = format!("unix://{}", socket.display());
         c.mode = Mode::Controller;
-        c.cloud_config = cloud_config;
+        c.cloud_config = Some(cloud_config);
         c.cluster_name = name.to_string();
         c.node_id = None;
     })

@@ -27,6 +27,86 @@ pub const ENDPOINT_READY: &str = "Ready";
 pub const ENDPOINT_EXPANDING: &str = "Expanding";
 /// Mount options when `status.mountOpts` is empty (upstream's node server).
 pub const DEFAULT_MOUNT_OPTS: &str = "vers=4";
+/// `publish_context` keys of an RWX volume: ControllerPublishVolume passes what NodeStageVolume
+/// mounts, so the node plugin needs no Harvester credential to look it up.
+pub const CONTEXT_NFS_EXPORT: &str = "nfsExport";
+pub const CONTEXT_NFS_OPTIONS: &str = "nfsMountOptions";
+
+/// What an RWX volume is mounted from: `<endpoint>:/<pv>` and the CR's mount options.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NfsSource {
+    pub export: String,
+    pub options: String,
+}
+
+impl NfsSource {
+    /// The export of PV `pv` served at `endpoint`; an IPv6 endpoint is written in brackets in an
+    /// NFS source (`[fd00::1]:/pvc-...`).
+    pub fn new(endpoint: &str, pv: &str, options: &str) -> NfsSource {
+        let host = if endpoint.contains(':') && !endpoint.starts_with('[') {
+            format!("[{endpoint}]")
+        } else {
+            endpoint.to_string()
+        };
+        NfsSource {
+            export: format!("{host}:/{pv}"),
+            options: options.to_string(),
+        }
+    }
+
+    /// The `publish_context` entries that carry it.
+    pub fn to_context(&self) -> [(String, String); 2] {
+        [
+            (CONTEXT_NFS_EXPORT.to_string(), self.export.clone()),
+            (CONTEXT_NFS_OPTIONS.to_string(), self.options.clone()),
+        ]
+    }
+
+    /// The source a `publish_context` carries: `Ok(None)` when it has neither key (a volume
+    /// published by a driver that does not pass it, such as upstream's); a key alone, an export
+    /// that is not `host:/path` or a value with white space or a comma in the export is an
+    /// error naming the key.
+    pub fn from_context(
+        context: &std::collections::HashMap<String, String>,
+    ) -> Result<Option<NfsSource>, String> {
+        let (export, options) = (
+            context.get(CONTEXT_NFS_EXPORT),
+            context.get(CONTEXT_NFS_OPTIONS),
+        );
+        let (export, options) = match (export, options) {
+            (None, None) => return Ok(None),
+            (Some(e), Some(o)) => (e, o),
+            (Some(_), None) => {
+                return Err(format!(
+                    "publish_context has {CONTEXT_NFS_EXPORT} without {CONTEXT_NFS_OPTIONS}"
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(format!(
+                    "publish_context has {CONTEXT_NFS_OPTIONS} without {CONTEXT_NFS_EXPORT}"
+                ));
+            }
+        };
+        let well_formed = export
+            .split_once(":/")
+            .is_some_and(|(host, _)| !host.is_empty())
+            && !export.contains(|c: char| c.is_whitespace() || c == ',');
+        if !well_formed {
+            return Err(format!(
+                "publish_context {CONTEXT_NFS_EXPORT} {export:?} is not an NFS export host:/path"
+            ));
+        }
+        if options.trim().is_empty() || options.contains(char::is_whitespace) {
+            return Err(format!(
+                "publish_context {CONTEXT_NFS_OPTIONS} {options:?} is not a list of mount options"
+            ));
+        }
+        Ok(Some(NfsSource {
+            export: export.clone(),
+            options: options.clone(),
+        }))
+    }
+}
 
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
@@ -110,6 +190,13 @@ impl NetworkFilesystem {
             .unwrap_or(DEFAULT_MOUNT_OPTS);
         Ok((s.endpoint.trim(), opts))
     }
+
+    /// What to mount when the endpoint serves (the CR's name is the PV's), else why not.
+    pub fn source(&self) -> Result<NfsSource, String> {
+        let name = self.metadata.name.as_deref().unwrap_or_default();
+        self.ready_endpoint()
+            .map(|(endpoint, opts)| NfsSource::new(endpoint, name, opts))
+    }
 }
 
 #[cfg(test)]
@@ -150,6 +237,44 @@ mod tests {
         assert_eq!(n.ready_endpoint(), Ok(("10.0.0.1", "vers=4")));
         n.status.as_mut().unwrap().mount_opts = Some(" ".into());
         assert_eq!(n.ready_endpoint(), Ok(("10.0.0.1", "vers=4")));
+    }
+
+    #[test]
+    fn a_source_travels_in_the_publish_context_and_is_checked_there() {
+        let v4 = NfsSource::new("10.0.0.1", "pvc-1", "vers=4.2,noresvport");
+        assert_eq!(v4.export, "10.0.0.1:/pvc-1");
+        let v6 = NfsSource::new("fd00::7", "pvc-1", "vers=4");
+        assert_eq!(v6.export, "[fd00::7]:/pvc-1");
+        let ctx: std::collections::HashMap<_, _> = v6.to_context().into_iter().collect();
+        assert_eq!(NfsSource::from_context(&ctx), Ok(Some(v6)));
+        assert_eq!(NfsSource::from_context(&Default::default()), Ok(None));
+        let one = |k: &str, v: &str| [(k.to_string(), v.to_string())].into_iter().collect();
+        let err = NfsSource::from_context(&one(CONTEXT_NFS_EXPORT, "h:/p")).unwrap_err();
+        assert!(err.contains(CONTEXT_NFS_OPTIONS), "{err}");
+        for bad in ["pvc-1", ":/pvc-1", "h:/p,vers=3", "h:/p x"] {
+            let ctx = [
+                (CONTEXT_NFS_EXPORT.to_string(), bad.to_string()),
+                (CONTEXT_NFS_OPTIONS.to_string(), "vers=4".to_string()),
+            ]
+            .into_iter()
+            .collect();
+            let err = NfsSource::from_context(&ctx).unwrap_err();
+            assert!(
+                err.contains(CONTEXT_NFS_EXPORT) && err.contains(bad),
+                "{err}"
+            );
+        }
+        let ctx = [
+            (CONTEXT_NFS_EXPORT.to_string(), "h:/p".to_string()),
+            (CONTEXT_NFS_OPTIONS.to_string(), "vers=4 -o x".to_string()),
+        ]
+        .into_iter()
+        .collect();
+        assert!(
+            NfsSource::from_context(&ctx)
+                .unwrap_err()
+                .contains(CONTEXT_NFS_OPTIONS)
+        );
     }
 
     /// The CR of `pvc-1`, asked to be Enabled, with no status yet.

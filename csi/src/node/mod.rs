@@ -48,9 +48,9 @@ use crate::rpc::rpc;
 
 pub struct NodeService {
     node_id: String,
-    /// Harvester, for RWX volumes: the host PVC and its NetworkFilesystem (`nfs`).
-    harvester: kube::Client,
-    namespace: String,
+    /// Harvester, when the plugin has a cloud-config: an RWX volume whose publish context
+    /// carries no export is looked up there (`nfs`).
+    harvester: Option<Harvester>,
     nfs_mount_timeout: Duration,
     /// Where NFS mounts are made (`netns`): the host's network namespace when we can reach it.
     nfs_netns: netns::NfsNetns,
@@ -70,6 +70,54 @@ pub struct NodeService {
     discovery: Result<(), String>,
 }
 
+/// The node ID, its VMI and the readiness of the lookup: the VMI named `given`, else the one
+/// with this machine's MAC addresses, else `given` as it is.
+async fn discover(
+    harvester: &Harvester,
+    given: &str,
+    sysfs: &Path,
+) -> (String, Option<VirtualMachineInstance>, Result<(), String>) {
+    let vmis: Api<VirtualMachineInstance> =
+        Api::namespaced(harvester.client.clone(), &harvester.namespace);
+    match vmis.get_opt(given).await {
+        Ok(Some(vmi)) => (given.to_string(), Some(vmi), Ok(())),
+        Ok(None) => {
+            let macs = local_macs(sysfs);
+            match vmis.list(&Default::default()).await {
+                Ok(list) => match vmi_by_mac(&list.items, &macs) {
+                    Some(vmi) => (
+                        vmi.metadata.name.clone().unwrap_or_default(),
+                        Some(vmi.clone()),
+                        Ok(()),
+                    ),
+                    None => {
+                        tracing::warn!(
+                            node = given,
+                            ?macs,
+                            "no VMI named {given} or with this machine's MAC addresses; using {given} as the node ID"
+                        );
+                        (given.to_string(), None, Ok(()))
+                    }
+                },
+                Err(e) => {
+                    tracing::warn!(
+                        "listing VMIs for node discovery: {}; using {given}",
+                        Describe(&e)
+                    );
+                    (given.to_string(), None, refused(&e, harvester, "list"))
+                }
+            }
+        }
+        Err(e) => {
+            tracing::warn!(
+                "getting VMI {given} for node discovery: {}; using {given}",
+                Describe(&e)
+            );
+            (given.to_string(), None, refused(&e, harvester, "get"))
+        }
+    }
+}
+
 /// Node RPCs this driver implements.
 pub const CAPABILITIES: [rpc::Type; 4] = [
     rpc::Type::StageUnstageVolume,
@@ -80,52 +128,22 @@ pub const CAPABILITIES: [rpc::Type; 4] = [
 
 impl NodeService {
     /// Resolves the node ID as upstream does: the VMI named `given` (the hostname), else the VMI
-    /// with one of this machine's MAC addresses, else `given` as it is.
-    pub async fn start(harvester: &Harvester, given: &str, config: &Config) -> NodeService {
+    /// with one of this machine's MAC addresses, else `given` as it is; without a cloud-config,
+    /// `given`.
+    pub async fn start(harvester: Option<&Harvester>, given: &str, config: &Config) -> NodeService {
         let nfs = netns::choose(&netns::read(Path::new("/proc")), Path::new("/proc"));
         match nfs.warning {
             Some(w) => tracing::warn!(reason = nfs.reason, "{w}"),
             None => tracing::info!(netns = ?nfs.netns, reason = nfs.reason, "RWX (NFS) mounts"),
         }
-        let vmis: Api<VirtualMachineInstance> =
-            Api::namespaced(harvester.client.clone(), &harvester.namespace);
-        let mut discovery = Ok(());
-        let (node_id, vmi) = match vmis.get_opt(given).await {
-            Ok(Some(vmi)) => (given.to_string(), Some(vmi)),
-            Ok(None) => {
-                let macs = local_macs(&config.sysfs_dir);
-                match vmis.list(&Default::default()).await {
-                    Ok(list) => match vmi_by_mac(&list.items, &macs) {
-                        Some(vmi) => (
-                            vmi.metadata.name.clone().unwrap_or_default(),
-                            Some(vmi.clone()),
-                        ),
-                        None => {
-                            tracing::warn!(
-                                node = given,
-                                ?macs,
-                                "no VMI named {given} or with this machine's MAC addresses; using {given} as the node ID"
-                            );
-                            (given.to_string(), None)
-                        }
-                    },
-                    Err(e) => {
-                        discovery = refused(&e, harvester, "list");
-                        tracing::warn!(
-                            "listing VMIs for node discovery: {}; using {given}",
-                            Describe(&e)
-                        );
-                        (given.to_string(), None)
-                    }
-                }
-            }
-            Err(e) => {
-                discovery = refused(&e, harvester, "get");
-                tracing::warn!(
-                    "getting VMI {given} for node discovery: {}; using {given}",
-                    Describe(&e)
+        let (node_id, vmi, discovery) = match harvester {
+            Some(harvester) => discover(harvester, given, &config.sysfs_dir).await,
+            None => {
+                tracing::info!(
+                    node = given,
+                    "no Harvester credential: the node ID is the node's name, RWX volumes are mounted from the export ControllerPublishVolume passes"
                 );
-                (given.to_string(), None)
+                (given.to_string(), None, Ok(()))
             }
         };
         let max_volumes = config
@@ -134,8 +152,7 @@ impl NodeService {
             .unwrap_or_else(|| max_volumes(vmi.as_ref()));
         NodeService {
             node_id,
-            harvester: harvester.client.clone(),
-            namespace: harvester.namespace.clone(),
+            harvester: harvester.cloned(),
             nfs_mount_timeout: config.timeouts.nfs_mount,
             nfs_netns: nfs.netns,
             nfs_server_timeout: config.timeouts.nfs_server,
@@ -217,7 +234,8 @@ impl NodeService {
             directory_or_nothing("staging_target_path", &staging)?;
         }
         if let (true, Access::Mount { flags, .. }) = (cap.is_rwx(), &cap.access) {
-            self.stage_nfs(id, &staging, flags).await?;
+            self.stage_nfs(id, &staging, &req.publish_context, flags)
+                .await?;
             return Ok(NodeStageVolumeResponse {});
         }
         let device = self.find_disk(id, &req.publish_context).await?;

@@ -34,50 +34,32 @@ use std::time::Duration;
 
 use csi_proto::csi::v1::{NodeGetVolumeStatsResponse, NodePublishVolumeResponse};
 
+use harvester_common::cloud_config::Harvester;
 use harvester_common::harvester::NetworkFilesystem;
-use harvester_common::harvester::networkfs::NAMESPACE;
+use harvester_common::harvester::networkfs::{NAMESPACE, NfsSource};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::Api;
 
 use super::NodeService;
 use super::mount::{Cmd, MountInfo, canonical, mount_at, mounts, run_bounded};
 use super::netns::NfsNetns;
-use crate::error::NodeError;
+use crate::error::{ArgError, NodeError};
 
-/// What to mount (pure): `<endpoint>:/<pv>` and the options, the CR's (or `vers=4`) then the
-/// CO's mount flags.
+/// What to mount (pure): the export and the CR's options (or `vers=4`), then the CO's mount
+/// flags.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NfsMount {
     pub export: String,
     pub options: String,
 }
 
-pub fn plan(
-    volume: &str,
-    pv: &str,
-    nfs: &NetworkFilesystem,
-    flags: &[String],
-) -> Result<NfsMount, NodeError> {
-    let (endpoint, opts) = nfs
-        .ready_endpoint()
-        .map_err(|reason| NodeError::NfsNotReady {
-            volume: volume.to_string(),
-            namespace: NAMESPACE.into(),
-            name: pv.to_string(),
-            reason,
-        })?;
-    let mut options = vec![opts.to_string()];
+pub fn plan(source: &NfsSource, flags: &[String]) -> NfsMount {
+    let mut options = vec![source.options.clone()];
     options.extend(flags.iter().cloned());
-    // An IPv6 endpoint is written in brackets in an NFS source (`[fd00::1]:/pvc-...`).
-    let host = if endpoint.contains(':') && !endpoint.starts_with('[') {
-        format!("[{endpoint}]")
-    } else {
-        endpoint.to_string()
-    };
-    Ok(NfsMount {
-        export: format!("{host}:/{pv}"),
+    NfsMount {
+        export: source.export.clone(),
         options: options.join(","),
-    })
+    }
 }
 
 /// `mount.nfs <export> <staging> -o <options>` in the network namespace `netns` (util-linux
@@ -165,52 +147,31 @@ impl NodeService {
         Ok(NodePublishVolumeResponse {})
     }
 
-    /// NodeStage of an RWX volume `id` at `staging` (see the module doc).
+    /// NodeStage of an RWX volume `id` at `staging` (see the module doc): the export the
+    /// publish context carries, else the one Harvester names (a volume attached by upstream's
+    /// controller, with a node plugin that holds a cloud-config).
     pub(super) async fn stage_nfs(
         &self,
         id: &str,
         staging: &Path,
+        context: &std::collections::HashMap<String, String>,
         flags: &[String],
     ) -> Result<(), NodeError> {
-        let pvcs: Api<PersistentVolumeClaim> =
-            Api::namespaced(self.harvester.clone(), &self.namespace);
-        let pvc = pvcs
-            .get_opt(id)
-            .await
-            .map_err(NodeError::api(format!(
-                "getting PVC {}/{id}",
-                self.namespace
-            )))?
-            .ok_or_else(|| NodeError::VolumeNotFound {
-                namespace: self.namespace.clone(),
-                volume: id.to_string(),
-            })?;
-        let pv = pvc
-            .spec
-            .as_ref()
-            .and_then(|s| s.volume_name.clone())
-            .filter(|v| !v.is_empty())
-            .ok_or_else(|| NodeError::NotBound {
-                volume: id.to_string(),
-                reason: format!(
-                    "PVC {}/{id} has no spec.volumeName yet (not bound to a Longhorn volume)",
-                    self.namespace
-                ),
-            })?;
-        let nfs_api: Api<NetworkFilesystem> = Api::namespaced(self.harvester.clone(), NAMESPACE);
-        let nfs = nfs_api
-            .get_opt(&pv)
-            .await
-            .map_err(NodeError::api(format!(
-                "getting NetworkFilesystem {NAMESPACE}/{pv}"
-            )))?
-            .ok_or_else(|| NodeError::NfsNotReady {
-                volume: id.to_string(),
-                namespace: NAMESPACE.into(),
-                name: pv.clone(),
-                reason: "it does not exist (ControllerPublishVolume enables it)".into(),
-            })?;
-        let m = plan(id, &pv, &nfs, flags)?;
+        let given = NfsSource::from_context(context).map_err(|reason| ArgError::Invalid {
+            field: "publish_context",
+            reason,
+        })?;
+        let source = match (given, &self.harvester) {
+            (Some(source), _) => source,
+            (None, Some(harvester)) => self.look_up_nfs(harvester, id).await?,
+            // An NFS mount staged already was recognised before (`super::NodeService::stage`).
+            (None, None) => {
+                return Err(NodeError::NoNfsSource {
+                    volume: id.to_string(),
+                });
+            }
+        };
+        let m = plan(&source, flags);
         std::fs::create_dir_all(staging).map_err(NodeError::io("creating", staging))?;
         let staging = canonical(staging);
         if let Some(existing) = mount_at(&mounts()?, &staging) {
@@ -256,6 +217,49 @@ impl NodeService {
 }
 
 impl NodeService {
+    /// The export of RWX volume `id` as Harvester names it: its host PVC's PV, whose
+    /// NetworkFilesystem must serve.
+    async fn look_up_nfs(&self, harvester: &Harvester, id: &str) -> Result<NfsSource, NodeError> {
+        let namespace = &harvester.namespace;
+        let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(harvester.client.clone(), namespace);
+        let pvc = pvcs
+            .get_opt(id)
+            .await
+            .map_err(NodeError::api(format!("getting PVC {namespace}/{id}")))?
+            .ok_or_else(|| NodeError::VolumeNotFound {
+                namespace: namespace.clone(),
+                volume: id.to_string(),
+            })?;
+        let pv = pvc
+            .spec
+            .as_ref()
+            .and_then(|s| s.volume_name.clone())
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| NodeError::NotBound {
+                volume: id.to_string(),
+                reason: format!(
+                    "PVC {namespace}/{id} has no spec.volumeName yet (not bound to a Longhorn volume)"
+                ),
+            })?;
+        let nfs_api: Api<NetworkFilesystem> = Api::namespaced(harvester.client.clone(), NAMESPACE);
+        let not_ready = |reason: String| NodeError::NfsNotReady {
+            volume: id.to_string(),
+            namespace: NAMESPACE.into(),
+            name: pv.clone(),
+            reason,
+        };
+        let nfs = nfs_api
+            .get_opt(&pv)
+            .await
+            .map_err(NodeError::api(format!(
+                "getting NetworkFilesystem {NAMESPACE}/{pv}"
+            )))?
+            .ok_or_else(|| {
+                not_ready("it does not exist (ControllerPublishVolume enables it)".into())
+            })?;
+        nfs.source().map_err(not_ready)
+    }
+
     fn server_down(
         &self,
         volume: &str,
@@ -454,16 +458,15 @@ mod tests {
     fn the_export_is_the_endpoint_and_the_pv_with_upstreams_default_options() {
         // harvester-csi-driver pkg/csi/node_server.go nodeStageRWXVolume: `mountOpts := "vers=4"`
         // unless status.mountOpts is set; export `fmt.Sprintf("%s:/%s", endpoint, lhVolName)`.
-        let m = plan("vol", "pvc-9", &nfs("Ready", "10.53.1.2", None), &[]).unwrap();
+        let m = plan(&nfs("Ready", "10.53.1.2", None).source().unwrap(), &[]);
         assert_eq!(m.export, "10.53.1.2:/pvc-9");
         assert_eq!(m.options, "vers=4");
         let m = plan(
-            "vol",
-            "pvc-9",
-            &nfs("Ready", "10.0.2.2", Some("vers=4,port=2050")),
+            &nfs("Ready", "10.0.2.2", Some("vers=4,port=2050"))
+                .source()
+                .unwrap(),
             &["noatime".into()],
-        )
-        .unwrap();
+        );
         assert_eq!(m.options, "vers=4,port=2050,noatime");
         let cmd = mount_cmd(&m, Path::new("/s"), &NfsNetns::Own);
         assert_eq!(cmd.program, "mount.nfs");
@@ -492,17 +495,35 @@ mod tests {
             .map(std::ffi::OsString::from)
             .to_vec()
         );
-        let m = plan("vol", "pvc-9", &nfs("Ready", "fd00::5", None), &[]).unwrap();
+        let m = plan(&nfs("Ready", "fd00::5", None).source().unwrap(), &[]);
         assert_eq!(m.export, "[fd00::5]:/pvc-9");
     }
 
     #[test]
     fn an_endpoint_that_is_not_ready_is_unavailable_naming_the_cr() {
-        let e = plan("vol", "pvc-9", &nfs("NotReady", "", None), &[]).unwrap_err();
-        let s = tonic::Status::from(e);
+        let reason = nfs("NotReady", "", None).source().unwrap_err();
+        let s = tonic::Status::from(NodeError::NfsNotReady {
+            volume: "vol".into(),
+            namespace: NAMESPACE.into(),
+            name: "pvc-9".into(),
+            reason,
+        });
         assert_eq!(s.code(), tonic::Code::Unavailable);
         assert!(
             s.message().contains("harvester-system/pvc-9") && s.message().contains("NotReady"),
+            "{}",
+            s.message()
+        );
+    }
+
+    #[test]
+    fn without_an_export_or_a_credential_staging_fails_naming_the_way_out() {
+        let s = tonic::Status::from(NodeError::NoNfsSource {
+            volume: "vol".into(),
+        });
+        assert_eq!(s.code(), tonic::Code::FailedPrecondition);
+        assert!(
+            s.message().contains("nfsExport") && s.message().contains("nodeCloudConfig"),
             "{}",
             s.message()
         );

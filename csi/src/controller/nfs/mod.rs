@@ -304,7 +304,8 @@ impl Nfs<'_> {
     }
 
     /// ControllerPublish of an RWX volume: enable its NetworkFilesystem and wait (watch,
-    /// bounded by `timeouts.nfs_ready`) until the endpoint is Ready. No hot-plug.
+    /// bounded by `timeouts.nfs_ready`) until the endpoint is Ready; the publish context carries
+    /// the export and its mount options. No hot-plug.
     pub async fn publish(
         &self,
         id: &str,
@@ -382,14 +383,21 @@ impl Nfs<'_> {
             }
             other => other?,
         };
-        if seen.is_none() {
+        let Some(nfs) = seen else {
             return Err(ControllerError::NotReady(format!(
                 "NetworkFilesystem {NAMESPACE}/{pv} of volume {id} was deleted while it was \
                  being enabled; publish again"
             )));
-        }
+        };
+        // What NodeStage mounts travels with the attachment: the node plugin needs no
+        // Harvester credential to look it up.
+        let source = nfs.source().map_err(|why| {
+            ControllerError::NotReady(format!(
+                "NetworkFilesystem {NAMESPACE}/{pv} of volume {id}: {why}"
+            ))
+        })?;
         Ok(ControllerPublishVolumeResponse {
-            publish_context: Default::default(),
+            publish_context: source.to_context().into_iter().collect(),
         })
     }
 

@@ -147,12 +147,13 @@ the host network. */}}
 {{- end }}
 {{- end -}}
 
-{{/* The driver's flags common to both modes: dict "ctx" (the root) and "metricsHost" (the
-address of /metrics, /healthz and /readyz; empty: every interface). */}}
+{{/* The driver's flags common to both modes: dict "ctx" (the root), "metricsHost" (the
+address of /metrics, /healthz and /readyz; empty: every interface) and "kubeconfig" (the
+cloud-config file; empty: none). */}}
 {{- define "harvester-csi-driver.driverArgs" -}}
 {{- $ctx := .ctx -}}
 - --endpoint=unix:///csi/csi.sock
-- --kubeconfig={{ include "harvester-csi-driver.cloudConfigFile" $ctx }}
+- --kubeconfig={{ .kubeconfig }}
 {{- with $ctx.Values.hostStorageClass }}
 - --host-storage-class={{ . }}
 {{- end }}
