@@ -20,6 +20,7 @@ use csi_proto::csi::v1::volume_capability::access_mode::Mode as ProtoMode;
 use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 use csi_proto::csi::v1::*;
 use harvester_common::harvester::NetworkFilesystem;
+use harvester_common::harvester::networkfs as networkfs_api;
 use harvester_csi_driver::Mode;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
@@ -146,11 +147,23 @@ fn share_plugin(bed: &TestBed, vm: &Vm) {
     std::fs::write(vm.share.join("cloud-config"), cloud_config).expect("guest cloud-config");
 }
 
+/// The node plugin's Harvester credential: none, as our chart runs it, or the cloud-config, as
+/// upstream's chart does.
+#[derive(Clone, Copy, Debug)]
+enum Credential {
+    None,
+    CloudConfig,
+}
+
 /// The node plugin's command line in the guest (binary and cloud-config in the share).
-fn plugin_command(vm: &Vm) -> String {
+fn plugin_command(vm: &Vm, credential: Credential) -> String {
+    let kubeconfig = match credential {
+        Credential::None => String::new(),
+        Credential::CloudConfig => format!("{GUEST_SHARE}/cloud-config"),
+    };
     format!(
         "{GUEST_SHARE}/harvester-csi-driver --mode=node --nodeid={} \
-         --endpoint=tcp://0.0.0.0:{CSI_PORT} --kubeconfig={GUEST_SHARE}/cloud-config \
+         --endpoint=tcp://0.0.0.0:{CSI_PORT} --kubeconfig={kubeconfig} \
          --nfs-mount-timeout-seconds={} --nfs-server-timeout-seconds={}",
         vm.name,
         NFS_MOUNT_BOUND.as_secs(),
@@ -160,11 +173,11 @@ fn plugin_command(vm: &Vm) -> String {
 
 /// Starts `harvester-csi-driver --mode node --nodeid=<vm>` in the guest and waits until it
 /// answers Probe.
-async fn start_plugin(bed: &TestBed, vm: &Vm) -> GuestPlugin {
+async fn start_plugin(bed: &TestBed, vm: &Vm, credential: Credential) -> GuestPlugin {
     share_plugin(bed, vm);
     vm.run(&format!(
         "setsid {} >{GUEST_SHARE}/node-plugin.log 2>&1 </dev/null &",
-        plugin_command(vm)
+        plugin_command(vm, credential)
     ))
     .await
     .expect("starting the node plugin in the guest");
@@ -223,7 +236,12 @@ async fn label_for_this_cluster(bed: &TestBed, id: &str) {
         .expect("labelling the host PVC for this cluster");
 }
 
-async fn controller_publish(c: &Driver, id: &str, node: &str) -> Result<Duration, tonic::Status> {
+/// ControllerPublishVolume: how long it took, and the publish context NodeStage gets.
+async fn controller_publish(
+    c: &Driver,
+    id: &str,
+    node: &str,
+) -> Result<(Duration, HashMap<String, String>), tonic::Status> {
     let t0 = Instant::now();
     ControllerClient::new(c.channel.clone())
         .controller_publish_volume(ControllerPublishVolumeRequest {
@@ -233,7 +251,7 @@ async fn controller_publish(c: &Driver, id: &str, node: &str) -> Result<Duration
             ..Default::default()
         })
         .await
-        .map(|_| t0.elapsed())
+        .map(|r| (t0.elapsed(), r.into_inner().publish_context))
 }
 
 async fn controller_unpublish(c: &Driver, id: &str, node: &str) {
@@ -439,7 +457,12 @@ async fn rwx_volume_shared_by_two_guests_root_steps() {
     say(&format!("nfs-ganesha serving on 127.0.0.1:{}", fs.nfs.port));
     let (a, b) = tokio::join!(boot(&bed, "rwx-a"), boot(&bed, "rwx-b"));
     let ctrl = Driver::start(&bed, |c| c.mode = Mode::Controller).await;
-    let (na, nb) = tokio::join!(start_plugin(&bed, &a), start_plugin(&bed, &b));
+    // a's node plugin holds no Harvester credential (our chart), b's the cloud-config
+    // (upstream's chart).
+    let (na, nb) = tokio::join!(
+        start_plugin(&bed, &a, Credential::None),
+        start_plugin(&bed, &b, Credential::CloudConfig)
+    );
     say("both node plugins answer Probe");
 
     // CreateVolume: a Filesystem RWX host PVC on the Longhorn class, and upstream's CR.
@@ -492,14 +515,16 @@ async fn rwx_volume_shared_by_two_guests_root_steps() {
     );
 
     // Published to both guests: the CR is enabled and Ready, nothing is hot-plugged.
+    let mut contexts = HashMap::new();
     for node in ["rwx-a", "rwx-b"] {
-        let took = controller_publish(&ctrl, &id, node)
+        let (took, context) = controller_publish(&ctrl, &id, node)
             .await
             .unwrap_or_else(|e| panic!("ControllerPublishVolume to {node}: {e:?}"));
         say(&format!(
-            "ControllerPublishVolume RWX to {node} in {:.2}s",
+            "ControllerPublishVolume RWX to {node} in {:.2}s: {context:?}",
             took.as_secs_f64()
         ));
+        contexts.insert(node, context);
     }
     let cr = network_fs(&bed, &pv).await.expect("CR");
     assert_eq!(cr.spec.desired_state, upstream::DESIRED_ENABLED);
@@ -518,8 +543,19 @@ async fn rwx_volume_shared_by_two_guests_root_steps() {
     );
 
     // Staged and published in both guests; a write on one is read on the other.
-    let (va, vb) = (guest_vol(&id, "rwx-a"), guest_vol(&id, "rwx-b"));
+    let (mut va, mut vb) = (guest_vol(&id, "rwx-a"), guest_vol(&id, "rwx-b"));
     let export = format!("{HOST_FROM_GUEST}:/{pv}");
+    // The export travels in the publish context: a node plugin needs no Harvester lookup.
+    for node in ["rwx-a", "rwx-b"] {
+        assert_eq!(
+            contexts[node].get(networkfs_api::CONTEXT_NFS_EXPORT),
+            Some(&export),
+            "{node}: {:?}",
+            contexts[node]
+        );
+    }
+    va.ctx = contexts["rwx-a"].clone();
+    vb.ctx = contexts["rwx-b"].clone();
     for (vm, n, v) in [(&a, &na, &va), (&b, &nb, &vb)] {
         let t = Instant::now();
         stage(n, v)
@@ -670,12 +706,25 @@ async fn rwx_volume_shared_by_two_guests_root_steps() {
             .expect("the upstream-made NetworkFilesystem");
     assert_eq!(cr.spec.desired_state, upstream::DESIRED_DISABLED);
     label_for_this_cluster(&bed, up_id).await;
-    controller_publish(&ctrl, up_id, "rwx-a")
+    let (_, context) = controller_publish(&ctrl, up_id, "rwx-a")
         .await
         .expect("ControllerPublishVolume of the upstream-made volume");
     std::fs::write(fs.host_mount(&up_pv).join("made-upstream"), "kept\n")
         .expect("server-side write");
-    let vu = guest_vol(up_id, "rwx-a");
+    // As if upstream's controller had attached it: no export in the publish context. a's node
+    // plugin has no credential to look it up: refused naming the way out, nothing mounted.
+    let mut vu = guest_vol(up_id, "rwx-a");
+    let refused = stage(&na, &vu)
+        .await
+        .expect_err("no export and no credential");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    assert!(
+        refused.message().contains(networkfs_api::CONTEXT_NFS_EXPORT)
+            && refused.message().contains("nodeCloudConfig"),
+        "{refused:?}"
+    );
+    assert_eq!(guest_nfs_mount(&a, &vu.staging).await, None);
+    vu.ctx = context;
     stage(&na, &vu)
         .await
         .expect("NodeStageVolume of the upstream-made volume");
@@ -695,7 +744,8 @@ async fn rwx_volume_shared_by_two_guests_root_steps() {
         .expect("NodeUnstageVolume");
 
     // The NFS server stopped: NodeStage is UNAVAILABLE within its bound, with no mount and no
-    // mount helper left in the guest.
+    // mount helper left in the guest. b's node plugin has the cloud-config (upstream's chart):
+    // with no export in the publish context it looks the export up on Harvester.
     fs.nfs.stop();
     let bound = NFS_MOUNT_BOUND;
     let vdown = guest_vol(up_id, "rwx-b");
@@ -1206,12 +1256,13 @@ async fn contract_nfs_server_down_never_blocks_the_node_plugin_root_steps() {
     assert_root();
     let t0 = Instant::now();
     let (bed, fs, vm, ctrl) = one_guest("rwx-d").await;
-    let node = start_plugin(&bed, &vm).await;
+    let node = start_plugin(&bed, &vm, Credential::None).await;
     let id = create_rwx(&ctrl, "served").await;
-    controller_publish(&ctrl, &id, "rwx-d")
+    let (_, context) = controller_publish(&ctrl, &id, "rwx-d")
         .await
         .expect("ControllerPublishVolume");
-    let v = guest_vol(&id, "rwx-d");
+    let mut v = guest_vol(&id, "rwx-d");
+    v.ctx = context;
     stage(&node, &v).await.expect("NodeStageVolume");
     common::publish(&node, &v, &rwx_cap())
         .await
@@ -1475,7 +1526,7 @@ async fn contract_rwx_online_expansion_keeps_the_volume_served_root_steps() {
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
-    let took = controller_publish(&ctrl, &id, "rwx-b")
+    let (took, _) = controller_publish(&ctrl, &id, "rwx-b")
         .await
         .expect("ControllerPublishVolume to rwx-b while Expanding");
     let during = network_fs(&bed, &pv).await.and_then(|n| n.status);
@@ -1567,7 +1618,7 @@ async fn start_plugin_as_pod(vm: &Vm, relay: &[u16], log: &str) -> GuestPlugin {
         "touch {POD_NETNS} && RELAY_PORTS='{}' setsid unshare -n sh {GUEST_SHARE}/pod.sh {} \
          >{GUEST_SHARE}/{log} 2>&1 </dev/null &",
         ports.join(" "),
-        plugin_command(vm)
+        plugin_command(vm, Credential::CloudConfig)
     ))
     .await
     .expect("starting the node plugin Pod in the guest");
@@ -1638,10 +1689,11 @@ async fn rwx_mount_outlives_the_node_plugin_pod_root_steps() {
     let pod = start_plugin_as_pod(&vm, &relay, "pod-1.log").await;
     let id = create_rwx(&ctrl, "outlives").await;
     let pv = pv_of(&bed, &id).await;
-    controller_publish(&ctrl, &id, "rwx-p")
+    let (_, context) = controller_publish(&ctrl, &id, "rwx-p")
         .await
         .expect("ControllerPublishVolume");
-    let v = guest_vol(&id, "rwx-p");
+    let mut v = guest_vol(&id, "rwx-p");
+    v.ctx = context;
     stage(&pod, &v)
         .await
         .unwrap_or_else(|e| panic!("NodeStageVolume from the Pod's network namespace: {e:?}"));
@@ -1718,7 +1770,7 @@ async fn rwx_mount_outlives_the_node_plugin_pod_root_steps() {
              i=0; while ! grep -q hostPID {GUEST_SHARE}/nowhere.log && [ $i -lt 60 ]; do \
              sleep 0.5; i=$((i+1)); done; \
              kill -9 -$(cat /run/nowhere.pid); cat {GUEST_SHARE}/nowhere.log",
-            plugin_command(&vm)
+            plugin_command(&vm, Credential::None)
         ))
         .await
         .expect("the node plugin without hostPID and host network");

@@ -346,6 +346,54 @@ fn cloud_config_mounts(workload: &Value) -> Vec<(&Value, &Value)> {
         .collect()
 }
 
+/// The CSI node plugin never gets the controller's cloud-config (from a Secret or the host): no
+/// Harvester credential at all unless a read-only one of its own is named, mounted as a
+/// directory like the others.
+#[test]
+fn csi_node_plugin_gets_no_cloud_config_but_its_own() {
+    let driver_args = |docs: &[Value]| {
+        args(container(
+            find(docs, "DaemonSet", "harvester-csi-driver"),
+            "harvester-csi-driver",
+        ))
+    };
+    for set in [
+        &[][..],
+        &["cloudConfig.secretName=harvester-cloud-config"][..],
+        &["cloudConfig.hostPath=/etc/kubernetes/cloud-config"][..],
+    ] {
+        let docs = template(CSI_CHART, None, set);
+        let ds = find(&docs, "DaemonSet", "harvester-csi-driver");
+        let volumes = ds["spec"]["template"]["spec"]["volumes"].to_string();
+        assert!(
+            !volumes.contains("cloud-config") && !volumes.contains("config-files"),
+            "{set:?}: the node plugin mounts a cloud-config: {volumes}"
+        );
+        let a = driver_args(&docs);
+        assert!(a.contains(&"--kubeconfig=".to_string()), "{set:?}: {a:?}");
+        assert!(
+            !a.iter().any(|f| f.starts_with("--kubeconfig=/")),
+            "{set:?}: {a:?}"
+        );
+    }
+    let docs = template(CSI_CHART, None, &["nodeCloudConfig.secretName=csi-node-ro"]);
+    let ds = find(&docs, "DaemonSet", "harvester-csi-driver");
+    assert_eq!(
+        volume(ds, "node-cloud-config")["secret"],
+        json!({"secretName": "csi-node-ro",
+               "items": [{"key": "cloud-provider-config", "path": "cloud-provider-config"}]})
+    );
+    let c = container(ds, "harvester-csi-driver");
+    let m = mount(c, "node-cloud-config");
+    assert!(m.get("subPath").is_none(), "{m}");
+    assert_eq!(m["readOnly"], true);
+    let file = format!(
+        "--kubeconfig={}/cloud-provider-config",
+        m["mountPath"].as_str().expect("mountPath")
+    );
+    assert!(driver_args(&docs).contains(&file), "{:?}", driver_args(&docs));
+}
+
 #[test]
 fn cloud_config_secret_is_mounted_as_a_directory_so_a_rotation_reaches_the_pods() {
     // (chart, workloads, the flag naming the file): the Secret source of each chart.
@@ -357,10 +405,7 @@ fn cloud_config_secret_is_mounted_as_a_directory_so_a_rotation_reaches_the_pods(
         ),
         (
             CSI_CHART,
-            vec![
-                ("Deployment", "harvester-csi-driver-controllers"),
-                ("DaemonSet", "harvester-csi-driver"),
-            ],
+            vec![("Deployment", "harvester-csi-driver-controllers")],
             "--kubeconfig=",
         ),
     ];
@@ -671,18 +716,21 @@ fn csi_chart_renders_controller_with_driver_node_plugin_csidriver_and_classes() 
         Value::Null
     );
     assert!(a.contains(&"--nodeid=$(NODE_ID)".to_string()), "{a:?}");
-    assert!(
-        a.contains(&"--kubeconfig=/var/lib/harvester/cloud-provider-config".to_string()),
-        "{a:?}"
-    );
+    // No Harvester credential in the node plugin (csi_node_plugin_gets_no_cloud_config_but_its_own).
+    assert!(a.contains(&"--kubeconfig=".to_string()), "{a:?}");
     let kubelet = mount(driver, "kubelet-dir");
     assert_eq!(kubelet["mountPath"], "/var/lib/kubelet");
     assert_eq!(kubelet["mountPropagation"], "Bidirectional");
     assert_eq!(mount(driver, "host-dev")["mountPath"], "/dev");
     assert_eq!(volume(node, "host-dev")["hostPath"]["path"], "/dev");
+    let ctrl = find(&docs, "Deployment", "harvester-csi-driver-controllers");
     assert_eq!(
-        volume(node, "cloud-config")["hostPath"],
+        volume(ctrl, "cloud-config")["hostPath"],
         json!({"path": "/var/lib/rancher/rke2/etc/config-files", "type": "Directory"})
+    );
+    assert!(
+        args(container(ctrl, "harvester-csi-driver"))
+            .contains(&"--kubeconfig=/var/lib/harvester/cloud-provider-config".to_string())
     );
     assert!(
         args(container(node, "node-driver-registrar")).contains(
@@ -742,15 +790,15 @@ fn csi_chart_takes_secret_host_class_kubelet_dir_and_storage_class_parameters() 
     assert!(a.contains(&"--host-storage-class=longhorn-ssd".to_string()));
     assert!(a.contains(&"--max-volumes-per-node=16".to_string()));
     assert_eq!(
-        volume(node, "cloud-config")["secret"],
-        json!({"secretName": "harvester-cloud-config",
-               "items": [{"key": "kubeconfig", "path": "cloud-provider-config"}]})
-    );
-    assert_eq!(
         mount(container(node, "harvester-csi-driver"), "kubelet-dir")["mountPath"],
         "/var/lib/kubelet-custom"
     );
     let ctrl = find(&docs, "Deployment", "harvester-csi-driver-controllers");
+    assert_eq!(
+        volume(ctrl, "cloud-config")["secret"],
+        json!({"secretName": "harvester-cloud-config",
+               "items": [{"key": "kubeconfig", "path": "cloud-provider-config"}]})
+    );
     assert!(
         args(container(ctrl, "harvester-csi-driver"))
             .contains(&"--host-storage-class=longhorn-ssd".to_string())
@@ -768,11 +816,12 @@ fn csi_chart_takes_secret_host_class_kubelet_dir_and_storage_class_parameters() 
         "false"
     );
     // A path naming the file itself mounts its directory.
-    let node = find(&docs, "DaemonSet", "harvester-csi-driver");
+    let ctrl = find(&docs, "Deployment", "harvester-csi-driver-controllers");
     assert_eq!(
-        volume(node, "cloud-config")["hostPath"]["path"],
+        volume(ctrl, "cloud-config")["hostPath"]["path"],
         "/var/lib/rancher/rke2/etc/config-files"
     );
+    let node = find(&docs, "DaemonSet", "harvester-csi-driver");
     assert_eq!(
         node["spec"]["template"]["spec"]["imagePullSecrets"],
         json!([{"name": "regcred"}, {"name": "mine"}, {"name": "other"}])
@@ -996,7 +1045,9 @@ async fn every_rendered_object_is_accepted_by_the_api_servers() {
             }
         }
     }
-    for doc in harvester_rbac(&bed.vm_namespace, "rke2-prod") {
+    let mut rbac = harvester_rbac(&bed.vm_namespace, "rke2-prod");
+    rbac.extend(csi_node_rbac(&bed.vm_namespace, "rke2-prod-csi-node"));
+    for doc in rbac {
         match apply(&bed.harvester.client, &doc, &bed.vm_namespace, true).await {
             Ok(_) => accepted += 1,
             Err(e) => refused.push(format!("deploy/harvester-rbac: {e}")),

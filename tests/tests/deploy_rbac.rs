@@ -646,3 +646,121 @@ async fn csi_controller_runs_the_volume_flow_with_only_the_documented_harvester_
         "(guest, Harvester) Forbidden answers before and after the run: the documented role is not enough"
     );
 }
+
+/// Verbs that change something.
+const WRITES: [&str; 5] = ["create", "update", "patch", "delete", "deletecollection"];
+
+/// The node plugin's own Harvester account (deploy/harvester-rbac/csi-node.yaml and
+/// csi-node-binding.yaml): it may write nothing that any role of deploy/harvester-rbac grants,
+/// may read what the node plugin reads, and the node plugin runs with it without one Forbidden.
+#[tokio::test]
+async fn csi_node_plugin_account_reads_only() {
+    let bed = TestBed::started().await;
+    bed.sim
+        .create_host("harvester-1", None, None)
+        .await
+        .expect("host");
+    bed.sim
+        .create_vm(
+            &GuestVm::new("worker-1")
+                .on_host("harvester-1")
+                .ip("10.52.0.11"),
+        )
+        .await
+        .expect("vm");
+    let node_docs = csi_node_rbac(&bed.vm_namespace, CLUSTER);
+    for role in node_docs.iter().filter(|d| d["kind"] == "ClusterRole") {
+        for rule in role["rules"].as_array().expect("rules") {
+            for verb in rule["verbs"].as_array().expect("verbs") {
+                assert!(
+                    ["get", "list", "watch"].contains(&verb.as_str().expect("verb")),
+                    "{} grants {verb}: {rule}",
+                    role["metadata"]["name"]
+                );
+            }
+        }
+    }
+    let accounts = accounts(&bed, &[], None, &node_docs).await;
+    let ns = bed.vm_namespace.clone();
+    // Every resource any Harvester role of this project grants, asked with every write verb, in
+    // the VM namespace and in harvester-system: all refused.
+    let mut asked = 0;
+    let controller_roles = harvester_rbac(&ns, "controller");
+    for role in controller_roles.iter().filter(|d| d["kind"] == "ClusterRole") {
+        for rule in role["rules"].as_array().expect("rules") {
+            let groups = rule["apiGroups"].as_array().expect("apiGroups");
+            let resources = rule["resources"].as_array().expect("resources");
+            for (group, resource) in groups
+                .iter()
+                .flat_map(|g| resources.iter().map(move |r| (g, r)))
+            {
+                let resource = resource.as_str().expect("resource");
+                let (resource, subresource) = match resource.split_once('/') {
+                    Some((r, s)) => (r, Some(s)),
+                    None => (resource, None),
+                };
+                for namespace in [ns.as_str(), "harvester-system"] {
+                    for verb in WRITES {
+                        let access = testbed::bed::rbac::Access {
+                            verb,
+                            group: group.as_str().expect("group"),
+                            resource,
+                            subresource,
+                            namespace: Some(namespace),
+                            name: None,
+                        };
+                        let allowed = testbed::bed::rbac::allowed(&accounts.harvester, &access)
+                            .await
+                            .expect("SelfSubjectAccessReview");
+                        assert!(!allowed, "the node plugin's account may {access:?}");
+                        asked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(asked > 50, "only {asked} writes asked: the roles were not read");
+    // What the node plugin reads.
+    for (verb, group, resource, namespace) in [
+        ("get", "kubevirt.io", "virtualmachineinstances", ns.as_str()),
+        ("list", "kubevirt.io", "virtualmachineinstances", ns.as_str()),
+        ("get", "", "persistentvolumeclaims", ns.as_str()),
+        ("get", "harvesterhci.io", "networkfilesystems", "harvester-system"),
+    ] {
+        let access = testbed::bed::rbac::Access {
+            verb,
+            group,
+            resource,
+            namespace: Some(namespace),
+            ..Default::default()
+        };
+        assert!(
+            testbed::bed::rbac::allowed(&accounts.harvester, &access)
+                .await
+                .expect("SelfSubjectAccessReview"),
+            "the node plugin's account may not {access:?}"
+        );
+    }
+    let before = refusals(&bed).await;
+    for (given, want) in [("worker-1", "worker-1"), ("guest-hostname", "guest-hostname")] {
+        let node = Driver::start(
+            &bed,
+            &accounts.cloud_config,
+            harvester_csi_driver::Mode::Node,
+            Some(given),
+        )
+        .await;
+        let info = NodeClient::new(node.channel.clone())
+            .node_get_info(NodeGetInfoRequest {})
+            .await
+            .expect("NodeGetInfo")
+            .into_inner();
+        assert_eq!(info.node_id, want);
+        node.stop().await;
+    }
+    assert_eq!(
+        refusals(&bed).await,
+        before,
+        "(guest, Harvester) Forbidden answers before and after: the node role is not enough"
+    );
+}

@@ -186,8 +186,10 @@ impl DriverProc {
         socket: &Path,
         env: &[(&str, String)],
     ) -> DriverProc {
+        // No Harvester credential, as the chart runs the node plugin (the last flag wins).
         let args = [
             "--mode=node".to_string(),
+            "--kubeconfig=".to_string(),
             format!("--nodeid={NODE}"),
             format!("--disk-by-id-dir={}", bed.sim.by_id_dir(NODE).display()),
         ];

@@ -174,9 +174,26 @@ pub fn args(container: &Value) -> Vec<String> {
 
 /// The deploy/harvester-rbac manifests with the bindings' variables filled in.
 pub fn harvester_rbac(namespace: &str, service_account: &str) -> Vec<Value> {
+    harvester_rbac_files(
+        &["cloud-provider.yaml", "csi-driver.yaml", "bindings.yaml"],
+        namespace,
+        service_account,
+    )
+}
+
+/// The CSI node plugin's own read-only roles and their binding to `service_account`.
+pub fn csi_node_rbac(namespace: &str, service_account: &str) -> Vec<Value> {
+    harvester_rbac_files(
+        &["csi-node.yaml", "csi-node-binding.yaml"],
+        namespace,
+        service_account,
+    )
+}
+
+fn harvester_rbac_files(files: &[&str], namespace: &str, service_account: &str) -> Vec<Value> {
     let dir = repo().join("deploy/harvester-rbac");
     let mut docs = Vec::new();
-    for file in ["cloud-provider.yaml", "csi-driver.yaml", "bindings.yaml"] {
+    for file in files {
         let path = dir.join(file);
         let text = std::fs::read_to_string(&path)
             .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
