@@ -128,6 +128,9 @@ pub struct Config {
     pub host_storage_class: Option<String>,
     /// Where hot-plugged disks appear by id (`/dev/disk/by-id`).
     pub disk_by_id_dir: PathBuf,
+    /// The kubelet's directory: staging and target paths outside it are refused; `None`: any
+    /// path, as upstream.
+    pub kubelet_dir: Option<PathBuf>,
     /// sysfs root, for the by-serial fallback (`/sys`).
     pub sysfs_dir: PathBuf,
     /// Reported in NodeGetInfo; `None` derives it from the VMI (256 minus its static disks).
@@ -179,6 +182,7 @@ impl Config {
             cloud_config: Some(cloud_config.into()),
             host_storage_class: None,
             disk_by_id_dir: PathBuf::from("/dev/disk/by-id"),
+            kubelet_dir: None,
             sysfs_dir: PathBuf::from("/sys"),
             max_volumes_per_node: None,
             timeouts: Timeouts::default(),

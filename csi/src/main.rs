@@ -39,6 +39,10 @@ struct Cli {
     /// Where hot-plugged disks appear by id.
     #[arg(long, default_value = "/dev/disk/by-id")]
     disk_by_id_dir: PathBuf,
+    /// The kubelet's directory (its --root-dir): the node plugin refuses staging and target
+    /// paths outside it; empty: any path, as upstream (warned about at start).
+    #[arg(long, default_value = "", value_parser = path_or_empty)]
+    kubelet_dir: PathBuf,
     /// Volumes a node can take (NodeGetInfo); default: 256 minus the VM's own disks.
     #[arg(long)]
     max_volumes_per_node: Option<u32>,
@@ -184,6 +188,14 @@ fn config(cli: Cli) -> Result<Config, String> {
     config.host_storage_class = cli.host_storage_class;
     config.disk_by_id_dir = cli.disk_by_id_dir;
     config.max_volumes_per_node = cli.max_volumes_per_node;
+    config.kubelet_dir = match cli.kubelet_dir.to_str() {
+        Some("") => None,
+        Some(dir) => match harvester_csi_driver::request::path_problem(dir) {
+            None => Some(cli.kubelet_dir.clone()),
+            Some(problem) => return Err(format!("--kubelet-dir {dir:?} {problem}")),
+        },
+        None => return Err(format!("--kubelet-dir {:?} is not UTF-8", cli.kubelet_dir)),
+    };
     config.metrics_address = harvester_common::telemetry::server::parse_address(
         "--metrics-address",
         &cli.metrics_address,
@@ -246,6 +258,24 @@ mod tests {
             matches!(cli.mode, Mode::All),
             "one process serves all, as upstream"
         );
+    }
+
+    #[test]
+    fn the_kubelet_dir_is_a_clean_absolute_path_or_nothing() {
+        let dir = |v: &str| config(parse(&[&format!("--kubelet-dir={v}")]).unwrap());
+        assert_eq!(dir("").unwrap().kubelet_dir, None);
+        assert_eq!(
+            dir("/var/lib/kubelet").unwrap().kubelet_dir,
+            Some(PathBuf::from("/var/lib/kubelet"))
+        );
+        for bad in [
+            "var/lib/kubelet",
+            "/var/lib/../kubelet",
+            "/var/lib/kubelet/",
+        ] {
+            let e = dir(bad).unwrap_err();
+            assert!(e.contains("--kubelet-dir") && e.contains(bad), "{e}");
+        }
     }
 
     /// Our chart's node DaemonSet passes `--kubeconfig=` (no Harvester credential).

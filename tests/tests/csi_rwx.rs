@@ -717,9 +717,15 @@ async fn rwx_volume_shared_by_two_guests_root_steps() {
     let refused = stage(&na, &vu)
         .await
         .expect_err("no export and no credential");
-    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
     assert!(
-        refused.message().contains(networkfs_api::CONTEXT_NFS_EXPORT)
+        refused
+            .message()
+            .contains(networkfs_api::CONTEXT_NFS_EXPORT)
             && refused.message().contains("nodeCloudConfig"),
         "{refused:?}"
     );

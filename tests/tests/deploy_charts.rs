@@ -391,7 +391,11 @@ fn csi_node_plugin_gets_no_cloud_config_but_its_own() {
         "--kubeconfig={}/cloud-provider-config",
         m["mountPath"].as_str().expect("mountPath")
     );
-    assert!(driver_args(&docs).contains(&file), "{:?}", driver_args(&docs));
+    assert!(
+        driver_args(&docs).contains(&file),
+        "{:?}",
+        driver_args(&docs)
+    );
 }
 
 #[test]
@@ -793,6 +797,8 @@ fn csi_chart_takes_secret_host_class_kubelet_dir_and_storage_class_parameters() 
         mount(container(node, "harvester-csi-driver"), "kubelet-dir")["mountPath"],
         "/var/lib/kubelet-custom"
     );
+    // Staging and target paths are confined to it.
+    assert!(a.contains(&"--kubelet-dir=/var/lib/kubelet-custom".to_string()), "{a:?}");
     let ctrl = find(&docs, "Deployment", "harvester-csi-driver-controllers");
     assert_eq!(
         volume(ctrl, "cloud-config")["secret"],

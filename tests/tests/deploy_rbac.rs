@@ -686,7 +686,10 @@ async fn csi_node_plugin_account_reads_only() {
     // the VM namespace and in harvester-system: all refused.
     let mut asked = 0;
     let controller_roles = harvester_rbac(&ns, "controller");
-    for role in controller_roles.iter().filter(|d| d["kind"] == "ClusterRole") {
+    for role in controller_roles
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRole")
+    {
         for rule in role["rules"].as_array().expect("rules") {
             let groups = rule["apiGroups"].as_array().expect("apiGroups");
             let resources = rule["resources"].as_array().expect("resources");
@@ -719,13 +722,26 @@ async fn csi_node_plugin_account_reads_only() {
             }
         }
     }
-    assert!(asked > 50, "only {asked} writes asked: the roles were not read");
+    assert!(
+        asked > 50,
+        "only {asked} writes asked: the roles were not read"
+    );
     // What the node plugin reads.
     for (verb, group, resource, namespace) in [
         ("get", "kubevirt.io", "virtualmachineinstances", ns.as_str()),
-        ("list", "kubevirt.io", "virtualmachineinstances", ns.as_str()),
+        (
+            "list",
+            "kubevirt.io",
+            "virtualmachineinstances",
+            ns.as_str(),
+        ),
         ("get", "", "persistentvolumeclaims", ns.as_str()),
-        ("get", "harvesterhci.io", "networkfilesystems", "harvester-system"),
+        (
+            "get",
+            "harvesterhci.io",
+            "networkfilesystems",
+            "harvester-system",
+        ),
     ] {
         let access = testbed::bed::rbac::Access {
             verb,
@@ -742,7 +758,10 @@ async fn csi_node_plugin_account_reads_only() {
         );
     }
     let before = refusals(&bed).await;
-    for (given, want) in [("worker-1", "worker-1"), ("guest-hostname", "guest-hostname")] {
+    for (given, want) in [
+        ("worker-1", "worker-1"),
+        ("guest-hostname", "guest-hostname"),
+    ] {
         let node = Driver::start(
             &bed,
             &accounts.cloud_config,

@@ -58,6 +58,9 @@ pub struct NodeService {
     nfs_server_timeout: Duration,
     /// NFS mounts whose statvfs is waiting on a blocking thread: one thread per path at most.
     statvfs_waiting: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<PathBuf>>>,
+    /// The kubelet's directory (`--kubelet-dir`): node paths outside it are refused; `None`:
+    /// any path, as upstream.
+    kubelet_dir: Option<PathBuf>,
     by_id: PathBuf,
     sysfs: PathBuf,
     device_wait: Duration,
@@ -136,6 +139,11 @@ impl NodeService {
             Some(w) => tracing::warn!(reason = nfs.reason, "{w}"),
             None => tracing::info!(netns = ?nfs.netns, reason = nfs.reason, "RWX (NFS) mounts"),
         }
+        if config.kubelet_dir.is_none() {
+            tracing::warn!(
+                "--kubelet-dir is not set: staging and target paths anywhere on the node are accepted (upstream's behaviour); the chart sets it"
+            );
+        }
         let (node_id, vmi, discovery) = match harvester {
             Some(harvester) => discover(harvester, given, &config.sysfs_dir).await,
             None => {
@@ -157,6 +165,7 @@ impl NodeService {
             nfs_netns: nfs.netns,
             nfs_server_timeout: config.timeouts.nfs_server,
             statvfs_waiting: Default::default(),
+            kubelet_dir: config.kubelet_dir.clone(),
             by_id: config.disk_by_id_dir.clone(),
             sysfs: config.sysfs_dir.clone(),
             device_wait: config.timeouts.device,
@@ -186,6 +195,14 @@ impl NodeService {
 
     /// Claims `path` for `volume`'s operation until the guard drops: a second volume's call on the
     /// same path meanwhile is ABORTED instead of stacking a second mount there.
+    /// A staging or target path of a request: absolute and clean, and inside the kubelet's
+    /// directory when `--kubelet-dir` names it.
+    fn node_path(&self, field: &'static str, value: &str) -> Result<PathBuf, ArgError> {
+        let path = request::node_path(field, value)?;
+        paths::inside(field, &path, self.kubelet_dir.as_deref())?;
+        Ok(path)
+    }
+
     fn begin_path(
         &self,
         volume: &str,
@@ -219,7 +236,7 @@ impl NodeService {
         req: NodeStageVolumeRequest,
     ) -> Result<NodeStageVolumeResponse, NodeError> {
         let id = required("volume_id", &req.volume_id)?;
-        let staging = request::node_path("staging_target_path", &req.staging_target_path)?;
+        let staging = self.node_path("staging_target_path", &req.staging_target_path)?;
         let cap = request::capability("volume_capability", req.volume_capability.as_ref())?;
         let _guard = self.begin(id)?;
         let _path = self.begin_path(id, &staging)?;
@@ -349,7 +366,7 @@ impl NodeService {
         req: NodeUnstageVolumeRequest,
     ) -> Result<NodeUnstageVolumeResponse, NodeError> {
         let id = required("volume_id", &req.volume_id)?;
-        let staging = request::node_path("staging_target_path", &req.staging_target_path)?;
+        let staging = self.node_path("staging_target_path", &req.staging_target_path)?;
         let _guard = self.begin(id)?;
         let _path = self.begin_path(id, &staging)?;
         // An RWX volume's NFS mount: recognised from mountinfo before anything stats the path.
@@ -370,9 +387,9 @@ impl NodeService {
         req: NodePublishVolumeRequest,
     ) -> Result<NodePublishVolumeResponse, NodeError> {
         let id = required("volume_id", &req.volume_id)?;
-        let target = request::node_path("target_path", &req.target_path)?;
+        let target = self.node_path("target_path", &req.target_path)?;
         let cap = request::capability("volume_capability", req.volume_capability.as_ref())?;
-        let staging = request::node_path("staging_target_path", &req.staging_target_path)?;
+        let staging = self.node_path("staging_target_path", &req.staging_target_path)?;
         let read_only = req.readonly || cap.read_only();
         let _guard = self.begin(id)?;
         let _path = self.begin_path(id, &target)?;
@@ -467,7 +484,7 @@ impl NodeService {
         req: NodeUnpublishVolumeRequest,
     ) -> Result<NodeUnpublishVolumeResponse, NodeError> {
         let id = required("volume_id", &req.volume_id)?;
-        let target = request::node_path("target_path", &req.target_path)?;
+        let target = self.node_path("target_path", &req.target_path)?;
         let _guard = self.begin(id)?;
         let _path = self.begin_path(id, &target)?;
         let key = nfs::mount_key(&target);
@@ -519,7 +536,7 @@ impl NodeService {
         req: NodeGetVolumeStatsRequest,
     ) -> Result<NodeGetVolumeStatsResponse, NodeError> {
         let id = required("volume_id", &req.volume_id)?;
-        let path = published_path(&req.volume_path)?;
+        let path = published_path(&req.volume_path, self.kubelet_dir.as_deref())?;
         let key = nfs::mount_key(path);
         if let Some(m) = nfs::nfs_mount_at(&mounts()?, &key).cloned() {
             return self.stats_nfs(id, &key, &m).await;
@@ -568,7 +585,7 @@ impl NodeService {
         req: NodeExpandVolumeRequest,
     ) -> Result<NodeExpandVolumeResponse, NodeError> {
         let id = required("volume_id", &req.volume_id)?;
-        let path = published_path(&req.volume_path)?;
+        let path = published_path(&req.volume_path, self.kubelet_dir.as_deref())?;
         let cap = req
             .volume_capability
             .as_ref()

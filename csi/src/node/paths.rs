@@ -11,15 +11,31 @@ use crate::error::{ArgError, NodeError};
 use crate::request::{self, required};
 
 /// A `volume_path` of NodeGetVolumeStats / NodeExpandVolume: required; a path that is not
-/// absolute and clean cannot be one this plugin published, so it is NOT_FOUND (as csi-sanity
-/// expects for `some/path`).
-pub fn published_path(value: &str) -> Result<&Path, NodeError> {
+/// absolute and clean, or outside the kubelet's directory `root`, cannot be one this plugin
+/// published, so it is NOT_FOUND (as csi-sanity expects for `some/path`).
+pub fn published_path<'a>(value: &'a str, root: Option<&Path>) -> Result<&'a Path, NodeError> {
     let value = required("volume_path", value)?;
     match request::path_problem(value) {
-        None => Ok(Path::new(value)),
-        Some(_) => Err(NodeError::PathNotFound {
+        None if inside("volume_path", Path::new(value), root).is_ok() => Ok(Path::new(value)),
+        _ => Err(NodeError::PathNotFound {
             path: PathBuf::from(value),
         }),
+    }
+}
+
+/// A clean absolute node path must lie inside the kubelet's directory `root` when it is known
+/// (component-wise: `/var/lib/kubelet-x` is not inside `/var/lib/kubelet`).
+pub fn inside(field: &'static str, path: &Path, root: Option<&Path>) -> Result<(), ArgError> {
+    match root {
+        Some(root) if !path.starts_with(root) || path == root => Err(ArgError::Invalid {
+            field,
+            reason: format!(
+                "{} is not inside the kubelet's directory {} (--kubelet-dir)",
+                path.display(),
+                root.display()
+            ),
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -125,6 +141,27 @@ pub fn other_mount(path: &Path, found: &MountInfo, wanted: &Path) -> NodeError {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn node_paths_stay_inside_the_kubelet_dir() {
+        let root = Some(Path::new("/var/lib/kubelet"));
+        let ok = Path::new("/var/lib/kubelet/pods/p/volumes/v/mount");
+        assert!(inside("target_path", ok, root).is_ok());
+        assert!(inside("target_path", Path::new("/etc/shadow"), None).is_ok());
+        for bad in ["/etc", "/var/lib/kubelet-x/a", "/var/lib/kubelet"] {
+            let e = inside("target_path", Path::new(bad), root).unwrap_err();
+            assert!(
+                e.to_string().contains("target_path") && e.to_string().contains(bad),
+                "{e}"
+            );
+        }
+        assert!(published_path(ok.to_str().unwrap(), root).is_ok());
+        assert!(matches!(
+            published_path("/etc", root),
+            Err(NodeError::PathNotFound { .. })
+        ));
+    }
+
     use super::*;
 
     #[test]
