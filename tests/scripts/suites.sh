@@ -58,7 +58,8 @@ GATE_RERUN_SKIP=(csi_sanity_passes_with_1_byte_volumes_root
   csi_sanity_passes_with_1_gib_plus_1_byte_volumes_root csi_sanity_passes_in_random_order_root
   cloud_provider_runs_node_and_load_balancer_flows_with_only_the_documented_rbac
   cloud_provider_leader_election_fits_the_chart_role csi_node_plugin_account_reads_only
-  requests_missing_a_field_get_invalid_argument_naming_it bad_backup_input_is_refused_naming_it)
+  requests_missing_a_field_get_invalid_argument_naming_it bad_backup_input_is_refused_naming_it
+  node_paths_outside_the_kubelet_dir_are_refused)
 
 tests_args() { local t; for t in "$@"; do printf -- '--test %s ' "$t"; done; }
 # The test filter of a gate rerun: `-- --exact --skip NAME ...` for each of GATE_RERUN_SKIP.

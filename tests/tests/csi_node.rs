@@ -454,3 +454,57 @@ async fn requests_missing_a_field_get_invalid_argument_naming_it() {
     );
     d.stop().await;
 }
+
+/// With `--kubelet-dir` (the chart sets it) the node plugin mounts and unmounts nowhere else:
+/// a staging or target path outside is refused naming the field, before anything is touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_paths_outside_the_kubelet_dir_are_refused() {
+    let bed = bed_with_vm().await;
+    let kubelet = bed.dir.path().join("kubelet");
+    let d = Driver::start(&bed, |c| c.kubelet_dir = Some(kubelet.clone())).await;
+    let mut n = d.node();
+    let outside = bed.dir.path().join("elsewhere");
+    let inside = kubelet.join("plugins/staging");
+    let e = n
+        .node_stage_volume(NodeStageVolumeRequest {
+            volume_id: "pvc-x".into(),
+            staging_target_path: outside.display().to_string(),
+            volume_capability: Some(mount_cap("ext4")),
+            ..Default::default()
+        })
+        .await
+        .expect_err("staging outside the kubelet's directory");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("staging_target_path") && e.message().contains("--kubelet-dir"));
+    assert!(!outside.exists(), "nothing made at {}", outside.display());
+    let e = n
+        .node_publish_volume(NodePublishVolumeRequest {
+            volume_id: "pvc-x".into(),
+            staging_target_path: inside.display().to_string(),
+            target_path: "/etc/harvester-csi-test".into(),
+            volume_capability: Some(mount_cap("ext4")),
+            ..Default::default()
+        })
+        .await
+        .expect_err("publishing outside the kubelet's directory");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("target_path"), "{e:?}");
+    let e = n
+        .node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: "pvc-x".into(),
+            target_path: "/etc".into(),
+        })
+        .await
+        .expect_err("unpublishing /etc");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let e = n
+        .node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: "pvc-x".into(),
+            volume_path: "/etc".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("stats of /etc");
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    d.stop().await;
+}

@@ -798,7 +798,10 @@ fn csi_chart_takes_secret_host_class_kubelet_dir_and_storage_class_parameters() 
         "/var/lib/kubelet-custom"
     );
     // Staging and target paths are confined to it.
-    assert!(a.contains(&"--kubelet-dir=/var/lib/kubelet-custom".to_string()), "{a:?}");
+    assert!(
+        a.contains(&"--kubelet-dir=/var/lib/kubelet-custom".to_string()),
+        "{a:?}"
+    );
     let ctrl = find(&docs, "Deployment", "harvester-csi-driver-controllers");
     assert_eq!(
         volume(ctrl, "cloud-config")["secret"],
