@@ -26,6 +26,8 @@ use testbed::{TestBed, util::wait};
 
 #[path = "real_cluster/heal.rs"]
 mod heal;
+#[path = "real_cluster/rotate.rs"]
+mod rotate;
 
 const DRIVER: &str = "driver.harvesterhci.io";
 const POD_READY: Duration = Duration::from_secs(150);
@@ -99,6 +101,12 @@ async fn a_users_day_on_a_real_guest_cluster_root() {
     steps.done("an unknown StorageClass parameter");
     stuck_pod_fails_its_wait_with_its_events(&bed).await;
     steps.done("a stuck Pod's wait");
+    rotate::cloud_config_rotates_without_a_restart(&bed, real).await;
+    steps.done("the cloud-config rotated, the old token revoked");
+    // With the old token revoked both programs act on Harvester: a Service gets its address
+    // here, the volumes are detached and deleted in the steps after.
+    load_balancer_service_gets_its_address(&bed).await;
+    steps.done("a LoadBalancer Service's address with the new token");
     heal::attachments_heal_at_the_attachers_resync(&bed, real).await;
     steps.done("attachments healed at the resync");
     everything_deleted_leaves_nothing(&bed, real).await;

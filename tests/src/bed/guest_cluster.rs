@@ -281,14 +281,20 @@ pub fn cloud_config(
     harvester: &ApiServer,
     vm_namespace: &str,
 ) -> Result<String, BedError> {
-    let port = socket_addr(harvester)?.port();
     Ok(kubeconfig_text(
-        &format!("https://{GATEWAY}:{port}"),
+        &harvester_url_from_pods(harvester)?,
         pki,
         &pki.admin,
         "admin",
         vm_namespace,
     ))
+}
+
+/// The Harvester API server's URL as the guest cluster's Pods reach it (the Pod network's
+/// gateway).
+pub fn harvester_url_from_pods(harvester: &ApiServer) -> Result<String, BedError> {
+    let port = socket_addr(harvester)?.port();
+    Ok(format!("https://{GATEWAY}:{port}"))
 }
 
 /// `repo:tag` split at the last colon after the last slash.

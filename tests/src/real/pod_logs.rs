@@ -79,6 +79,13 @@ impl LogWatch {
         }
     }
 
+    /// The matching lines read so far (polling goes on).
+    pub fn matching(&self) -> Vec<LogLine> {
+        sweep(&self.pod_logs, &self.namespace, &self.word, &self.scan);
+        let s = self.scan.lock().unwrap_or_else(|p| p.into_inner());
+        s.found.clone()
+    }
+
     /// Stops polling, reads what was written since the last poll and returns every matching
     /// line and the containers read.
     pub fn finish(self) -> Seen {
