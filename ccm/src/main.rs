@@ -96,6 +96,8 @@ struct Endpoints {
 struct Https {
     addr: std::net::SocketAddr,
     tls: std::sync::Arc<rustls::ServerConfig>,
+    /// The served certificate and the files it follows.
+    served: (std::sync::Arc<secure::tls::ServedCert>, secure::CertOptions),
     auth: secure::AuthOptions,
     authentication_kubeconfig: Option<std::path::PathBuf>,
     authorization_kubeconfig: Option<std::path::PathBuf>,
@@ -107,10 +109,11 @@ fn https_endpoint(s: SecureServing) -> Result<Option<Https>, secure::TlsError> {
     };
     let cert = secure::tls::serving_cert(&s.cert)?;
     tracing::info!("serving certificate: {}", cert.origin);
-    let tls = secure::tls::server_config(cert)?;
+    let (tls, served) = secure::tls::server_config(cert)?;
     Ok(Some(Https {
         addr,
         tls: std::sync::Arc::new(tls),
+        served: (served, s.cert),
         auth: s.auth,
         authentication_kubeconfig: s.authentication_kubeconfig,
         authorization_kubeconfig: s.authorization_kubeconfig,
@@ -178,6 +181,12 @@ async fn serve(
             .await
             .with_context(|| format!("--bind-address/--secure-port {}", https.addr))?;
         tracing::info!("health and metrics on https://{}", https.addr);
+        let (served, files) = https.served;
+        tokio::spawn(secure::tls::follow(
+            served,
+            files,
+            secure::tls::CERT_CHECK_PERIOD,
+        ));
         tokio::spawn(secure::serve_on(
             listener,
             https.tls,

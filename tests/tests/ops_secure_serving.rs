@@ -286,6 +286,37 @@ async fn serves_the_given_certificate_else_a_self_signed_one() {
         get(port, "/healthz", None).await.server_cert,
         cert.der().to_vec()
     );
+
+    // Renewed in place (a Secret mounted as a directory): a pair that does not match is not
+    // served, the old certificate stays; the new pair is served without a restart.
+    let renewed_key = rcgen::KeyPair::generate().unwrap();
+    let renewed = rcgen::CertificateParams::new(vec!["metrics.example".to_string()])
+        .unwrap()
+        .self_signed(&renewed_key)
+        .unwrap();
+    std::fs::write(&cert_file, renewed.pem()).unwrap();
+    tokio::time::sleep(harvester_cloud_provider::secure::tls::CERT_CHECK_PERIOD * 2).await;
+    assert_eq!(
+        get(port, "/healthz", None).await.server_cert,
+        cert.der().to_vec(),
+        "a certificate without its key is not served"
+    );
+    std::fs::write(&key_file, renewed_key.serialize_pem()).unwrap();
+    wait::until(
+        "the renewed certificate to be served",
+        harvester_cloud_provider::secure::tls::CERT_CHECK_PERIOD * 3,
+        || async {
+            let served = get(port, "/healthz", None).await.server_cert;
+            Ok(if served == renewed.der().to_vec() {
+                Ok(())
+            } else {
+                Err("the old certificate")
+            })
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    p.check_alive().expect("the provider kept running");
     drop(p);
 
     // --cert-dir: the generated pair is written there and served.

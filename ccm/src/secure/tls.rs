@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::sign::CertifiedKey;
 
 /// Where the certificate comes from (the flags, typed).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -121,20 +122,97 @@ pub fn serving_cert(opts: &CertOptions) -> Result<ServingCert, TlsError> {
     Ok(pair)
 }
 
-/// A rustls server configuration serving `cert` with HTTP/2 and HTTP/1.1 (ALPN). Refuses a key
-/// that does not belong to the certificate.
-pub fn server_config(cert: ServingCert) -> Result<rustls::ServerConfig, TlsError> {
+/// The certificate the endpoint serves, swapped when the files named by `--tls-cert-file` and
+/// `--tls-private-key-file` change (a renewed Secret): upstream's apiserver follows them too
+/// (k8s.io/apiserver v0.34 pkg/server/dynamiccertificates `DynamicCertKeyPairContent`, re-read
+/// on file events and every minute). New handshakes get the new certificate; open connections
+/// keep theirs.
+#[derive(Debug)]
+pub struct ServedCert {
+    current: std::sync::RwLock<Arc<CertifiedKey>>,
+}
+
+impl ServedCert {
+    fn get(&self) -> Arc<CertifiedKey> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn set(&self, key: Arc<CertifiedKey>) {
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = key;
+    }
+}
+
+impl rustls::server::ResolvesServerCert for ServedCert {
+    fn resolve(&self, _: rustls::server::ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.get())
+    }
+}
+
+/// The chain and key as rustls serves them; refuses a key that does not belong to the
+/// certificate.
+fn certified(cert: ServingCert) -> Result<Arc<CertifiedKey>, TlsError> {
+    let provider = rustls::crypto::ring::default_provider();
+    CertifiedKey::from_der(cert.chain, cert.key, &provider)
+        .map(Arc::new)
+        .map_err(|e| TlsError::Mismatch {
+            origin: cert.origin,
+            reason: e.to_string(),
+        })
+}
+
+/// A rustls server configuration serving `cert` with HTTP/2 and HTTP/1.1 (ALPN), and the handle
+/// [`follow`] swaps it through. Refuses a key that does not belong to the certificate.
+pub fn server_config(
+    cert: ServingCert,
+) -> Result<(rustls::ServerConfig, Arc<ServedCert>), TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let origin = cert.origin;
-    let mismatch = |reason: String| TlsError::Mismatch { origin, reason };
+    let served = Arc::new(ServedCert {
+        current: std::sync::RwLock::new(certified(cert)?),
+    });
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Generate(e.to_string()))?
         .with_no_client_auth()
-        .with_single_cert(cert.chain, cert.key)
-        .map_err(|e| mismatch(e.to_string()))?;
+        .with_cert_resolver(served.clone());
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(config)
+    Ok((config, served))
+}
+
+/// How often [`follow`] reads the certificate files again.
+pub const CERT_CHECK_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Re-reads `--tls-cert-file` and `--tls-private-key-file` every `period` and serves them once
+/// their content changed and they make a pair; a pair that does not is logged once and the
+/// working certificate stays. Nothing to follow for a generated certificate.
+pub async fn follow(served: Arc<ServedCert>, opts: CertOptions, period: std::time::Duration) {
+    let (Some(cert), Some(key)) = (opts.cert_file, opts.key_file) else {
+        return;
+    };
+    let contents = || (std::fs::read(&cert).ok(), std::fs::read(&key).ok());
+    let mut seen = contents();
+    loop {
+        tokio::time::sleep(period).await;
+        let now = contents();
+        if now == seen {
+            continue;
+        }
+        seen = now;
+        match read_pair(CERT_FLAG, &cert, KEY_FLAG, &key).and_then(certified) {
+            Ok(key) => {
+                served.set(key);
+                tracing::info!(
+                    "serving certificate {} changed: new connections get it",
+                    cert.display()
+                );
+            }
+            Err(e) => tracing::warn!(
+                "serving certificate changed but cannot be served ({e}); keeping the current one"
+            ),
+        }
+    }
 }
 
 fn read_pair(
@@ -319,7 +397,7 @@ mod tests {
         };
         let err = |o: CertOptions| match serving_cert(&o) {
             Err(e) => e.to_string(),
-            Ok(c) => server_config(c).unwrap_err().to_string(),
+            Ok(c) => server_config(c).map(|_| ()).unwrap_err().to_string(),
         };
         let e = err(files(&junk, &key));
         assert!(
