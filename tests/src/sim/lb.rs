@@ -1,7 +1,9 @@
 //! The Harvester LB controller's part for `workloadType: cluster` LoadBalancers: IP allocation
 //! from IPPools (with [`super::ipam`]), `0.0.0.0` for DHCP, the Ready condition, and the
-//! release of the address when the LoadBalancer goes. Woken by LoadBalancer and IPPool watches:
-//! a LoadBalancer waiting for a pool converges as soon as one matches.
+//! release of the address when the LoadBalancer goes. Woken by the LoadBalancer watch only, as
+//! upstream's controller (no IPPool handler enqueues LoadBalancers): one that no pool matches is
+//! tried again after 1 s, one its pool cannot serve (exhausted, no allocator) after the
+//! workqueue's growing backoff ([`retry_after`]).
 //!
 //! Like upstream, pools are read from a watch cache and written with `Update` (load-balancer-harvester
 //! v1.8 `pkg/ipam/store/store.go`: `iPPoolCache.Get`, `iPPoolClient.Update`; `pkg/ipam/selector.go`:
@@ -20,7 +22,7 @@ use harvester_common::harvester::loadbalancer::{
 use harvester_common::harvester::{IPPool, LoadBalancer};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Config as CtrlConfig, Controller};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
@@ -42,6 +44,27 @@ pub const UNMANAGED: &str = "testbed.harvesterhci.io/unmanaged";
 struct Ctx {
     client: kube::Client,
     pools: Pools,
+    /// Failures in a row of each LoadBalancer (`namespace/name`) whose pool could not serve
+    /// it: the rate limiter's count, forgotten on success.
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Ctx {
+    /// The rate limiter's next delay for `id`, counting this failure.
+    fn failed(&self, id: &str) -> Duration {
+        let mut all = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let n = all.entry(id.to_string()).or_default();
+        let delay = retry_after(*n);
+        *n += 1;
+        delay
+    }
+
+    fn forget(&self, id: &str) {
+        self.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+    }
 }
 
 /// The IPPools as the controller sees them: its watch cache, overlaid with what its own writes
@@ -91,36 +114,59 @@ fn newer(a: &IPPool, b: &IPPool) -> bool {
 pub async fn run(client: kube::Client) {
     let lbs: Api<LoadBalancer> = Api::all(client.clone());
     let (cache, writer) = reflector::store();
-    let pool_events = watcher::watcher(Api::<IPPool>::all(client.clone()), Default::default())
+    // The pools' cache, filled by its own watch; a pool event wakes no LoadBalancer.
+    let pool_cache = watcher::watcher(Api::<IPPool>::all(client.clone()), Default::default())
         .default_backoff()
         .reflect(writer)
-        .touched_objects();
+        .for_each(|_| async {});
     let controller = Controller::new(lbs, watcher::Config::default())
         .with_config(CtrlConfig::default().concurrency(1));
-    let store = controller.store();
     let pools = Pools {
         cache,
         written: Mutex::default(),
     };
-    controller
-        // A pool change wakes the LoadBalancers that found no address (Ready False); one not
-        // tried yet is queued already, so the stand-in's own allocation writes wake nobody.
-        .watches_stream(pool_events, move |_pool: IPPool| {
-            store
-                .state()
-                .iter()
-                .filter(|lb| lb.allocated_ip().is_none() && waiting(lb))
-                .map(|lb| ObjectRef::from_obj(lb.as_ref()))
-                .collect::<Vec<_>>()
-        })
-        .run(reconcile, error_policy, Arc::new(Ctx { client, pools }))
-        .for_each(|_| async {})
-        .await;
+    let ctx = Arc::new(Ctx {
+        client,
+        pools,
+        failures: Mutex::default(),
+    });
+    let controller = controller
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| async {});
+    tokio::join!(pool_cache, controller);
 }
 
 fn error_policy(_lb: Arc<LoadBalancer>, err: &LbSimError, _ctx: Arc<Ctx>) -> Action {
     tracing::debug!("sim lb: {err}");
     Action::requeue(Duration::from_millis(200))
+}
+
+/// When a LoadBalancer whose pool could not serve it is tried again after its `failures`-th
+/// failure in a row: lasso's default rate limiter for wrangler controllers, the larger of
+/// `ItemFastSlowRateLimiter(1 ms, 2 min, 30)` and `ItemExponentialFailureRateLimiter(5 ms, 30 s)`
+/// (rancher/lasso `pkg/controller/controller.go`, vendored in load-balancer-harvester v1.8.2):
+/// 5 ms doubling up to 30 s, and 2 minutes from the 31st failure on.
+pub fn retry_after(failures: u32) -> Duration {
+    let fast_slow = if failures < 30 {
+        Duration::from_millis(1)
+    } else {
+        Duration::from_secs(120)
+    };
+    let exponential = Duration::from_millis(5)
+        .saturating_mul(2u32.saturating_pow(failures.min(31)))
+        .min(Duration::from_secs(30));
+    fast_slow.max(exponential)
+}
+
+/// Why a LoadBalancer has no address yet, as upstream's `handleError` tells the cases apart
+/// (load-balancer-harvester v1.8.2 `pkg/controller/loadbalancer/controller.go`).
+enum Waiting {
+    /// `errNoMatchedIPPool`: `EnqueueAfter` 1 s, the error not returned (the rate limiter
+    /// forgets the LoadBalancer).
+    NoPool(String),
+    /// Any other error (`fail to get allocator`, `fail to get ip from pool`): returned to the
+    /// framework, which retries through its rate limiter.
+    Failed(String),
 }
 
 fn applicant(lb: &LoadBalancer) -> String {
@@ -195,17 +241,23 @@ async fn reconcile(lb: Arc<LoadBalancer>, ctx: Arc<Ctx>) -> Result<Action, LbSim
         }
         return Ok(Action::await_change());
     }
+    let id = applicant(&lb);
     match allocate(&ctx, &lb).await? {
-        Ok(addr) => set_status(&api, &lb, Some(addr), ready(true, None)).await?,
-        // Woken again by the IPPool watch when pools change.
-        Err(message) => set_status(&api, &lb, None, ready(false, Some(message))).await?,
+        Ok(addr) => {
+            ctx.forget(&id);
+            set_status(&api, &lb, Some(addr), ready(true, None)).await?;
+            Ok(Action::await_change())
+        }
+        Err(Waiting::NoPool(message)) => {
+            ctx.forget(&id);
+            set_status(&api, &lb, None, ready(false, Some(message))).await?;
+            Ok(Action::requeue(Duration::from_secs(1)))
+        }
+        Err(Waiting::Failed(message)) => {
+            set_status(&api, &lb, None, ready(false, Some(message))).await?;
+            Ok(Action::requeue(ctx.failed(&id)))
+        }
     }
-    Ok(Action::await_change())
-}
-
-/// Whether `lb` was told it has no address (no pool, pool exhausted, a duplicate released).
-fn waiting(lb: &LoadBalancer) -> bool {
-    lb.ready_condition().is_some_and(|c| c.status != "True")
 }
 
 fn is_ready(lb: &LoadBalancer) -> bool {
@@ -346,11 +398,12 @@ async fn store_state(
 /// What upstream's allocator says to an applicant that already holds an address of the pool.
 pub const DUPLICATE_ALLOCATION: &str = "duplicate allocation is not allowed";
 
-/// `Ok(Err(message))` is a condition to report (no pool, exhausted), not a failure to retry.
+/// `Ok(Err(waiting))` is a condition to report (no pool, exhausted), not a failure of the
+/// stand-in.
 async fn allocate(
     ctx: &Ctx,
     lb: &LoadBalancer,
-) -> Result<Result<AllocatedAddress, String>, LbSimError> {
+) -> Result<Result<AllocatedAddress, Waiting>, LbSimError> {
     let pools = ctx.pools.all();
     let views: Vec<PoolView> = pools.iter().map(|p| view(p)).collect();
     let cluster = lb.spec.workload_type.as_deref() == Some("cluster");
@@ -362,22 +415,24 @@ async fn allocate(
         Some(name) => views
             .iter()
             .find(|v| &v.name == name)
-            .ok_or_else(|| format!("fail to get allocator {name}")),
-        None => ipam::select_pool(&views, &requirement(lb), cluster).map_err(|e| e.to_string()),
+            .ok_or_else(|| Waiting::Failed(format!("fail to get allocator {name}"))),
+        None => ipam::select_pool(&views, &requirement(lb), cluster)
+            .map_err(|e| Waiting::NoPool(e.to_string())),
     };
     let chosen = match chosen {
         Ok(v) => v.name.clone(),
-        Err(m) => return Ok(Err(m)),
+        Err(w) => return Ok(Err(w)),
     };
+    let no_allocator = || Ok(Err(Waiting::Failed(format!("fail to get allocator {chosen}"))));
     let Some(pool) = pools.iter().find(|p| p.name_any() == chosen) else {
-        return Ok(Err(format!("fail to get allocator {chosen}")));
+        return no_allocator();
     };
     let ranges = match ranges(pool) {
         Ok(r) if !r.is_empty() => r,
-        Ok(_) => return Ok(Err(format!("fail to get allocator {chosen}"))),
+        Ok(_) => return no_allocator(),
         Err(m) => {
             tracing::debug!("sim lb: {m}");
-            return Ok(Err(format!("fail to get allocator {chosen}")));
+            return no_allocator();
         }
     };
     let mut st = state(pool);
@@ -404,9 +459,9 @@ async fn allocate(
         }
         ipam::release(&mut st, &id);
         store_state(ctx, pool, &ranges, &st).await?;
-        return Ok(Err(format!(
+        return Ok(Err(Waiting::Failed(format!(
             "fail to get ip from pool {chosen}, error: {DUPLICATE_ALLOCATION}"
-        )));
+        ))));
     }
     match ipam::allocate(&ranges, &mut st, &id) {
         Ok(a) => {
@@ -418,9 +473,9 @@ async fn allocate(
                 gateway: a.gateway.map(|g| g.to_string()),
             }))
         }
-        Err(e) => Ok(Err(format!(
+        Err(e) => Ok(Err(Waiting::Failed(format!(
             "fail to get ip from pool {chosen}, error: {e}"
-        ))),
+        )))),
     }
 }
 
@@ -436,4 +491,18 @@ async fn release_from(ctx: &Ctx, name: &str, id: &str) -> Result<(), LbSimError>
         store_state(ctx, &pool, &ranges, &st).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_follow_lassos_rate_limiter() {
+        let ms = |n| retry_after(n).as_millis();
+        assert_eq!((ms(0), ms(1), ms(2), ms(10)), (5, 10, 20, 5120));
+        assert_eq!(ms(12), 20_480);
+        assert_eq!((ms(13), ms(29)), (30_000, 30_000));
+        assert_eq!((ms(30), ms(1000)), (120_000, 120_000));
+    }
 }
