@@ -52,14 +52,17 @@ CSI_BOTH_GATES=(csi_sanity chaos_csi csi_hotplug_mode)
 # Not rerun under the other gate sets, since a gate changes how a volume is hot-plugged and
 # nothing else: csi-sanity's size and order variants (the full mount and block runs, which are
 # rerun, reach every hot-plug path csi-sanity does), the cloud provider's RBAC tests in
-# deploy_rbac (the provider hot-plugs nothing), and the two tests of requests refused before any
-# hot-plug.
+# deploy_rbac (the provider hot-plugs nothing), the two tests of requests refused before any
+# hot-plug, and the tests that set each gate set themselves.
 GATE_RERUN_SKIP=(csi_sanity_passes_with_1_byte_volumes_root
   csi_sanity_passes_with_1_gib_plus_1_byte_volumes_root csi_sanity_passes_in_random_order_root
   cloud_provider_runs_node_and_load_balancer_flows_with_only_the_documented_rbac
   cloud_provider_leader_election_fits_the_chart_role csi_node_plugin_account_reads_only
   requests_missing_a_field_get_invalid_argument_naming_it bad_backup_input_is_refused_naming_it
-  node_paths_outside_the_kubelet_dir_are_refused)
+  node_paths_outside_the_kubelet_dir_are_refused
+  a_volume_of_a_powered_off_node_moves_after_the_out_of_service_taint_on_harvester_1_7_root
+  a_volume_of_a_powered_off_node_moves_after_the_out_of_service_taint_on_harvester_1_8_root
+  a_volume_of_a_powered_off_node_moves_after_the_out_of_service_taint_with_both_gates_root)
 
 tests_args() { local t; for t in "$@"; do printf -- '--test %s ' "$t"; done; }
 # The test filter of a gate rerun: `-- --exact --skip NAME ...` for each of GATE_RERUN_SKIP.

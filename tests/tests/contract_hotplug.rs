@@ -6,7 +6,9 @@
 //! - `addvolume` works under either gate (`HotplugVolumes`: a VM status request; the declarative
 //!   gate alone: a VM spec patch) and under both;
 //! - under the declarative gate alone, KubeVirt hot-plugs nothing into a VM whose
-//!   `updateVolumesStrategy` is `Migration`: publish must say so, not wait out its bound.
+//!   `updateVolumesStrategy` is `Migration`: publish must say so, not wait out its bound;
+//! - under `HotplugVolumes`, virt-controller applies `vm.status.volumeRequests` to running VMIs
+//!   only: an add request pending there is a disk about to be attached.
 
 use testbed::suites::csi as csi_common;
 
@@ -146,6 +148,126 @@ async fn contract_a_burst_of_publishes_lands_in_one_round_on_harvester_1_8() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contract_a_burst_of_publishes_lands_in_one_round_with_both_gates() {
     a_burst_lands_in_one_round(HotplugMode::Declarative, Gates::BOTH).await;
+}
+
+/// Sets the phase of the bed VM's VMI (`Scheduled`: the VM is starting).
+async fn set_vmi_phase(bed: &testbed::TestBed, phase: &str) {
+    let vmis =
+        Api::<VirtualMachineInstance>::namespaced(bed.sim.harvester.clone(), &bed.vm_namespace);
+    testbed::sim::virt_api::update_vmi(&vmis, NODE, |v| {
+        v.status.get_or_insert_with(Default::default).phase = Some(phase.to_string());
+    })
+    .await
+    .expect("setting the VMI's phase")
+    .expect("the bed's VMI");
+}
+
+/// The kinds (`add`, `remove`) of the bed VM's pending `status.volumeRequests` for volume `id`.
+async fn pending_requests(bed: &testbed::TestBed, id: &str) -> Vec<&'static str> {
+    let vm = Api::<VirtualMachine>::namespaced(bed.sim.harvester.clone(), &bed.vm_namespace)
+        .get(NODE)
+        .await
+        .expect("VM");
+    let requests = vm
+        .status
+        .and_then(|s| s.rest.get("volumeRequests").cloned())
+        .unwrap_or_default();
+    let named = |r: &serde_json::Value, kind: &str| r[kind]["name"].as_str() == Some(id);
+    requests
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| {
+            if named(r, "addVolumeOptions") {
+                Some("add")
+            } else if named(r, "removeVolumeOptions") {
+                Some("remove")
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// A publish that timed out while its add request still waited in `vm.status.volumeRequests`
+/// (the VMI was not running yet, and virt-controller applies requests to running VMIs only):
+/// KubeVirt applies it once the VMI runs, so unpublish must not answer OK before, nor another
+/// node get the volume; once it runs, unpublish takes the disk out again.
+async fn a_pending_add_is_never_left_behind(mode: HotplugMode, gates: Gates) {
+    const OTHER: &str = "worker-2";
+    let bed = bed_with_vm_and(harvester(mode, gates)).await;
+    bed.sim
+        .create_vm(
+            &testbed::sim::GuestVm::new(OTHER)
+                .on_host("harvester-1")
+                .ip("10.52.0.12"),
+        )
+        .await
+        .expect("second guest VM");
+    let d = Driver::start(&bed, |c| {
+        c.timeouts.attach = Duration::from_secs(4);
+        c.timeouts.detach = Duration::from_secs(10);
+    })
+    .await;
+    let mut c = d.controller();
+    let id = create(&mut c, "pending-add").await;
+    let ids = std::slice::from_ref(&id);
+
+    // The VM is starting: its VMI exists but does not run yet.
+    set_vmi_phase(&bed, "Scheduled").await;
+    let err = c
+        .controller_publish_volume(publish_request(&id, &mount()))
+        .await
+        .expect_err("no hot-plug into a VMI that does not run");
+    assert_eq!(err.code(), tonic::Code::DeadlineExceeded, "{err:?}");
+    assert_eq!(pending_requests(&bed, &id).await, ["add"], "({gates:?})");
+    assert_eq!(attached(&bed, ids).await, (0, 0), "nothing applied yet");
+
+    let err = c
+        .controller_unpublish_volume(unpublish_request(&id))
+        .await
+        .expect_err("unpublish while KubeVirt still holds the add request");
+    assert_eq!(err.code(), tonic::Code::DeadlineExceeded, "{err:?}");
+    assert!(err.message().contains("addvolume"), "{}", err.message());
+    let err = c
+        .controller_publish_volume(ControllerPublishVolumeRequest {
+            node_id: OTHER.into(),
+            ..publish_request(&id, &mount())
+        })
+        .await
+        .expect_err("publish elsewhere while the add to NODE is pending");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains(NODE), "{}", err.message());
+
+    // The VMI runs: KubeVirt applies the add, and unpublish takes the disk out again.
+    set_vmi_phase(&bed, "Running").await;
+    c.controller_unpublish_volume(unpublish_request(&id))
+        .await
+        .expect("ControllerUnpublishVolume once the VMI runs");
+    assert_eq!(attached(&bed, ids).await, (0, 0));
+    assert!(
+        !pending_requests(&bed, &id).await.contains(&"add"),
+        "no add left to apply"
+    );
+    assert_eq!(
+        bed.sim.hotplug.plugs(NODE, &id),
+        1,
+        "plugged once the VMI ran"
+    );
+    assert_eq!(bed.sim.hotplug.unplugs(NODE, &id), 1);
+    assert_eq!(bed.sim.hotplug.plugs(OTHER, &id), 0);
+    delete(&mut c, &id).await;
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_a_pending_add_request_is_never_left_behind_on_harvester_1_7() {
+    a_pending_add_is_never_left_behind(HotplugMode::Subresource, Gates::HOTPLUG_VOLUMES).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_a_pending_add_request_is_never_left_behind_with_both_gates() {
+    a_pending_add_is_never_left_behind(HotplugMode::Declarative, Gates::BOTH).await;
 }
 
 /// The bed's VM with `spec.updateVolumesStrategy: Migration`.

@@ -11,15 +11,17 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{
-    Driver, NODE, Vol, assert_root, bed_with_vm, block_cap, create_and_publish, create_request,
-    detach_and_delete, mount_cap, mount_entries, mounted, node_dir, publish, publish_request,
-    stage, unpublish_and_unstage, unpublish_request,
+    Driver, NODE, Vol, assert_root, bed_with_vm, bed_with_vm_and, block_cap, create_and_publish,
+    create_request, detach_and_delete, mount_cap, mount_entries, mounted, node_dir, publish,
+    publish_request, stage, unpublish_and_unstage, unpublish_request,
 };
 use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume, access_mode};
 use csi_proto::csi::v1::*;
+use harvester_common::harvester::HotplugMode;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
-use testbed::TestBed;
 use testbed::sim::GuestVm;
+use testbed::sim::virt_api::Gates;
+use testbed::{BedOptions, TestBed};
 use tonic::Code;
 
 const MI: u64 = 1 << 20;
@@ -588,11 +590,19 @@ fn guest_kernel_gone(paths: &[&Path]) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_volume_of_a_powered_off_node_moves_after_the_out_of_service_taint_root() {
+/// A guest powered off for good: its stopped VMI keeps the disk, and KubeVirt acts on no hot-plug
+/// request for it (virt-controller applies `status.volumeRequests` to running VMIs only), so
+/// the force-detach after the out-of-service taint must end under each KubeVirt gate set
+/// Harvester runs, and the volume move to another node with its data.
+async fn a_volume_of_a_powered_off_node_moves(mode: HotplugMode, gates: Gates) {
     assert_root();
     const OTHER: &str = "worker-2";
-    let bed = bed_with_vm().await;
+    let bed = bed_with_vm_and(BedOptions {
+        hotplug: mode,
+        gates: Some(gates),
+        ..Default::default()
+    })
+    .await;
     bed.sim
         .create_vm(&GuestVm::new(OTHER).on_host("harvester-1").ip("10.52.0.12"))
         .await
@@ -665,7 +675,18 @@ async fn a_volume_of_a_powered_off_node_moves_after_the_out_of_service_taint_roo
             .volumes
             .iter()
             .any(|vol| vol.name == v.id),
-        "the hot-plugged volume left the stopped VM"
+        "the hot-plugged volume left the stopped VM ({gates:?})"
+    );
+    // No add request left for KubeVirt to apply to the VM's next VMI.
+    let requests = vm
+        .status
+        .as_ref()
+        .and_then(|s| s.rest.get("volumeRequests"))
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        !requests.to_string().contains("addVolumeOptions"),
+        "{requests}"
     );
     let published = c
         .controller_publish_volume(to_other)
@@ -702,6 +723,24 @@ async fn a_volume_of_a_powered_off_node_moves_after_the_out_of_service_taint_roo
     assert!(sweeper.sweep().is_empty(), "mounts left behind");
     d2.stop().await;
     d1.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_of_a_powered_off_node_moves_after_the_out_of_service_taint_on_harvester_1_7_root()
+{
+    a_volume_of_a_powered_off_node_moves(HotplugMode::Subresource, Gates::HOTPLUG_VOLUMES).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_of_a_powered_off_node_moves_after_the_out_of_service_taint_on_harvester_1_8_root()
+{
+    a_volume_of_a_powered_off_node_moves(HotplugMode::Declarative, Gates::DECLARATIVE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_of_a_powered_off_node_moves_after_the_out_of_service_taint_with_both_gates_root()
+{
+    a_volume_of_a_powered_off_node_moves(HotplugMode::Declarative, Gates::BOTH).await;
 }
 
 /// Bytes in, bytes out: a gRPC call with a hand-encoded request, for what a typed client cannot

@@ -79,6 +79,36 @@ impl AddVolumeOptions {
     }
 }
 
+/// One entry of a VM's `status.volumeRequests` (KubeVirt's `VirtualMachineVolumeRequest`), which
+/// virt-api writes under the `HotplugVolumes` gate and virt-controller applies, in order, to the VM
+/// spec and a running VMI.
+#[derive(Clone, Debug, PartialEq)]
+pub enum VolumeRequest {
+    Add(AddVolumeOptions),
+    Remove(String),
+}
+
+impl VolumeRequest {
+    /// The request in `raw`, if it is a well-formed add or remove.
+    pub fn parse(raw: &serde_json::Value) -> Option<VolumeRequest> {
+        if let Some(add) = raw.get("addVolumeOptions") {
+            return serde_json::from_value(add.clone())
+                .ok()
+                .map(VolumeRequest::Add);
+        }
+        let name = raw.get("removeVolumeOptions")?.get("name")?.as_str()?;
+        Some(VolumeRequest::Remove(name.to_string()))
+    }
+
+    /// The volume the request adds or removes.
+    pub fn volume(&self) -> &str {
+        match self {
+            VolumeRequest::Add(o) => &o.name,
+            VolumeRequest::Remove(name) => name,
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum HotplugError {
     #[error("{verb} of volume {volume} on virtualmachine {namespace}/{vm}: {source}")]

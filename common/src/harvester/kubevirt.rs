@@ -4,6 +4,10 @@ use kube::CustomResource;
 use serde::{Deserialize, Serialize};
 
 use super::Rest;
+use super::hotplug::{AddVolumeOptions, VolumeRequest};
+
+/// The key of a VM's `status` holding its pending hot-plug requests.
+pub const VOLUME_REQUESTS: &str = "volumeRequests";
 
 /// The part of `VirtualMachine.spec` we use.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -257,7 +261,8 @@ impl VirtualMachine {
         )
     }
 
-    /// Whether the VM mounts PVC `claim` (under any volume name).
+    /// Whether the VM mounts PVC `claim` (under any volume name), or will once KubeVirt applies
+    /// a pending add request for it.
     pub fn uses_claim(&self, claim: &str) -> bool {
         self.spec
             .template
@@ -265,6 +270,48 @@ impl VirtualMachine {
             .volumes
             .iter()
             .any(|v| v.uses_claim(claim))
+            || self.pending_adds().any(|o| o.claim_name() == Some(claim))
+    }
+
+    /// The pending add requests no later request undoes (see [`Self::pending_request`]).
+    fn pending_adds(&self) -> impl Iterator<Item = AddVolumeOptions> {
+        let requests = self.volume_requests();
+        let last = |i: usize, name: &str| !requests[i + 1..].iter().any(|r| r.volume() == name);
+        let adds: Vec<AddVolumeOptions> = requests
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| match r {
+                VolumeRequest::Add(o) if last(i, &o.name) => Some(o.clone()),
+                _ => None,
+            })
+            .collect();
+        adds.into_iter()
+    }
+
+    /// The VM's `status.volumeRequests` that parse (under `HotplugVolumes`, the hot-plugs
+    /// virt-controller has not applied yet), in order.
+    pub fn volume_requests(&self) -> Vec<VolumeRequest> {
+        let raw = self
+            .status
+            .as_ref()
+            .and_then(|s| s.rest.get(VOLUME_REQUESTS))
+            .and_then(|r| r.as_array());
+        raw.into_iter()
+            .flatten()
+            .filter_map(VolumeRequest::parse)
+            .collect()
+    }
+
+    /// The pending request that decides what KubeVirt will make of volume `volume`: the last one
+    /// naming it, as virt-controller applies them in order (kubevirt/kubevirt v1.6.1, v1.7.0,
+    /// v1.8.0 `pkg/virt-controller/watch/vm/vm.go` `handleVolumeRequests`). virt-api never
+    /// queues both for one volume: a remove drops the volume's pending adds, and an add is
+    /// refused while a remove is pending (`pkg/virt-api/rest/volumes.go`
+    /// `addRemoveVolumeRequests`, `validateAddVolumeRequest`).
+    pub fn pending_request(&self, volume: &str) -> Option<VolumeRequest> {
+        self.volume_requests()
+            .into_iter()
+            .rfind(|r| r.volume() == volume)
     }
 
     /// Whether volume `volume` is in the VM spec as a hot-plugged one.
@@ -357,6 +404,48 @@ mod tests {
         let vmi: VirtualMachineInstance = serde_json::from_value(raw.clone()).unwrap();
         assert_eq!(vmi.volume_status("v1").unwrap().target, "sda");
         assert_eq!(serde_json::to_value(&vmi).unwrap(), raw);
+    }
+
+    #[test]
+    fn pending_volume_requests_are_read_in_order_and_count_as_holding_the_claim() {
+        let add = |name: &str, claim: &str| {
+            json!({"addVolumeOptions": {"name": name, "disk": {"name": name, "disk": {"bus": "scsi"}},
+                   "volumeSource": {"persistentVolumeClaim": {"claimName": claim, "hotpluggable": true}}}})
+        };
+        let vm: VirtualMachine = serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": "w1"}, "spec": {"template": {"spec": {}}},
+            "status": {"volumeRequests": [
+                add("v1", "c1"), {"removeVolumeOptions": {"name": "v2"}},
+                {"unknownOptions": {}}, add("v2", "c2"), {"removeVolumeOptions": {"name": "v1"}}
+            ]}
+        }))
+        .unwrap();
+        let kinds: Vec<_> = vm
+            .volume_requests()
+            .iter()
+            .map(|r| (matches!(r, VolumeRequest::Add(_)), r.volume().to_string()))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (true, "v1".into()),
+                (false, "v2".into()),
+                (true, "v2".into()),
+                (false, "v1".into())
+            ],
+            "in order, the malformed entry skipped"
+        );
+        // The last request naming a volume is what KubeVirt leaves of it.
+        assert_eq!(
+            vm.pending_request("v1"),
+            Some(VolumeRequest::Remove("v1".into()))
+        );
+        assert!(matches!(vm.pending_request("v2"), Some(VolumeRequest::Add(o)) if o.name == "v2"));
+        assert_eq!(vm.pending_request("v3"), None);
+        // A pending add holds its claim, unless a later remove undoes it; the spec holds none.
+        assert!(vm.uses_claim("c2"));
+        assert!(!vm.uses_claim("c1") && !vm.uses_claim("c3"));
     }
 
     #[test]

@@ -14,13 +14,15 @@
 //!   pod uses it, so even a DeleteVolume in that window cannot take the disk from a running VM.
 //!
 //! What is stored is stripped of what is never read (managedFields, annotations, the VMI's
-//! domain and the VM's status) to keep the cache small at hundreds of VMs.
+//! domain, the VM's status but for its pending hot-plug requests) to keep the cache small at
+//! hundreds of VMs.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use harvester_common::harvester::kubevirt::{VOLUME_REQUESTS, VirtualMachineStatus};
 use harvester_common::harvester::{VirtualMachine, VirtualMachineInstance};
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -139,6 +141,33 @@ impl VmCache {
         self.wait(|| self.vms.get(&key), what, limit, cond).await
     }
 
+    /// The resourceVersions of VM and VMI `name` as cached (`None`: not cached): what
+    /// [`Self::wait_change`] compares with.
+    pub async fn versions(&self, name: &str) -> Result<Versions, ControllerError> {
+        self.synced().await?;
+        Ok(self.versions_now(name))
+    }
+
+    /// Waits, `limit` at most, until VM or VMI `name` as cached differs from `seen`.
+    pub async fn wait_change(
+        &self,
+        name: &str,
+        seen: Versions,
+        what: String,
+        limit: Duration,
+    ) -> Result<(), ControllerError> {
+        let read = || Some(Arc::new(self.versions_now(name)));
+        self.wait(read, what, limit, |now| now != Some(&seen))
+            .await
+            .map(|_| ())
+    }
+
+    fn versions_now(&self, name: &str) -> Versions {
+        let vm = self.vms.get(&ObjectRef::new(name).within(&self.namespace));
+        let vmi = self.vmis.get(&ObjectRef::new(name).within(&self.namespace));
+        Versions::of(vm.as_deref(), vmi.as_deref())
+    }
+
     async fn wait<K>(
         &self,
         read: impl Fn() -> Option<Arc<K>>,
@@ -167,6 +196,19 @@ impl VmCache {
                 Err(_) => return Err(ControllerError::Timeout { what, after: limit }),
             }
         }
+    }
+}
+
+/// The resourceVersions of a VM and its VMI (`None`: absent).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Versions(Option<String>, Option<String>);
+
+impl Versions {
+    fn of(vm: Option<&VirtualMachine>, vmi: Option<&VirtualMachineInstance>) -> Versions {
+        Versions(
+            vm.and_then(|v| v.metadata.resource_version.clone()),
+            vmi.and_then(|v| v.metadata.resource_version.clone()),
+        )
     }
 }
 
@@ -201,11 +243,18 @@ where
         })
 }
 
-/// Keeps of a VM what the hot-plug rules read: name, UID, volumes and disks.
+/// Keeps of a VM what the hot-plug rules read: name, UID, volumes, disks and pending hot-plug
+/// requests (`status.volumeRequests`).
 fn strip_vm(vm: &mut VirtualMachine) {
     vm.metadata.managed_fields = None;
     vm.metadata.annotations = None;
-    vm.status = None;
+    vm.status = vm.status.take().map(|s| {
+        let mut kept = VirtualMachineStatus::default();
+        if let Some(r) = s.rest.get(VOLUME_REQUESTS) {
+            kept.rest.insert(VOLUME_REQUESTS.into(), r.clone());
+        }
+        kept
+    });
     let spec = &mut vm.spec.template.spec;
     spec.networks.clear();
     spec.rest.clear();

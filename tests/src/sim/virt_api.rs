@@ -809,9 +809,9 @@ fn with_disk_device(patch: &mut serde_json::Value, name: &str, device: &serde_js
     }
 }
 
-/// virt-controller's part of a hot-plug: a running VM's VMI gets the volume in its spec and a
-/// Pending volumeStatus, then (in the background) [`attach`]. A stopped VM only keeps it in its
-/// spec. Recorded as [`VMI_ADD`] when the VMI took it.
+/// virt-controller's part of a hot-plug into a running VMI (its callers check): the VMI gets the
+/// volume in its spec and a Pending volumeStatus, then (in the background) [`attach`]. Recorded
+/// as [`VMI_ADD`] when the VMI took it.
 async fn plug_into_vmi(
     ctx: &Arc<HotplugCtx>,
     ns: &str,
@@ -1288,18 +1288,22 @@ pub async fn run_controller(ctx: Arc<HotplugCtx>) {
     let vmis: Api<VirtualMachineInstance> = Api::all(ctx.client.clone());
     let key =
         |m: kube::api::ObjectMeta| (m.namespace.unwrap_or_default(), m.name.unwrap_or_default());
+    // Under HotplugVolumes alone, a pass may apply something only for a VM with requests, or
+    // when its VMI runs (requests wait for that).
     let by_vm = super::watch(vms).applied_objects().map(move |e| {
         e.map(|vm| {
-            // Under HotplugVolumes alone, only a VM with requests has anything to apply.
             let requests = volume_requests(&vm)
                 .as_array()
                 .is_some_and(|r| !r.is_empty());
             (requests, key(vm.metadata))
         })
     });
-    let by_vmi = super::watch(vmis)
-        .applied_objects()
-        .map(move |e| e.map(|vmi| (false, key(vmi.metadata))));
+    let by_vmi = super::watch(vmis).applied_objects().map(move |e| {
+        e.map(|vmi| {
+            let running = vmi.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+            (running, key(vmi.metadata))
+        })
+    });
     // A VM whose sync failed comes again after a back-off that doubles per failure
     // (kubevirt/kubevirt v1.7.0 `pkg/virt-controller/watch/vm/vm.go` `Execute`:
     // `c.Queue.AddRateLimited(key)` on an error), as if it had changed.
@@ -1365,9 +1369,12 @@ async fn sync_vm(ctx: &Arc<HotplugCtx>, ns: &str, name: &str) -> Result<(), Stri
 }
 
 /// `HotplugVolumes`: each request of `status.volumeRequests` is applied to the VM spec and, for a
-/// running VMI that lacks (add) or has (remove) the volume, to the VMI; then the spec is stored
-/// and the requests the spec now reflects are trimmed (kubevirt/kubevirt v1.7.0
-/// `pkg/virt-controller/watch/vm/vm.go` `handleVolumeRequests`, `trimDoneVolumeRequests`).
+/// VMI that lacks (add) or has (remove) the volume, to the VMI through virt-api's VMI
+/// `addvolume`/`removevolume`, which refuse a VMI that is not running ([`VMI_NOT_RUNNING`]); one
+/// refusal fails the pass and the spec is not stored. Then the requests the stored spec reflects
+/// are trimmed, after a failed pass too (kubevirt/kubevirt v1.6.1, v1.7.0, v1.8.0
+/// `pkg/virt-controller/watch/vm/vm.go` `handleVolumeRequests`, `execute` -> `updateStatus` ->
+/// `trimDoneVolumeRequests`; `pkg/virt-api/rest/volumes.go` `vmiVolumePatch`).
 async fn apply_volume_requests(ctx: &Arc<HotplugCtx>, vm: &VirtualMachine) -> Result<(), String> {
     let requests = volume_requests(vm);
     let Some(requests) = requests.as_array().filter(|r| !r.is_empty()) else {
@@ -1377,6 +1384,15 @@ async fn apply_volume_requests(ctx: &Arc<HotplugCtx>, vm: &VirtualMachine) -> Re
     let vm_name = vm.metadata.name.clone().unwrap_or_default();
     let vmis: Api<VirtualMachineInstance> = Api::namespaced(ctx.client.clone(), &ns);
     let vmi = vmis.get_opt(&vm_name).await.map_err(|e| e.to_string())?;
+    // A VMI being deleted is left alone; the requests go to the VM spec only.
+    let vmi = vmi.filter(|v| v.metadata.deletion_timestamp.is_none());
+    let running = vmi
+        .as_ref()
+        .and_then(|v| v.status.as_ref())
+        .and_then(|s| s.phase.as_deref())
+        == Some("Running");
+    let refused = || format!("VMI {ns}/{vm_name}: {VMI_NOT_RUNNING}");
+    let mut failed = None;
     let mut spec = vm.spec.template.spec.clone();
     for r in requests {
         if let Some(add) = r.get("addVolumeOptions") {
@@ -1395,6 +1411,10 @@ async fn apply_volume_requests(ctx: &Arc<HotplugCtx>, vm: &VirtualMachine) -> Re
                 spec.domain.devices.disks.push(disk.clone());
             }
             if vmi.as_ref().is_some_and(|v| !in_spec(v, &opts.name)) {
+                if !running {
+                    failed = Some(refused());
+                    break;
+                }
                 plug_into_vmi(ctx, &ns, &vm_name, volume, disk, &claim, &serial)
                     .await
                     .map_err(|e| e.to_string())?;
@@ -1403,27 +1423,62 @@ async fn apply_volume_requests(ctx: &Arc<HotplugCtx>, vm: &VirtualMachine) -> Re
             let found = hotplugged(&spec).into_iter().find(|h| h.0.name == name);
             spec.volumes.retain(|v| v.name != name);
             spec.domain.devices.disks.retain(|d| d.name != name);
-            if let Some((_, _, claim, serial)) = found
-                && vmi.as_ref().is_some_and(|v| in_spec(v, &name))
-            {
-                unplug_from_vmi(ctx, &ns, &vm_name, &name, &claim, &serial)
-                    .await
-                    .map_err(|_| format!("unplugging {name} failed"))?;
+            if vmi.as_ref().is_some_and(|v| in_spec(v, &name)) {
+                if !running {
+                    failed = Some(refused());
+                    break;
+                }
+                if let Some((_, _, claim, serial)) = found {
+                    unplug_from_vmi(ctx, &ns, &vm_name, &name, &claim, &serial)
+                        .await
+                        .map_err(|_| format!("unplugging {name} failed"))?;
+                }
             }
         }
     }
+    let stored = match failed {
+        None => match store_spec(ctx, vm, spec).await? {
+            Some(stored) => stored,
+            // Changed meanwhile: the watch brings the new version, and this runs again.
+            None => return Ok(()),
+        },
+        Some(_) => vm.clone(),
+    };
+    trim_done_requests(ctx, &stored, requests).await?;
+    failed.map_or(Ok(()), Err)
+}
+
+/// Stores `spec` as VM `vm`'s template spec; `None` when the VM changed since it was read.
+async fn store_spec(
+    ctx: &HotplugCtx,
+    vm: &VirtualMachine,
+    spec: harvester_common::harvester::kubevirt::VmiSpec,
+) -> Result<Option<VirtualMachine>, String> {
+    let ns = vm.metadata.namespace.clone().unwrap_or_default();
+    let vm_name = vm.metadata.name.clone().unwrap_or_default();
     let vms: Api<VirtualMachine> = Api::namespaced(ctx.client.clone(), &ns);
     let mut updated = vm.clone();
     updated.spec.template.spec = spec;
-    let stored = match vms
+    match vms
         .replace(&vm_name, &PostParams::default(), &updated)
         .await
     {
-        Ok(v) => v,
-        // Changed meanwhile: the watch brings the new version, and this runs again.
-        Err(kube::Error::Api(s)) if s.code == 409 => return Ok(()),
-        Err(e) => return Err(e.to_string()),
-    };
+        Ok(v) => Ok(Some(v)),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// virt-controller's `trimDoneVolumeRequests`: drops from `status.volumeRequests` (as read:
+/// `requests`) each add whose volume and disk the stored VM spec has, each remove whose volume
+/// and disk it lacks.
+async fn trim_done_requests(
+    ctx: &HotplugCtx,
+    stored: &VirtualMachine,
+    requests: &[serde_json::Value],
+) -> Result<(), String> {
+    let ns = stored.metadata.namespace.clone().unwrap_or_default();
+    let vm_name = stored.metadata.name.clone().unwrap_or_default();
     let left: Vec<serde_json::Value> = requests
         .iter()
         .filter(|r| {
@@ -1447,6 +1502,9 @@ async fn apply_volume_requests(ctx: &Arc<HotplugCtx>, vm: &VirtualMachine) -> Re
         })
         .cloned()
         .collect();
+    if left.len() == requests.len() {
+        return Ok(());
+    }
     let patch = json!([
         {"op": "test", "path": "/status/volumeRequests", "value": requests},
         {"op": "replace", "path": "/status/volumeRequests", "value": left},

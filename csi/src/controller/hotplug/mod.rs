@@ -8,6 +8,7 @@ pub mod mode;
 mod publish;
 pub mod rules;
 pub mod status;
+mod unplug;
 
 use csi_proto::csi::v1::*;
 use harvester_common::api_error::is_forbidden;

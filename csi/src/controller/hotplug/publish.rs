@@ -22,9 +22,10 @@ use kube::api::Api;
 
 use super::Hotplug;
 use super::rules::{
-    OUT_OF_SERVICE_TAINT, VirtApiAnswer, attach_limit_reached, attached_elsewhere, describe_volume,
-    guest_node_of, out_of_service, race_backoff, virt_api_answer,
+    VirtApiAnswer, attach_limit_reached, attached_elsewhere, describe_volume, guest_node_of,
+    out_of_service, patch_lost_race, race_backoff, virt_api_answer,
 };
+use super::unplug::{self, SpecEdit, Step};
 use crate::error::ControllerError;
 use crate::naming;
 
@@ -399,76 +400,136 @@ impl Hotplug<'_> {
             .map(|_| ())
     }
 
-    /// Removes volume `id` from VM `node` and waits until neither VM nor VMI has it. A VM or
-    /// volume that does not exist is already unpublished.
+    /// Takes volume `id` out of VM `node` and waits until neither the VM (spec, pending add) nor a
+    /// VMI that may run again holds it: the [`unplug::plan`]'s steps, each planned on a fresh read
+    /// and followed by a wait (on the cache) for the VM or VMI to change, within
+    /// [`crate::Timeouts::detach`]. A VM or volume that does not exist is already unpublished.
     async fn detach(&self, id: &str, node: &str) -> Result<(), ControllerError> {
         let ns = self.ns().to_string();
-        let vm = self
-            .vms()
-            .get_opt(node)
+        let started = tokio::time::Instant::now();
+        let mut out_of_service = None;
+        let mut owner_checked = false;
+        loop {
+            // Read before the fresh reads, so that any change after them ends the wait below.
+            let seen = self.vm_cache.versions(node).await?;
+            let vm = self
+                .vms()
+                .get_opt(node)
+                .await
+                .map_err(ControllerError::api(format!("getting VM {node}")))?;
+            if let Some(vm) = vm.as_ref().filter(|_| !owner_checked) {
+                self.owner.check_vm(&ns, &vm.metadata)?;
+                owner_checked = true;
+            }
+            let vmi = self
+                .vmis()
+                .get_opt(node)
+                .await
+                .map_err(ControllerError::api(format!("getting VMI {node}")))?;
+            let fenced = match &vmi {
+                Some(v) if v.stopped() && v.has_volume(id) => {
+                    let uid = vm.as_ref().and_then(|vm| vm.metadata.uid.as_deref());
+                    let tainted = match out_of_service {
+                        Some(t) => t,
+                        None => *out_of_service.insert(self.node_out_of_service(node, uid).await?),
+                    };
+                    v.fenced(tainted)
+                }
+                _ => false,
+            };
+            let step = unplug::plan(&ns, node, id, vm.as_ref(), vmi.as_ref(), fenced);
+            let waiting_for = match step {
+                Step::Done => {
+                    if fenced {
+                        tracing::info!(
+                            volume = id,
+                            node,
+                            "VM is stopped and its guest Node is out of service: the stopped VMI's disk is released"
+                        );
+                    }
+                    return Ok(());
+                }
+                Step::Refuse(why) => return Err(ControllerError::Precondition(why)),
+                Step::RemoveVolume => {
+                    self.remove_from_vm(node, id).await?;
+                    let live = vmi
+                        .as_ref()
+                        .is_some_and(|v| v.has_volume(id) && !v.stopped());
+                    let migrating = vm.as_ref().and_then(|v| v.update_volumes_strategy())
+                        == Some(UPDATE_VOLUMES_MIGRATION);
+                    if live && migrating {
+                        self.wait_unplug_started(node, id).await?;
+                    }
+                    format!(
+                        "KubeVirt to act on the removevolume of volume {id} from VM {ns}/{node}"
+                    )
+                }
+                Step::Edit(edit) => {
+                    self.edit_stopped_vm(node, id, &edit).await?;
+                    format!("the edit of VM {ns}/{node}'s volumes to be seen")
+                }
+                Step::Wait(what) => what,
+            };
+            let left = self.timeouts.detach.saturating_sub(started.elapsed());
+            self.vm_cache
+                .wait_change(node, seen, waiting_for, left)
+                .await
+                .map_err(|e| match e {
+                    ControllerError::Timeout { what, .. } => ControllerError::Timeout {
+                        what,
+                        after: self.timeouts.detach,
+                    },
+                    other => other,
+                })?;
+        }
+    }
+
+    /// The VM spec edit virt-controller does not make while VM `node`'s VMI has stopped (see
+    /// [`unplug`]): a JSON patch that tests the volume and disk lists as read, so a VM changed
+    /// meanwhile is planned again, not overwritten. Needs `patch` on `virtualmachines`.
+    async fn edit_stopped_vm(
+        &self,
+        node: &str,
+        id: &str,
+        edit: &SpecEdit,
+    ) -> Result<(), ControllerError> {
+        let ns = self.ns();
+        let client = &self.harvester.client;
+        let spec = hotplug::vm_template_spec(client, ns, node)
             .await
             .map_err(ControllerError::api(format!("getting VM {node}")))?;
-        if let Some(vm) = &vm {
-            self.owner.check_vm(&ns, &vm.metadata)?;
-        }
-        let vmi = self
-            .vmis()
-            .get_opt(node)
-            .await
-            .map_err(ControllerError::api(format!("getting VMI {node}")))?;
-        // A stopped VMI keeps its disks: KubeVirt never unplugs from it. Only the administrator's
-        // out-of-service taint on its guest Node says that no guest uses them any more.
-        let stale_vmi = match &vmi {
-            Some(v) if v.has_volume(id) && v.stopped() => {
-                let uid = vm.as_ref().and_then(|vm| vm.metadata.uid.as_deref());
-                if !v.fenced(self.node_out_of_service(node, uid).await?) {
-                    return Err(ControllerError::Precondition(format!(
-                        "VM {ns}/{node} is stopped, but its VMI still holds volume {id} and KubeVirt \
-                         cannot unplug a disk from a stopped VMI; if the guest is shut down for \
-                         good, taint its Node {OUT_OF_SERVICE_TAINT}=nodeshutdown:NoExecute"
-                    )));
-                }
+        let Some(spec) = spec else {
+            return Ok(());
+        };
+        let patch = match edit {
+            SpecEdit::Remove => hotplug::declarative_remove_patch(&spec, id),
+            SpecEdit::Apply(opts) => {
+                let claim = opts.claim_name().unwrap_or(&opts.name);
+                let serial = opts.disk.serial.as_deref().unwrap_or(&opts.name);
+                hotplug::declarative_add_patch(&spec, &opts.name, claim, serial)
+            }
+        };
+        let Some(patch) = patch else {
+            return Ok(());
+        };
+        match hotplug::patch_vm(client, ns, node, &patch).await {
+            Ok(_) => {
                 tracing::info!(
                     volume = id,
                     node,
-                    "VM is stopped and its guest Node is out of service: the stopped VMI's disk is released"
+                    ?edit,
+                    "VMI stopped: edited the VM's volumes"
                 );
-                true
+                Ok(())
             }
-            _ => false,
-        };
-        if let Some(vm) = &vm {
-            let hotplugged = vm.hotplugged(id);
-            if vm.volume(id).is_some() && !hotplugged {
-                return Err(ControllerError::Precondition(format!(
-                    "volume {id} is a static (not hot-plugged) disk of VM {ns}/{node}; refusing to remove it"
-                )));
+            Err(e) if patch_lost_race(&e) => {
+                tracing::debug!(volume = id, node, "VM changed under the edit: {e}");
+                Ok(())
             }
-            if hotplugged {
-                self.remove_from_vm(node, id).await?;
-            }
-            let in_vmi = vmi.as_ref().is_some_and(|v| v.has_volume(id));
-            if !stale_vmi
-                && in_vmi
-                && vm.update_volumes_strategy() == Some(UPDATE_VOLUMES_MIGRATION)
-            {
-                self.wait_unplug_started(node, id).await?;
-            }
+            Err(e) => Err(ControllerError::api(format!(
+                "editing VM {ns}/{node}'s volumes, which KubeVirt does not do while its VMI has                  stopped (the driver's Harvester account needs patch on virtualmachines)"
+            ))(e)),
         }
-        if !stale_vmi {
-            self.vm_cache
-                .wait_vmi(
-                    node,
-                    format!("volume {id} to leave VMI {ns}/{node}"),
-                    self.timeouts.detach,
-                    move |v: Option<&VirtualMachineInstance>| v.is_none_or(|v| !v.has_volume(id)),
-                )
-                .await?;
-        }
-        if vm.is_some() {
-            self.wait_left_vm(node, id).await?;
-        }
-        Ok(())
     }
 }
 

@@ -138,6 +138,13 @@ pub fn virt_api_answer(verb: &str, e: &HotplugError) -> VirtApiAnswer {
     }
 }
 
+/// Whether the API server refused a JSON patch of ours because a list it `test`s changed since it
+/// was read (422 with the bare message below), or the object changed (409): plan again.
+pub fn patch_lost_race(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s)
+        if s.code == 409 || (s.code == 422 && s.message.contains(PATCH_TEST_FAILED)))
+}
+
 /// kube-apiserver's whole message for a JSON patch whose `test` failed.
 const PATCH_TEST_FAILED: &str = "the server rejected our request due to an error in our request";
 

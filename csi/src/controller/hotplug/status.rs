@@ -10,6 +10,7 @@
 
 use std::borrow::Borrow;
 
+use harvester_common::harvester::hotplug::VolumeRequest;
 use harvester_common::harvester::kubevirt::VOLUME_READY;
 use harvester_common::harvester::{VirtualMachine, VirtualMachineInstance};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
@@ -42,8 +43,9 @@ fn ready(vmi: &VirtualMachineInstance, id: &str) -> bool {
 }
 
 /// The volume's condition: `Some(message)` when abnormal, naming what is wrong; `None` when
-/// normal. Abnormal: the host PVC is lost or not Bound, or a VM spec names the volume while its
-/// VMI does not report it Ready (or the VM is not running).
+/// normal. Abnormal: the host PVC is lost or not Bound, a VM spec names the volume while its
+/// VMI does not report it Ready (or the VM is not running), or an add request for it waits in a
+/// VM's status.
 pub fn abnormal<V, I>(
     id: &str,
     pvc: &PersistentVolumeClaim,
@@ -74,10 +76,17 @@ where
     }
     let mut problems = Vec::new();
     for vm in vms.iter().map(Borrow::borrow) {
+        let name = vm.metadata.name.as_deref().unwrap_or("");
         if vm.volume(id).is_none() {
+            if matches!(vm.pending_request(id), Some(VolumeRequest::Add(_))) {
+                problems.push(format!(
+                    "VM {ns}/{name} has an addvolume request for the volume that KubeVirt has not \
+                     applied yet (it applies requests to a running VMI only): the disk attaches \
+                     when it does"
+                ));
+            }
             continue;
         }
-        let name = vm.metadata.name.as_deref().unwrap_or("");
         let vmi = vmis
             .iter()
             .map(Borrow::borrow)
@@ -188,6 +197,19 @@ mod tests {
         assert!(stopped.contains("is not running (no VMI)"), "{stopped}");
         // In no VM at all: normal (simply not published).
         assert_eq!(abnormal("pvc-9", &pvc("Bound"), &vms, &ok), None);
+        // Only in a pending add request: about to be attached.
+        let mut requested = vm("w1", &[]);
+        requested.status = serde_json::from_value(json!({"volumeRequests": [
+            {"addVolumeOptions": {"name": "pvc-1", "disk": {"disk": {"bus": "scsi"}},
+                                  "volumeSource": {"persistentVolumeClaim": {"claimName": "pvc-1"}}}}]}))
+        .expect("status literal");
+        let pending =
+            abnormal::<_, VirtualMachineInstance>("pvc-1", &pvc("Bound"), &[requested], &[])
+                .expect("pending");
+        assert!(
+            pending.contains("VM ns/w1 has an addvolume request"),
+            "{pending}"
+        );
         // The VMI still holds it, the VM spec no longer names it.
         let behind = abnormal("pvc-1", &pvc("Bound"), &[vm("w1", &[])], &ok).expect("behind");
         assert!(
