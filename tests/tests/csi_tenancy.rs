@@ -526,9 +526,10 @@ async fn the_ownership_policy_stops_a_token_used_directly_and_lets_the_driver_wo
     assert_root();
     let bed = bed_with_vm().await;
     let ns = bed.vm_namespace.clone();
-    let (a, _) = tenant_with(&bed, &ns, "tenant-a", true).await;
+    let (a, a_token) = tenant_with(&bed, &ns, "tenant-a", true).await;
     let (b, b_token) = tenant_with(&bed, &ns, "tenant-b", true).await;
     let cap = mount_cap("ext4");
+    let b_vms_client = b_token.clone();
     let b_pvcs = Api::<PersistentVolumeClaim>::namespaced(b_token, &ns);
     // The API server compiles a new policy asynchronously: wait until it refuses B's
     // unlabelled PVC (a dry run), before anything is tried under it.
@@ -657,6 +658,25 @@ async fn the_ownership_policy_stops_a_token_used_directly_and_lets_the_driver_wo
         )
         .await
         .expect("B may create its own labelled PVC");
+    // The driver's role may patch VMs (a stopped VM's hot-plugged volumes): under the policy only
+    // its own cluster's.
+    label_vm(&bed, NODE, "tenant-a").await;
+    let b_vms = Api::<VirtualMachine>::namespaced(b_vms_client.clone(), &ns);
+    let touch = json!({"metadata": {"annotations": {"testbed/touched": "yes"}}});
+    assert_policed(
+        "B patches A's VM",
+        b_vms
+            .patch(NODE, &PatchParams::default(), &Patch::Merge(&touch))
+            .await,
+    );
+    let dry = PatchParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    Api::<VirtualMachine>::namespaced(a_token, &ns)
+        .patch(NODE, &dry, &Patch::Merge(&touch))
+        .await
+        .expect("A may patch its own VM");
 
     // A cleans up through its driver.
     c.controller_unpublish_volume(ControllerUnpublishVolumeRequest {

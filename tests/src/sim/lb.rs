@@ -423,7 +423,11 @@ async fn allocate(
         Ok(v) => v.name.clone(),
         Err(w) => return Ok(Err(w)),
     };
-    let no_allocator = || Ok(Err(Waiting::Failed(format!("fail to get allocator {chosen}"))));
+    let no_allocator = || {
+        Ok(Err(Waiting::Failed(format!(
+            "fail to get allocator {chosen}"
+        ))))
+    };
     let Some(pool) = pools.iter().find(|p| p.name_any() == chosen) else {
         return no_allocator();
     };
