@@ -1,7 +1,8 @@
 //! Harvester's LoadBalancer validating webhook, on the bed's [`WebhookServer`] at [`PATH`]:
 //! harvester/load-balancer-harvester `pkg/webhook/loadbalancer/validator.go`, v1.8.2 (dd5899ef;
 //! the same rules at the branch head e861dc94, where only the VM selector moved into a helper).
-//! v1.8.0 (f1bde8f2) already had the guest-cluster check; v1.7.3 did not.
+//! v1.8.1 (8211c382) has the same rules; v1.8.0 (f1bde8f2) refused every `cluster` LB whose
+//! namespace has no VM with both labels, `kubernetes` included (not played); v1.7.3 had no check.
 //!
 //! - CREATE: listeners and health check (not for `cluster` LBs), then, for `cluster` LBs
 //!   labelled `cloudprovider.harvesterhci.io/cluster` with a name other than "" and
