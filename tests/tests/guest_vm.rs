@@ -143,9 +143,12 @@ async fn start_plugin(bed: &TestBed, vm: &Vm, run: usize, mode: &str, extra: &st
 
 impl GuestPlugin {
     async fn kill(&self, vm: &Vm) {
+        // Gone once the guest's init has reaped it (a zombie still answers `kill -0`), which
+        // takes longer than a moment on a busy host.
         vm.run(&format!(
-            "kill -9 {}; sleep 0.2; ! kill -0 {} 2>/dev/null",
-            self.pid, self.pid
+            "kill -9 {pid}; i=0; while kill -0 {pid} 2>/dev/null; do \
+             [ $i -lt 100 ] || exit 1; i=$((i+1)); sleep 0.1; done",
+            pid = self.pid
         ))
         .await
         .expect("killing the node plugin");
