@@ -368,6 +368,8 @@ impl Driver {
         config.mode = mode;
         config.node_id = node_id.map(String::from);
         config.disk_by_id_dir = bed.sim.by_id_dir("worker-1");
+        // The guest side (Nodes, for the out-of-service taint) is not what this file proves.
+        config.guest_kubeconfig = Some(bed.guest.kubeconfig.clone());
         let running = harvester_csi_driver::spawn(config);
         until("the driver's socket", || {
             let socket = socket.clone();
@@ -423,18 +425,7 @@ fn restore_request(name: &str, snapshot_id: &str) -> CreateVolumeRequest {
 async fn csi_controller_runs_the_volume_flow_with_only_the_documented_harvester_role() {
     let bed = TestBed::started().await;
     harvester_storage_class(&bed).await;
-    bed.sim
-        .create_host("harvester-1", Some("region-a"), Some("zone-1"))
-        .await
-        .expect("host");
-    bed.sim
-        .create_vm(
-            &GuestVm::new("worker-1")
-                .on_host("harvester-1")
-                .ip("10.52.0.11"),
-        )
-        .await
-        .expect("vm");
+    worker_vm(&bed).await;
     let harvester_docs = harvester_rbac_of(&bed.vm_namespace, HARVESTER_CSI_ROLES);
     let accounts = accounts(&bed, &[], None, &harvester_docs).await;
     let before = refusals(&bed).await;
@@ -622,6 +613,55 @@ async fn csi_controller_runs_the_volume_flow_with_only_the_documented_harvester_
         .await
         .expect("DeleteVolume");
     }
+
+    // A node powered off for good, confirmed by the out-of-service taint: its volume leaves the
+    // stopped VM with the documented role too (the driver edits the VM where KubeVirt does not).
+    let off = c
+        .create_volume(create_request("pvc-rbac-off", 16 << 20, &mount_cap("ext4")))
+        .await
+        .expect("CreateVolume")
+        .into_inner()
+        .volume
+        .expect("volume")
+        .volume_id;
+    let publish_off = ControllerPublishVolumeRequest {
+        volume_id: off.clone(),
+        node_id: "worker-1".into(),
+        volume_capability: Some(mount_cap("ext4")),
+        ..Default::default()
+    };
+    c.controller_publish_volume(publish_off)
+        .await
+        .expect("ControllerPublishVolume");
+    bed.sim.power_off_vm("worker-1").await.expect("power off");
+    bed.sim
+        .create_guest_node("worker-1")
+        .await
+        .expect("guest Node");
+    let taint = json!({"spec": {"taints": [{
+        "key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"
+    }]}});
+    Api::<Node>::all(bed.guest.client.clone())
+        .patch(
+            "worker-1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&taint),
+        )
+        .await
+        .expect("tainting worker-1 out-of-service");
+    c.controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+        volume_id: off.clone(),
+        node_id: "worker-1".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("ControllerUnpublishVolume from the stopped VM");
+    c.delete_volume(DeleteVolumeRequest {
+        volume_id: off,
+        ..Default::default()
+    })
+    .await
+    .expect("DeleteVolume");
     driver.stop().await;
 
     // The node plugin's reads at start: the VMI named like the node, else every VMI (a match by
@@ -647,17 +687,10 @@ async fn csi_controller_runs_the_volume_flow_with_only_the_documented_harvester_
     );
 }
 
-/// Verbs that change something.
-const WRITES: [&str; 5] = ["create", "update", "patch", "delete", "deletecollection"];
-
-/// The node plugin's own Harvester account (deploy/harvester-rbac/csi-node.yaml and
-/// csi-node-binding.yaml): it may write nothing that any role of deploy/harvester-rbac grants,
-/// may read what the node plugin reads, and the node plugin runs with it without one Forbidden.
-#[tokio::test]
-async fn csi_node_plugin_account_reads_only() {
-    let bed = TestBed::started().await;
+/// The guest node `worker-1`: a VM on host `harvester-1` (region-a, zone-1).
+async fn worker_vm(bed: &TestBed) {
     bed.sim
-        .create_host("harvester-1", None, None)
+        .create_host("harvester-1", Some("region-a"), Some("zone-1"))
         .await
         .expect("host");
     bed.sim
@@ -668,6 +701,18 @@ async fn csi_node_plugin_account_reads_only() {
         )
         .await
         .expect("vm");
+}
+
+/// Verbs that change something.
+const WRITES: [&str; 5] = ["create", "update", "patch", "delete", "deletecollection"];
+
+/// The node plugin's own Harvester account (deploy/harvester-rbac/csi-node.yaml and
+/// csi-node-binding.yaml): it may write nothing that any role of deploy/harvester-rbac grants,
+/// may read what the node plugin reads, and the node plugin runs with it without one Forbidden.
+#[tokio::test]
+async fn csi_node_plugin_account_reads_only() {
+    let bed = TestBed::started().await;
+    worker_vm(&bed).await;
     let node_docs = csi_node_rbac(&bed.vm_namespace, CLUSTER);
     for role in node_docs.iter().filter(|d| d["kind"] == "ClusterRole") {
         for rule in role["rules"].as_array().expect("rules") {

@@ -527,7 +527,7 @@ impl Hotplug<'_> {
                 Ok(())
             }
             Err(e) => Err(ControllerError::api(format!(
-                "editing VM {ns}/{node}'s volumes, which KubeVirt does not do while its VMI has                  stopped (the driver's Harvester account needs patch on virtualmachines)"
+                "editing VM {ns}/{node}'s volumes, which KubeVirt does not do while its VMI has stopped (the driver's Harvester account needs patch on virtualmachines)"
             ))(e)),
         }
     }
