@@ -34,7 +34,10 @@ async fn bed(line: KubevirtLine) -> TestBed {
     })
     .await;
     let t = bed.started_in.as_secs_f64();
-    eprintln!("KubeVirt v{} {:?}: bed with a running VM in {t:.1}s", line.version, line.gates);
+    eprintln!(
+        "KubeVirt v{} {:?}: bed with a running VM in {t:.1}s",
+        line.version, line.gates
+    );
     bed
 }
 
@@ -58,7 +61,12 @@ async fn kubevirt_pods(bed: &TestBed, role: &str) -> Vec<(String, Option<String>
         .expect("listing Pods")
         .items
         .into_iter()
-        .map(|p| (p.metadata.name.unwrap_or_default(), p.spec.and_then(|s| s.node_name)))
+        .map(|p| {
+            (
+                p.metadata.name.unwrap_or_default(),
+                p.spec.and_then(|s| s.node_name),
+            )
+        })
         .collect()
 }
 
@@ -72,13 +80,11 @@ async fn assert_made_by_virt_controller(bed: &TestBed) {
             .any(|o| o.kind == "VirtualMachine" && o.name == NODE && o.controller == Some(true)),
         "the VMI is virt-controller's, owned by its VM: {owner:?}"
     );
+    let launchers = kubevirt_pods(bed, "virt-launcher").await;
     assert_eq!(
-        kubevirt_pods(bed, "virt-launcher").await,
-        [(
-            kubevirt_pods(bed, "virt-launcher").await[0].0.clone(),
-            Some("harvester-1".to_string())
-        )],
-        "one launcher Pod, on the VM's host"
+        launchers.iter().map(|p| p.1.as_deref()).collect::<Vec<_>>(),
+        [Some("harvester-1")],
+        "virt-controller's one launcher Pod, on the VM's host: {launchers:?}"
     );
 }
 
@@ -93,7 +99,9 @@ async fn plug_use_unplug(bed: &TestBed, d: &Driver, name: &str) {
     let published_in = t0.elapsed();
 
     let vmi = vmis(bed).get(NODE).await.expect("VMI");
-    let status = vmi.volume_status(&v.id).expect("the volume in the VMI's volumeStatus");
+    let status = vmi
+        .volume_status(&v.id)
+        .expect("the volume in the VMI's volumeStatus");
     assert_eq!(status.phase.as_deref(), Some("Ready"), "{status:?}");
     assert!(!status.target.is_empty(), "Ready with a target: {status:?}");
     assert!(
@@ -102,7 +110,10 @@ async fn plug_use_unplug(bed: &TestBed, d: &Driver, name: &str) {
     );
     let attachment = kubevirt_pods(bed, "hotplug-disk").await;
     assert_eq!(
-        attachment.iter().map(|p| p.1.as_deref()).collect::<Vec<_>>(),
+        attachment
+            .iter()
+            .map(|p| p.1.as_deref())
+            .collect::<Vec<_>>(),
         [Some("harvester-1")],
         "virt-controller's attachment Pod, on the launcher's node: {attachment:?}"
     );
@@ -121,7 +132,10 @@ async fn plug_use_unplug(bed: &TestBed, d: &Driver, name: &str) {
     );
     let file = v.target.join("data.txt");
     std::fs::write(&file, b"through real virt-api").expect("write");
-    assert_eq!(std::fs::read(&file).expect("read"), b"through real virt-api");
+    assert_eq!(
+        std::fs::read(&file).expect("read"),
+        b"through real virt-api"
+    );
     unpublish_and_unstage(d, &v).await;
 
     let t1 = Instant::now();
@@ -133,12 +147,20 @@ async fn plug_use_unplug(bed: &TestBed, d: &Driver, name: &str) {
     let vm = vms(bed).get(NODE).await.expect("VM");
     assert!(vm.volume(&v.id).is_none(), "the volume left the VM spec");
     let vmi = vmis(bed).get(NODE).await.expect("VMI");
-    assert!(!vmi.has_volume(&v.id), "the volume left the VMI spec and status");
-    let link = bed
-        .sim
-        .by_id_dir(NODE)
-        .join(format!("{}{}", testbed::sim::virt_api::BY_ID_PREFIX, v.ctx["serial"]));
-    assert!(!link.exists(), "the disk left the guest: {}", link.display());
+    assert!(
+        !vmi.has_volume(&v.id),
+        "the volume left the VMI spec and status"
+    );
+    let link = bed.sim.by_id_dir(NODE).join(format!(
+        "{}{}",
+        testbed::sim::virt_api::BY_ID_PREFIX,
+        v.ctx["serial"]
+    ));
+    assert!(
+        !link.exists(),
+        "the disk left the guest: {}",
+        link.display()
+    );
     wait::until(
         "virt-controller to delete the attachment Pod",
         Duration::from_secs(30),
@@ -159,7 +181,11 @@ async fn plug_use_unplug(bed: &TestBed, d: &Driver, name: &str) {
     let claims: Api<PersistentVolumeClaim> =
         Api::namespaced(bed.sim.harvester.clone(), &bed.vm_namespace);
     assert!(
-        claims.get_opt(&v.id).await.expect("PVC").is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
+        claims
+            .get_opt(&v.id)
+            .await
+            .expect("PVC")
+            .is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
         "the Harvester PVC is deleted"
     );
     assert!(sweeper.sweep().is_empty(), "mounts left behind");
@@ -174,31 +200,42 @@ fn mount_source(path: &Path) -> std::path::PathBuf {
         .output()
         .expect("findmnt");
     let source = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    std::fs::canonicalize(&source).unwrap_or_else(|e| panic!("{source:?} at {}: {e}", path.display()))
+    std::fs::canonicalize(&source)
+        .unwrap_or_else(|e| panic!("{source:?} at {}: {e}", path.display()))
 }
 
 /// Changes the VM's template spec (read and written whole, as an administrator's edit).
-async fn edit_vm(bed: &TestBed, change: impl FnOnce(&mut serde_json::Value)) {
+async fn edit_vm(bed: &TestBed, change: impl Fn(&mut serde_json::Value)) {
     let gvk = kube::core::GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachine");
     let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
         bed.sim.harvester.clone(),
         &bed.vm_namespace,
         &kube::core::ApiResource::from_gvk(&gvk),
     );
-    let mut vm = api.get(NODE).await.expect("VM");
-    change(&mut vm.data["spec"]["template"]["spec"]);
-    api.replace(NODE, &Default::default(), &vm)
-        .await
-        .expect("the VM edit, through virt-api's webhooks");
+    // virt-controller writes the VM's status meanwhile: again on a conflict.
+    for _ in 0..20 {
+        let mut vm = api.get(NODE).await.expect("VM");
+        change(&mut vm.data["spec"]["template"]["spec"]);
+        match api.replace(NODE, &Default::default(), &vm).await {
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            done => {
+                done.expect("the VM edit, through virt-api's webhooks");
+                return;
+            }
+        }
+    }
+    panic!("the VM edit lost 20 races in a row");
 }
 
-/// A volume the VM has as an ordinary disk (put into its spec by hand, for its next boot) is not
-/// one the driver may unplug: virt-api's `removevolume` refuses it, and the CSI caller gets
-/// virt-api's words.
-async fn removevolume_refusal_reaches_the_caller(bed: &TestBed, d: &Driver) {
+/// A claim the VM already has as a disk under another name (an administrator attached it by
+/// hand) is one virt-api will not hot-plug again: `addvolume` answers 409 `Unable to add volume
+/// source [<claim>] because it already exists` (`pkg/virt-api/rest/volumes.go`
+/// `verifyVolumeOption`), and the CSI caller gets virt-api's words.
+async fn addvolume_refusal_reaches_the_caller(bed: &TestBed, d: &Driver) {
     let mut c = d.controller();
+    let cap = mount_cap("ext4");
     let id = c
-        .create_volume(create_request("cold-1", 64 << 20, &mount_cap("ext4")))
+        .create_volume(create_request("twice-1", 64 << 20, &cap))
         .await
         .expect("CreateVolume")
         .into_inner()
@@ -206,29 +243,29 @@ async fn removevolume_refusal_reaches_the_caller(bed: &TestBed, d: &Driver) {
         .expect("volume")
         .volume_id;
     edit_vm(bed, |spec| {
-        spec["volumes"]
-            .as_array_mut()
-            .expect("volumes")
-            .push(serde_json::json!({"name": id, "persistentVolumeClaim": {"claimName": id}}));
+        spec["volumes"].as_array_mut().expect("volumes").push(
+            serde_json::json!({"name": "by-hand", "persistentVolumeClaim": {"claimName": id}}),
+        );
         spec["domain"]["devices"]["disks"]
             .as_array_mut()
             .expect("disks")
-            .push(serde_json::json!({"name": id, "disk": {"bus": "scsi"}}));
+            .push(serde_json::json!({"name": "by-hand", "disk": {"bus": "scsi"}}));
     })
     .await;
     let err = c
-        .controller_unpublish_volume(unpublish_request(&id))
+        .controller_publish_volume(publish_request(&id, &cap))
         .await
-        .expect_err("virt-api refuses to unplug a disk that is not hot-pluggable");
-    let said = format!("Unable to remove volume [{id}] because it is not hotpluggable");
+        .expect_err("virt-api refuses a claim the VM already has");
+    let said = format!("Unable to add volume source [{id}] because it already exists");
     assert!(
         err.message().contains(&said),
         "the caller gets virt-api's message {said:?}: {err:?}"
     );
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    let vm = vms(bed).get(NODE).await.expect("VM");
     assert!(
-        vms(bed).get(NODE).await.expect("VM").volume(&id).is_some(),
-        "the refused disk stays in the VM"
+        vm.volume(&id).is_none(),
+        "nothing hot-plugged under the volume's name"
     );
 }
 
@@ -261,8 +298,16 @@ async fn migration_vm_fails_clearly(bed: &TestBed, d: &Driver) {
         .await
         .expect_err("KubeVirt never hot-plugs into this VM: publish must fail");
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
-    for word in ["updateVolumesStrategy", "Migration", "DeclarativeHotplugVolumes"] {
-        assert!(err.message().contains(word), "names {word}: {}", err.message());
+    for word in [
+        "updateVolumesStrategy",
+        "Migration",
+        "DeclarativeHotplugVolumes",
+    ] {
+        assert!(
+            err.message().contains(word),
+            "names {word}: {}",
+            err.message()
+        );
     }
     assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
     assert!(
@@ -288,17 +333,18 @@ async fn kubevirt_v1_6_hotplug_volumes_plugs_a_csi_volume_and_relays_a_refusal_r
     assert_made_by_virt_controller(&bed).await;
     let d = Driver::start(&bed, |_| {}).await;
     plug_use_unplug(&bed, &d, "v16-hp").await;
-    removevolume_refusal_reaches_the_caller(&bed, &d).await;
+    addvolume_refusal_reaches_the_caller(&bed, &d).await;
     d.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubevirt_v1_7_declarative_plugs_a_csi_volume_root() {
+async fn kubevirt_v1_7_declarative_plugs_a_csi_volume_and_relays_a_refusal_root() {
     assert_root();
     let bed = bed(KubevirtLine::V1_7_DECLARATIVE).await;
     assert_made_by_virt_controller(&bed).await;
     let d = Driver::start(&bed, |_| {}).await;
     plug_use_unplug(&bed, &d, "v17-decl").await;
+    addvolume_refusal_reaches_the_caller(&bed, &d).await;
     d.stop().await;
 }
 
@@ -309,17 +355,43 @@ async fn kubevirt_v1_7_both_gates_plugs_a_csi_volume_and_relays_a_refusal_root()
     assert_made_by_virt_controller(&bed).await;
     let d = Driver::start(&bed, |_| {}).await;
     plug_use_unplug(&bed, &d, "v17-both").await;
-    removevolume_refusal_reaches_the_caller(&bed, &d).await;
+    addvolume_refusal_reaches_the_caller(&bed, &d).await;
     d.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubevirt_v1_8_declarative_plugs_a_csi_volume_and_refuses_a_migration_vm_root() {
+async fn kubevirt_v1_8_declarative_plugs_a_csi_volume_relays_a_refusal_and_fails_a_migration_vm_root()
+ {
     assert_root();
     let bed = bed(KubevirtLine::V1_8_DECLARATIVE).await;
     assert_made_by_virt_controller(&bed).await;
     let d = Driver::start(&bed, |_| {}).await;
     plug_use_unplug(&bed, &d, "v18-decl").await;
+    addvolume_refusal_reaches_the_caller(&bed, &d).await;
     migration_vm_fails_clearly(&bed, &d).await;
     d.stop().await;
+}
+
+#[tokio::test]
+async fn a_kubevirt_line_not_built_fails_the_bed_naming_its_build_and_log() {
+    let line = KubevirtLine {
+        version: "0.0.1",
+        ..KubevirtLine::V1_7_DECLARATIVE
+    };
+    let Err(e) = TestBed::start(BedOptions {
+        kubevirt: Some(line),
+        ..Default::default()
+    })
+    .await
+    else {
+        panic!("a bed with a KubeVirt line that is not built must not start");
+    };
+    let e = e.to_string();
+    for part in [
+        "KubeVirt v0.0.1 is not built",
+        "KUBEVIRT_VERSIONS=0.0.1 tests/scripts/kubevirt.sh",
+        "build-kubevirt-v0.0.1.log",
+    ] {
+        assert!(e.contains(part), "names {part:?}: {e}");
+    }
 }

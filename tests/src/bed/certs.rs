@@ -199,7 +199,14 @@ impl Pki {
         groups: &[&str],
     ) -> Result<CertFiles, BedError> {
         let name = format!("user-{user}");
-        self.leaf(dir, &name, user, groups, &[], ExtendedKeyUsagePurpose::ClientAuth)
+        self.leaf(
+            dir,
+            &name,
+            user,
+            groups,
+            &[],
+            ExtendedKeyUsagePurpose::ClientAuth,
+        )
     }
 
     /// A leaf certificate `<dir>/<name>.{crt,key}` signed by the cluster CA: `common_name` in

@@ -34,7 +34,10 @@ pub fn server_version_for(mode: HotplugMode) -> &'static str {
 
 /// Every CRD of [`CRDS`]; without `kubevirt.yaml` when KubeVirt's own install brings the
 /// KubeVirt CRDs ([`crate::bed::kubevirt`]).
-pub(crate) async fn install_crds(client: &kube::Client, with_kubevirt: bool) -> Result<(), BedError> {
+pub(crate) async fn install_crds(
+    client: &kube::Client,
+    with_kubevirt: bool,
+) -> Result<(), BedError> {
     for (file, yaml) in CRDS {
         if file == "kubevirt.yaml" && !with_kubevirt {
             continue;

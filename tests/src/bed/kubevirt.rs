@@ -89,6 +89,14 @@ impl KubevirtLine {
             .join(format!("build-kubevirt-v{}.log", self.version))
     }
 
+    /// Ok when every binary of the line is built, else an error with the build's log.
+    pub fn check_built(&self) -> Result<(), BedError> {
+        for name in ["virt-api", "virt-controller", "install-manifests"] {
+            self.binary(name)?;
+        }
+        Ok(())
+    }
+
     /// A built binary of the line, or an error with the build's log.
     fn binary(&self, name: &str) -> Result<PathBuf, BedError> {
         let path = self.dir().join(name);
@@ -182,7 +190,11 @@ impl RealKubevirt {
         install(client, &manifests, &pki.ca.cert_pem, virt_api_port, &line).await?;
 
         let mut kubeconfigs = Vec::new();
-        for sa in ["kubevirt-apiserver", "kubevirt-controller", "kubevirt-handler"] {
+        for sa in [
+            "kubevirt-apiserver",
+            "kubevirt-controller",
+            "kubevirt-handler",
+        ] {
             let text = token_kubeconfig(server, pki, &token(client, sa).await?);
             let path = dir.join(format!("{sa}.kubeconfig"));
             std::fs::write(&path, &text)
@@ -206,8 +218,12 @@ impl RealKubevirt {
         cmd.arg(format!("--kubeconfig={}", p(&kubeconfigs[1].0)))
             .arg("--listen=127.0.0.1")
             .arg(format!("--port={}", free_port()?))
-            .arg(format!("--launcher-image=quay.io/kubevirt/virt-launcher:v{v}"))
-            .arg(format!("--exporter-image=quay.io/kubevirt/virt-exportserver:v{v}"))
+            .arg(format!(
+                "--launcher-image=quay.io/kubevirt/virt-launcher:v{v}"
+            ))
+            .arg(format!(
+                "--exporter-image=quay.io/kubevirt/virt-exportserver:v{v}"
+            ))
             .arg(format!("--prom-cert-file={}", p(&metrics.cert)))
             .arg(format!("--prom-key-file={}", p(&metrics.key)));
         let mut virt_controller = Proc::spawn("virt-controller", cmd, dir)?;
@@ -223,7 +239,10 @@ impl RealKubevirt {
                 .get_opt("v1.subresources.kubevirt.io")
                 .await?
                 .and_then(|s| s.status?.conditions)
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Available" && c.status == "True"));
+                .is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c.type_ == "Available" && c.status == "True")
+                });
             let leader = crate::util::wait::lease_holder(&leases, "virt-controller").await;
             if available && leader.is_some() {
                 break;

@@ -158,6 +158,9 @@ impl TestBed {
 
     pub async fn start(opts: BedOptions) -> Result<TestBed, BedError> {
         let t0 = Instant::now();
+        if let Some(line) = &opts.kubevirt {
+            line.check_built()?;
+        }
         let dir = tempfile::Builder::new()
             .prefix("harvester-testbed-")
             .disable_cleanup(opts.keep_dir)

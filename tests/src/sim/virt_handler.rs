@@ -79,12 +79,19 @@ pub fn plan(vmi: &Value) -> Vec<Step> {
     if vmi["status"]["phase"] == "Scheduled" {
         steps.push(Step::Run);
     }
-    let volumes = vmi["spec"]["volumes"].as_array().cloned().unwrap_or_default();
+    let volumes = vmi["spec"]["volumes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let disks = vmi["spec"]["domain"]["devices"]["disks"]
         .as_array()
         .cloned()
         .unwrap_or_default();
-    for status in vmi["status"]["volumeStatus"].as_array().into_iter().flatten() {
+    for status in vmi["status"]["volumeStatus"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
         if status.get("hotplugVolume").is_none() {
             continue;
         }
@@ -224,16 +231,28 @@ impl NodePlay {
             };
         }
         let Some(node) = spec.node_name.clone() else {
-            let Some(node) = self.schedule(pods, pod, role == Some("hotplug-disk")).await? else {
+            let Some(node) = self
+                .schedule(pods, pod, role == Some("hotplug-disk"))
+                .await?
+            else {
                 return Ok(());
             };
             let binding = json!({"apiVersion": "v1", "kind": "Binding",
                 "metadata": {"name": name, "namespace": self.namespace},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}});
-            let _: Value = pods
-                .create_subresource("binding", &name, &PostParams::default(), &binding)
-                .await?;
-            return Ok(());
+            return match pods
+                .create_subresource::<Value, Value>(
+                    "binding",
+                    &name,
+                    &PostParams::default(),
+                    &binding,
+                )
+                .await
+            {
+                // Bound already (this watch event was older than the binding).
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                other => other.map(|_| ()),
+            };
         };
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         if phase == Some("Running") {
@@ -243,9 +262,11 @@ impl NodePlay {
         let containers: Vec<Value> = spec
             .containers
             .iter()
-            .map(|c| json!({"name": c.name, "image": c.image, "imageID": "", "ready": true,
+            .map(|c| {
+                json!({"name": c.name, "image": c.image, "imageID": "", "ready": true,
                             "restartCount": 0, "started": true,
-                            "state": {"running": {"startedAt": now}}}))
+                            "state": {"running": {"startedAt": now}}})
+            })
             .collect();
         let mut conditions: Vec<Value> =
             ["PodScheduled", "Initialized", "ContainersReady", "Ready"]
@@ -263,9 +284,11 @@ impl NodePlay {
         pods.patch_status(
             &name,
             &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+            &Patch::Merge(
+                json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
                 "hostIP": "127.0.0.1", "startTime": now, "conditions": conditions,
-                "containerStatuses": containers}})),
+                "containerStatuses": containers}}),
+            ),
         )
         .await?;
         tracing::info!("node play: pod {name} running on {node}");
@@ -397,20 +420,19 @@ impl NodePlay {
                     }
                     s["phase"] = json!("MountedToPod");
                     s["reason"] = json!("VolumeMountedToPod");
-                    s["message"] = json!(format!("Volume {volume} has been mounted in virt-launcher pod"));
+                    s["message"] = json!(format!(
+                        "Volume {volume} has been mounted in virt-launcher pod"
+                    ));
                     true
                 })
                 .await?;
                 // Attached to the domain: the guest sees the disk.
                 let dir = self.hotplug.by_id_dir(name);
                 link_disk(&dir, serial, &backing.device).map_err(|e| e.to_string())?;
-                self.links
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(
-                        format!("{name}/{volume}"),
-                        dir.join(format!("{BY_ID_PREFIX}{serial}")),
-                    );
+                self.links.lock().unwrap_or_else(|p| p.into_inner()).insert(
+                    format!("{name}/{volume}"),
+                    dir.join(format!("{BY_ID_PREFIX}{serial}")),
+                );
                 self.update(name, |vmi| {
                     let target = next_target(vmi);
                     let Some(s) = volume_status(vmi, volume) else {
@@ -422,8 +444,9 @@ impl NodePlay {
                     s["phase"] = json!("Ready");
                     s["target"] = json!(target);
                     s["reason"] = json!("VolumeReady");
-                    s["message"] =
-                        json!(format!("Successfully attach hotplugged volume {volume} to VM"));
+                    s["message"] = json!(format!(
+                        "Successfully attach hotplugged volume {volume} to VM"
+                    ));
                     true
                 })
                 .await
@@ -454,8 +477,9 @@ impl NodePlay {
                     }
                     s["phase"] = json!("UnMountedFromPod");
                     s["reason"] = json!("VolumeUnMountedFromPod");
-                    s["message"] =
-                        json!(format!("Volume {volume} has been unmounted from virt-launcher pod"));
+                    s["message"] = json!(format!(
+                        "Volume {volume} has been unmounted from virt-launcher pod"
+                    ));
                     true
                 })
                 .await
@@ -465,7 +489,11 @@ impl NodePlay {
 
     /// GET as admin, `change` (false: nothing to do), PUT as kubevirt-handler; again on a
     /// conflict.
-    async fn update(&self, name: &str, mut change: impl FnMut(&mut Value) -> bool) -> Result<(), String> {
+    async fn update(
+        &self,
+        name: &str,
+        mut change: impl FnMut(&mut Value) -> bool,
+    ) -> Result<(), String> {
         let read: Api<DynamicObject> =
             Api::namespaced_with(self.admin.clone(), &self.namespace, &vmi_resource());
         let write: Api<DynamicObject> =
