@@ -110,8 +110,8 @@ impl Sim {
             // (`pkg/virt-controller/services/nodeselectorrenderer.go`): schedulable for VMIs
             // (kubevirt/kubevirt v1.7.0 `pkg/virt-handler/heartbeat/heartbeat.go`) and the
             // machine type the VM mutator gives a VM, `q35`
-            // (`pkg/virt-handler/node-labeller/node_labeller.go` `prepareLabels`); the
-            // architecture is the kubelet's label.
+            // (`pkg/virt-handler/node-labeller/node_labeller.go` `prepareLabels`), and the
+            // kubelet's architecture label (`NewNodeSelectorRenderer`).
             labels.insert("kubevirt.io/schedulable".into(), "true".into());
             labels.insert("kubernetes.io/arch".into(), "amd64".into());
             labels.insert("machine-type.node.kubevirt.io/q35".into(), "true".into());
@@ -161,8 +161,9 @@ impl Sim {
     /// through virt-api's webhooks; virt-controller makes the VMI and its launcher Pod, the node
     /// play ([`super::virt_handler`]) runs them. Returns once the VMI is Running, with the host's
     /// topology copied onto it as Harvester's VMI controller does. The guest's NIC is on the
-    /// Pod network: a Multus network needs its NetworkAttachmentDefinition, which
-    /// virt-controller reads to render the launcher Pod.
+    /// Pod network: for a Multus network virt-controller reads its NetworkAttachmentDefinition
+    /// to render the launcher Pod (kubevirt/kubevirt v1.7.0 `pkg/network/multus/nad.go`
+    /// `NetworkToResource`), a CRD the bed does not have.
     async fn create_kubevirt_vm(
         &self,
         play: &super::virt_handler::NodePlay,
