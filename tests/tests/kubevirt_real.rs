@@ -204,6 +204,21 @@ fn mount_source(path: &Path) -> std::path::PathBuf {
         .unwrap_or_else(|e| panic!("{source:?} at {}: {e}", path.display()))
 }
 
+/// CreateVolume of 64 MiB; its ID.
+async fn create(
+    c: &mut csi_proto::csi::v1::controller_client::ControllerClient<tonic::transport::Channel>,
+    name: &str,
+    cap: &VolumeCapability,
+) -> String {
+    c.create_volume(create_request(name, 64 << 20, cap))
+        .await
+        .expect("CreateVolume")
+        .into_inner()
+        .volume
+        .expect("volume")
+        .volume_id
+}
+
 /// Changes the VM's template spec (read and written whole, as an administrator's edit).
 async fn edit_vm(bed: &TestBed, change: impl Fn(&mut serde_json::Value)) {
     let gvk = kube::core::GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachine");
@@ -234,14 +249,7 @@ async fn edit_vm(bed: &TestBed, change: impl Fn(&mut serde_json::Value)) {
 async fn addvolume_refusal_reaches_the_caller(bed: &TestBed, d: &Driver) {
     let mut c = d.controller();
     let cap = mount_cap("ext4");
-    let id = c
-        .create_volume(create_request("twice-1", 64 << 20, &cap))
-        .await
-        .expect("CreateVolume")
-        .into_inner()
-        .volume
-        .expect("volume")
-        .volume_id;
+    let id = create(&mut c, "twice-1", &cap).await;
     edit_vm(bed, |spec| {
         spec["volumes"].as_array_mut().expect("volumes").push(
             serde_json::json!({"name": "by-hand", "persistentVolumeClaim": {"claimName": id}}),
@@ -284,14 +292,7 @@ async fn migration_vm_fails_clearly(bed: &TestBed, d: &Driver) {
         .expect("VM updateVolumesStrategy: Migration, through virt-api's webhooks");
     let mut c = d.controller();
     let cap = mount_cap("ext4");
-    let id = c
-        .create_volume(create_request("migr-1", 64 << 20, &cap))
-        .await
-        .expect("CreateVolume")
-        .into_inner()
-        .volume
-        .expect("volume")
-        .volume_id;
+    let id = create(&mut c, "migr-1", &cap).await;
     let t0 = Instant::now();
     let err = c
         .controller_publish_volume(publish_request(&id, &cap))
@@ -326,48 +327,40 @@ async fn migration_vm_fails_clearly(bed: &TestBed, d: &Driver) {
     .expect("DeleteVolume");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubevirt_v1_6_hotplug_volumes_plugs_a_csi_volume_and_relays_a_refusal_root() {
+/// The bed of `line`, then the cases every line runs (`name` names the first volume); the bed and
+/// the driver are returned for a line's own cases.
+async fn every_case(line: KubevirtLine, name: &str) -> (TestBed, Driver) {
     assert_root();
-    let bed = bed(KubevirtLine::V1_6_HOTPLUG).await;
+    let bed = bed(line).await;
     assert_made_by_virt_controller(&bed).await;
     let d = Driver::start(&bed, |_| {}).await;
-    plug_use_unplug(&bed, &d, "v16-hp").await;
+    plug_use_unplug(&bed, &d, name).await;
     addvolume_refusal_reaches_the_caller(&bed, &d).await;
+    (bed, d)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubevirt_v1_6_hotplug_volumes_plugs_a_csi_volume_and_relays_a_refusal_root() {
+    let (_bed, d) = every_case(KubevirtLine::V1_6_HOTPLUG, "v16-hp").await;
     d.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubevirt_v1_7_declarative_plugs_a_csi_volume_and_relays_a_refusal_root() {
-    assert_root();
-    let bed = bed(KubevirtLine::V1_7_DECLARATIVE).await;
-    assert_made_by_virt_controller(&bed).await;
-    let d = Driver::start(&bed, |_| {}).await;
-    plug_use_unplug(&bed, &d, "v17-decl").await;
-    addvolume_refusal_reaches_the_caller(&bed, &d).await;
+    let (_bed, d) = every_case(KubevirtLine::V1_7_DECLARATIVE, "v17-decl").await;
     d.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubevirt_v1_7_both_gates_plugs_a_csi_volume_and_relays_a_refusal_root() {
-    assert_root();
-    let bed = bed(KubevirtLine::V1_7_BOTH).await;
-    assert_made_by_virt_controller(&bed).await;
-    let d = Driver::start(&bed, |_| {}).await;
-    plug_use_unplug(&bed, &d, "v17-both").await;
-    addvolume_refusal_reaches_the_caller(&bed, &d).await;
+    let (_bed, d) = every_case(KubevirtLine::V1_7_BOTH, "v17-both").await;
     d.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubevirt_v1_8_declarative_plugs_a_csi_volume_relays_a_refusal_and_fails_a_migration_vm_root()
  {
-    assert_root();
-    let bed = bed(KubevirtLine::V1_8_DECLARATIVE).await;
-    assert_made_by_virt_controller(&bed).await;
-    let d = Driver::start(&bed, |_| {}).await;
-    plug_use_unplug(&bed, &d, "v18-decl").await;
-    addvolume_refusal_reaches_the_caller(&bed, &d).await;
+    let (bed, d) = every_case(KubevirtLine::V1_8_DECLARATIVE, "v18-decl").await;
     migration_vm_fails_clearly(&bed, &d).await;
     d.stop().await;
 }

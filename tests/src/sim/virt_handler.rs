@@ -34,8 +34,13 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::watcher::Event;
 use serde_json::{Value, json};
 
+use harvester_common::harvester::kubevirt::VOLUME_READY;
+
 use super::storage::Storage;
 use super::virt_api::{BY_ID_PREFIX, HotplugCtx, link_disk};
+
+/// virt-handler's phase of a volume it unmounted from the launcher Pod (`HotplugVolumeUnMounted`).
+const UNMOUNTED: &str = "UnMountedFromPod";
 
 /// What the guest of a VMI reports once it runs (virt-handler fills it from the domain and the
 /// guest agent).
@@ -128,6 +133,24 @@ pub fn plan(vmi: &Value) -> Vec<Step> {
     steps
 }
 
+/// Every object of `api`, as listed and then as it changes (a watch; its errors logged, the
+/// watch retried with backoff).
+fn applied<K>(api: Api<K>) -> impl futures::Stream<Item = K> + Send
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    super::watch(api).filter_map(|event| async move {
+        match event {
+            Ok(Event::Apply(object) | Event::InitApply(object)) => Some(object),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::debug!("node play: watch: {e}");
+                None
+            }
+        }
+    })
+}
+
 fn vmi_resource() -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk(
         "kubevirt.io",
@@ -191,21 +214,11 @@ impl NodePlay {
 
     async fn run_pods(self: Arc<NodePlay>) {
         let pods: Api<Pod> = Api::namespaced(self.admin.clone(), &self.namespace);
-        let mut events = super::watch(pods.clone());
-        while let Some(event) = events.next().await {
-            let pod = match event {
-                Ok(Event::Apply(p) | Event::InitApply(p)) => p,
-                Ok(_) => continue,
-                Err(e) => {
-                    tracing::debug!("node play: pod watch: {e}");
-                    continue;
-                }
-            };
+        let mut events = std::pin::pin!(applied(pods.clone()));
+        while let Some(pod) = events.next().await {
             if let Err(e) = self.kubelet(&pods, &pod).await {
-                tracing::warn!(
-                    "node play: pod {}: {e}",
-                    pod.metadata.name.as_deref().unwrap_or("")
-                );
+                let name = pod.metadata.name.as_deref().unwrap_or("");
+                tracing::warn!("node play: pod {name}: {e}");
             }
         }
     }
@@ -344,16 +357,8 @@ impl NodePlay {
     async fn run_vmis(self: Arc<NodePlay>) {
         let vmis: Api<DynamicObject> =
             Api::namespaced_with(self.admin.clone(), &self.namespace, &vmi_resource());
-        let mut events = super::watch(vmis);
-        while let Some(event) = events.next().await {
-            let vmi = match event {
-                Ok(Event::Apply(v) | Event::InitApply(v)) => v,
-                Ok(_) => continue,
-                Err(e) => {
-                    tracing::debug!("node play: VMI watch: {e}");
-                    continue;
-                }
-            };
+        let mut events = std::pin::pin!(applied(vmis));
+        while let Some(vmi) = events.next().await {
             let name = vmi.metadata.name.clone().unwrap_or_default();
             let Ok(value) = serde_json::to_value(&vmi) else {
                 continue;
@@ -411,21 +416,10 @@ impl NodePlay {
                     .get(&self.namespace, claim)
                     .ok_or_else(|| format!("claim {claim} has no backing volume"))?;
                 // The attachment Pod's volume mounted into the launcher Pod.
-                self.update(name, |vmi| {
-                    let Some(s) = volume_status(vmi, volume) else {
-                        return false;
-                    };
-                    if s["phase"] != "AttachedToNode" {
-                        return false;
-                    }
-                    s["phase"] = json!("MountedToPod");
-                    s["reason"] = json!("VolumeMountedToPod");
-                    s["message"] = json!(format!(
-                        "Volume {volume} has been mounted in virt-launcher pod"
-                    ));
-                    true
-                })
-                .await?;
+                let mounted = format!("Volume {volume} has been mounted in virt-launcher pod");
+                let to = ["MountedToPod", "VolumeMountedToPod", &mounted];
+                self.move_volume(name, volume, &["AttachedToNode"], to)
+                    .await?;
                 // Attached to the domain: the guest sees the disk.
                 let dir = self.hotplug.by_id_dir(name);
                 link_disk(&dir, serial, &backing.device).map_err(|e| e.to_string())?;
@@ -433,23 +427,9 @@ impl NodePlay {
                     format!("{name}/{volume}"),
                     dir.join(format!("{BY_ID_PREFIX}{serial}")),
                 );
-                self.update(name, |vmi| {
-                    let target = next_target(vmi);
-                    let Some(s) = volume_status(vmi, volume) else {
-                        return false;
-                    };
-                    if s["phase"] != "MountedToPod" {
-                        return false;
-                    }
-                    s["phase"] = json!("Ready");
-                    s["target"] = json!(target);
-                    s["reason"] = json!("VolumeReady");
-                    s["message"] = json!(format!(
-                        "Successfully attach hotplugged volume {volume} to VM"
-                    ));
-                    true
-                })
-                .await
+                let ready = format!("Successfully attach hotplugged volume {volume} to VM");
+                let to = [VOLUME_READY, "VolumeReady", &ready];
+                self.move_volume(name, volume, &["MountedToPod"], to).await
             }
             Step::Detach { volume } => {
                 let link = self
@@ -460,31 +440,52 @@ impl NodePlay {
                 if let Some(link) = link {
                     let _ = std::fs::remove_file(link);
                 }
-                self.update(name, |vmi| {
-                    let in_spec = vmi["spec"]["volumes"]
-                        .as_array()
-                        .is_some_and(|v| v.iter().any(|v| v["name"] == volume.as_str()));
-                    let Some(s) = volume_status(vmi, volume) else {
-                        return false;
-                    };
-                    if in_spec
-                        || !matches!(
-                            s["phase"].as_str(),
-                            Some("Ready" | "MountedToPod" | "AttachedToNode")
-                        )
-                    {
-                        return false;
-                    }
-                    s["phase"] = json!("UnMountedFromPod");
-                    s["reason"] = json!("VolumeUnMountedFromPod");
-                    s["message"] = json!(format!(
-                        "Volume {volume} has been unmounted from virt-launcher pod"
-                    ));
-                    true
-                })
+                let unmounted =
+                    format!("Volume {volume} has been unmounted from virt-launcher pod");
+                let to = [UNMOUNTED, "VolumeUnMountedFromPod", &unmounted];
+                self.move_volume(
+                    name,
+                    volume,
+                    &[VOLUME_READY, "MountedToPod", "AttachedToNode"],
+                    to,
+                )
                 .await
             }
         }
+    }
+
+    /// Moves volume `volume`'s status from a phase of `from` to `to` (phase, reason, message),
+    /// with the next free target when it becomes Ready; nothing when the VMI has moved on
+    /// meanwhile: the phase is another, or the volume left the spec (attach) or came back into
+    /// it (unplug).
+    async fn move_volume(
+        &self,
+        name: &str,
+        volume: &str,
+        from: &[&str],
+        to: [&str; 3],
+    ) -> Result<(), String> {
+        self.update(name, |vmi| {
+            let in_spec = vmi["spec"]["volumes"]
+                .as_array()
+                .is_some_and(|v| v.iter().any(|v| v["name"] == volume));
+            let target = next_target(vmi);
+            let Some(s) = volume_status(vmi, volume) else {
+                return false;
+            };
+            if in_spec == (to[0] == UNMOUNTED) || !from.contains(&s["phase"].as_str().unwrap_or(""))
+            {
+                return false;
+            }
+            s["phase"] = json!(to[0]);
+            s["reason"] = json!(to[1]);
+            s["message"] = json!(to[2]);
+            if to[0] == VOLUME_READY {
+                s["target"] = json!(target);
+            }
+            true
+        })
+        .await
     }
 
     /// GET as admin, `change` (false: nothing to do), PUT as kubevirt-handler; again on a
