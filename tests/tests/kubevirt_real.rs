@@ -108,6 +108,15 @@ async fn plug_use_unplug(bed: &TestBed, d: &Driver, name: &str) {
         vmi.spec.volumes.iter().any(|vol| vol.name == v.id),
         "virt-controller put the volume into the VMI spec"
     );
+    assert!(
+        vms(bed)
+            .get(NODE)
+            .await
+            .expect("VM")
+            .volume(&v.id)
+            .is_some(),
+        "the volume in the VM spec (virt-controller's request applied, or virt-api's patch)"
+    );
     let attachment = kubevirt_pods(bed, "hotplug-disk").await;
     assert_eq!(
         attachment
