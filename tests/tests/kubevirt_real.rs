@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 use csi_proto::csi::v1::*;
 use harvester_common::harvester::{VirtualMachine, VirtualMachineInstance};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams};
 use testbed::bed::kubevirt::KubevirtLine;
 use testbed::suites::csi::{
-    Driver, NODE, assert_root, bed_with_vm_and, create_and_publish, create_request, mount_cap,
-    node_dir, publish, publish_request, stage, unpublish_and_unstage, unpublish_request,
+    Driver, NODE, assert_root, bed_with_vm_and, create_and_publish, create_volume,
+    migration_strategy, mount_cap, node_dir, publish, publish_request, stage,
+    unpublish_and_unstage, unpublish_request,
 };
 use testbed::util::wait;
 use testbed::{BedOptions, TestBed};
@@ -213,21 +214,6 @@ fn mount_source(path: &Path) -> std::path::PathBuf {
         .unwrap_or_else(|e| panic!("{source:?} at {}: {e}", path.display()))
 }
 
-/// CreateVolume of 64 MiB; its ID.
-async fn create(
-    c: &mut csi_proto::csi::v1::controller_client::ControllerClient<tonic::transport::Channel>,
-    name: &str,
-    cap: &VolumeCapability,
-) -> String {
-    c.create_volume(create_request(name, 64 << 20, cap))
-        .await
-        .expect("CreateVolume")
-        .into_inner()
-        .volume
-        .expect("volume")
-        .volume_id
-}
-
 /// Changes the VM's template spec (read and written whole, as an administrator's edit).
 async fn edit_vm(bed: &TestBed, change: impl Fn(&mut serde_json::Value)) {
     let gvk = kube::core::GroupVersionKind::gvk("kubevirt.io", "v1", "VirtualMachine");
@@ -258,7 +244,7 @@ async fn edit_vm(bed: &TestBed, change: impl Fn(&mut serde_json::Value)) {
 async fn addvolume_refusal_reaches_the_caller(bed: &TestBed, d: &Driver) {
     let mut c = d.controller();
     let cap = mount_cap("ext4");
-    let id = create(&mut c, "twice-1", &cap).await;
+    let id = create_volume(d, "twice-1", &cap).await;
     edit_vm(bed, |spec| {
         spec["volumes"].as_array_mut().expect("volumes").push(
             serde_json::json!({"name": "by-hand", "persistentVolumeClaim": {"claimName": id}}),
@@ -291,17 +277,11 @@ async fn addvolume_refusal_reaches_the_caller(bed: &TestBed, d: &Driver) {
 /// publish fails FAILED_PRECONDITION naming the strategy and the gate within KubeVirt's grace,
 /// and unpublish takes the volume out of the VM spec again.
 async fn migration_vm_fails_clearly(bed: &TestBed, d: &Driver) {
-    vms(bed)
-        .patch(
-            NODE,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"updateVolumesStrategy": "Migration"}})),
-        )
-        .await
-        .expect("VM updateVolumesStrategy: Migration, through virt-api's webhooks");
+    // Through virt-api's webhooks, which accept it.
+    migration_strategy(bed).await;
     let mut c = d.controller();
     let cap = mount_cap("ext4");
-    let id = create(&mut c, "migr-1", &cap).await;
+    let id = create_volume(d, "migr-1", &cap).await;
     let t0 = Instant::now();
     let err = c
         .controller_publish_volume(publish_request(&id, &cap))
