@@ -6,7 +6,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo cluster images release test tools node-tools proto-check fmt-check clippy unit-and-integration help-check bench charts-check fuzz
+.PHONY: demo cluster images release test tools node-tools kubevirt proto-check fmt-check clippy unit-and-integration help-check bench charts-check fuzz
 
 demo: tools
 	$(CARGO) run --quiet -p testbed --bin testbed -- demo
@@ -37,8 +37,9 @@ release:
 	$(CARGO) rustc --release -p harvester-cloud-provider --bin harvester-cloud-provider -- $(STATIC_LINK)
 	$(CARGO) rustc --release -p harvester-csi-driver --bin harvester-csi-driver -- $(STATIC_LINK)
 
-# node-tools is not a step of its own here: tests/scripts/suites.sh builds it in the background
-# beside the suites that do not need it (on a fresh 2-core machine 14-15 minutes of Go builds).
+# node-tools and kubevirt are not steps of their own here: tests/scripts/suites.sh builds them in
+# the background beside the suites that do not need them (on a fresh 2-core machine 14-15 and
+# about 15 minutes of Go builds).
 test: tools proto-check fmt-check clippy help-check charts-check unit-and-integration
 
 tools:
@@ -49,6 +50,11 @@ tools:
 # cluster of `make test` and `make cluster`.
 node-tools:
 	@bash tests/scripts/node-tools.sh
+
+# KubeVirt's virt-api, virt-controller and install-manifests for v1.6.1, v1.7.0 and v1.8.0 (Go
+# module proxy): the suite kubevirt_real (docs/testbed.md, "Real KubeVirt").
+kubevirt:
+	@bash tests/scripts/kubevirt.sh
 
 proto-check:
 	@echo "[test] csi.proto and the kubelet's pluginregistration api.proto sha256"
@@ -88,8 +94,9 @@ help-check:
 # Every unit, property and test-bed suite, built once and run in two lanes side by side (the
 # suites that boot QEMU guests or use what exists once per machine in one lane, one after
 # another; the CSI suites again under each KubeVirt hot-plug gate set Harvester can run), then a
-# table of every suite's time. LANES=1 runs them one after another. The node tools are built in
-# the background meanwhile; the suites that need them come last and wait. tests/scripts/suites.sh.
+# table of every suite's time. LANES=1 runs them one after another. The node tools and KubeVirt
+# are built in the background meanwhile; the suites that need them come last and wait.
+# tests/scripts/suites.sh.
 LANES ?= 2
 unit-and-integration:
 	@echo "[test] cargo test (unit, property and test-bed integration tests; LANES=$(LANES))"

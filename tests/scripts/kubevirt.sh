@@ -2,7 +2,8 @@
 # Builds KubeVirt's virt-api and virt-controller, and tests/kubevirt/install-manifests (what
 # virt-operator would install: CRDs, webhooks, APIServices, RBAC), from the Go module proxy into
 # a version-keyed cache outside the repo, one directory per KubeVirt line. Idempotent: a second
-# run only checks. Not part of `make test` yet.
+# run only checks. `make test` runs it in the background (tests/scripts/suites.sh) for the suite
+# kubevirt_real; `make kubevirt` alone.
 #
 #   tests/scripts/kubevirt.sh                      # every version in KUBEVIRT_VERSIONS
 #   KUBEVIRT_VERSIONS=1.7.0 tests/scripts/kubevirt.sh

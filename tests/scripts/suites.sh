@@ -24,6 +24,10 @@
 # waited for it 2-6 minutes before real_cluster and install_docs, which wait on the guest cluster
 # more than they compute (the cores about 30 % busy) and so are the part of the run best overlapped
 # with CPU-bound suites.
+# KubeVirt's virt-api and virt-controller (tests/scripts/kubevirt.sh: three lines, about 15 minutes
+# of Go builds on a fresh machine, 0.04 s of checks once built) are built the same way, after the
+# node tools in the same background session (one Go build at a time beside the lanes): the suite
+# that runs the CSI hot-plug through them (kubevirt_real) runs last in lane `bed` and waits for it.
 #
 #   tests/scripts/suites.sh          # both lanes
 #   LANES=1 tests/scripts/suites.sh  # one after another
@@ -44,6 +48,8 @@ say() { printf '[suites] %s\n' "$*"; }
 MACHINE=(real_cluster install_docs guest_vm csi_rwx contract_guestosinfo dropin_args)
 # The suites that start the real guest cluster or build its images: they wait for node-tools.sh.
 NEEDS_NODE_TOOLS=(real_cluster install_docs images)
+# The suites that run KubeVirt's own binaries: they wait for kubevirt.sh (lane `bed`, last).
+NEEDS_KUBEVIRT=(kubevirt_real)
 # The CSI suites again under each KubeVirt hot-plug gate set Harvester can run: v1.7's
 # HotplugVolumes (the bed's default, in the first run), v1.8's DeclarativeHotplugVolumes alone,
 # and (a focused subset) both gates.
@@ -74,7 +80,7 @@ listed() { local -n list=$1; local m; for m in "${list[@]}"; do [ "$m" = "$2" ] 
 BED=() BED_LATE=() MACHINE_EARLY=() MACHINE_LATE=()
 for f in tests/tests/*.rs; do
   t=$(basename "$f" .rs)
-  if listed MACHINE "$t"; then continue; fi
+  if listed MACHINE "$t" || listed NEEDS_KUBEVIRT "$t"; then continue; fi
   if listed NEEDS_NODE_TOOLS "$t"; then BED_LATE+=("$t"); else BED+=("$t"); fi
 done
 for t in "${MACHINE[@]}"; do
@@ -96,9 +102,12 @@ lane_bed() {
   $CARGO test --workspace --doc
   # shellcheck disable=SC2046
   $CARGO test --workspace $(tests_args "${OTHERS[@]}" "${BED[@]}")
-  wait_node_tools
+  wait_build node-tools
   # shellcheck disable=SC2046
   $CARGO test --workspace $(tests_args "${BED_LATE[@]}")
+  wait_build kubevirt
+  # shellcheck disable=SC2046
+  $CARGO test --workspace $(tests_args "${NEEDS_KUBEVIRT[@]}")
 }
 lane_machine() {
   # shellcheck disable=SC2046
@@ -109,50 +118,54 @@ lane_machine() {
   say "a CSI subset on Harvester v1.8 with HotplugVolumes enabled again (TESTBED_HOTPLUG=both)"
   # shellcheck disable=SC2046
   TESTBED_HOTPLUG=both $CARGO test --workspace $(tests_args "${CSI_BOTH_GATES[@]}") $(rerun_filter)
-  wait_node_tools
+  wait_build node-tools
   # shellcheck disable=SC2046
   $CARGO test --workspace $(tests_args "${MACHINE_LATE[@]}")
 }
 
-# node-tools.sh in the background, in a session of its own (killed as a whole if this script
-# ends first), holding an exclusive flock on NODE_TOOLS_LOCK until it ends: the lanes, started
-# after, wait for it with a shared flock (no polling) and read its exit code from
-# NODE_TOOLS_STATUS.
-NODE_TOOLS_LOCK=$LOGS/node-tools.lock
-NODE_TOOLS_STATUS=$LOGS/node-tools.status
-node_tools_pid=
-start_node_tools() {
-  rm -f "$NODE_TOOLS_STATUS"
-  exec 9>"$NODE_TOOLS_LOCK"
+# node-tools.sh then kubevirt.sh in the background, in a session of their own (killed as a whole
+# if this script ends first). Each build holds an exclusive flock on $LOGS/<name>.lock until it
+# ends: the lanes, started after, wait for it with a shared flock (no polling) and read its exit
+# code from $LOGS/<name>.status; its output goes to $LOGS/<name>.log.
+builds_pid=
+start_builds() {
+  rm -f "$LOGS/node-tools.status" "$LOGS/kubevirt.status"
+  exec 8>"$LOGS/kubevirt.lock" 9>"$LOGS/node-tools.lock"
+  flock -x 8
   flock -x 9
-  NICE=${NODE_TOOLS_NICE:-0} setsid bash -c 'bash tests/scripts/node-tools.sh; echo $? >"$1"' \
-    _ "$NODE_TOOLS_STATUS" \
-    >"$LOGS/node-tools.log" 2>&1 &
-  node_tools_pid=$!
-  # The background build alone holds the lock now.
-  exec 9>&-
+  # shellcheck disable=SC2016
+  NICE=${NODE_TOOLS_NICE:-0} setsid bash -c '
+    bash tests/scripts/node-tools.sh >"$1/node-tools.log" 2>&1; echo $? >"$1/node-tools.status"
+    exec 9>&-
+    bash tests/scripts/kubevirt.sh >"$1/kubevirt.log" 2>&1; echo $? >"$1/kubevirt.status"' \
+    _ "$LOGS" &
+  builds_pid=$!
+  # The background session alone holds the locks now.
+  exec 8>&- 9>&-
 }
-stop_node_tools() {
-  [ -n "$node_tools_pid" ] && kill -- -"$node_tools_pid" 2>/dev/null || true
+stop_builds() {
+  [ -n "$builds_pid" ] && kill -- -"$builds_pid" 2>/dev/null || true
 }
-wait_node_tools() {
+# wait_build NAME: waits for the background build NAME (node-tools or kubevirt); fails with the
+# end of its log if it failed.
+wait_build() {
   local t0 rc
   t0=$(date +%s)
-  say "waiting for tests/scripts/node-tools.sh (log: $LOGS/node-tools.log)"
-  flock -s "$NODE_TOOLS_LOCK" true
-  rc=$(cat "$NODE_TOOLS_STATUS" 2>/dev/null || echo "none (killed?)")
+  say "waiting for tests/scripts/$1.sh (log: $LOGS/$1.log)"
+  flock -s "$LOGS/$1.lock" true
+  rc=$(cat "$LOGS/$1.status" 2>/dev/null || echo "none (killed?)")
   if [ "$rc" != 0 ]; then
-    say "tests/scripts/node-tools.sh failed (exit $rc); the last lines of its log:"
-    tail -n 30 "$LOGS/node-tools.log"
+    say "tests/scripts/$1.sh failed (exit $rc); the last lines of its log:"
+    tail -n 30 "$LOGS/$1.log"
     return 1
   fi
-  say "node tools ready (waited $(( $(date +%s) - t0 ))s)"
+  say "$1 ready (waited $(( $(date +%s) - t0 ))s)"
 }
 
 start=$(date +%s)
-trap stop_node_tools EXIT
-say "building the node tools in the background (log: $LOGS/node-tools.log)"
-start_node_tools
+trap stop_builds EXIT
+say "building the node tools, then KubeVirt, in the background (logs: $LOGS/node-tools.log, $LOGS/kubevirt.log)"
+start_builds
 say "building every test target once"
 $CARGO test --workspace --no-run
 say "built in $(( $(date +%s) - start ))s"
@@ -191,6 +204,8 @@ else
 fi
 echo "===== node tools (background) ====="
 cat "$LOGS/node-tools.log"
+echo "===== KubeVirt (background) ====="
+cat "$LOGS/kubevirt.log" 2>/dev/null || echo "(not started)"
 
 # Per suite: `Running <target>` then its `test result: ... finished in Xs`; the gate reruns are
 # named by the TESTBED_HOTPLUG they ran under.
@@ -200,7 +215,7 @@ for name in bed machine; do
   awk -v lane="$name" '
     /TESTBED_HOTPLUG=declarative/ { gate = " (declarative)" }
     /TESTBED_HOTPLUG=both/ { gate = " (both gates)" }
-    /waiting for tests\/scripts\/node-tools.sh/ { gate = "" }
+    /waiting for tests\/scripts\/(node-tools|kubevirt).sh/ { gate = "" }
     /^ *Running / {
       target = $2
       if ($2 == "unittests") { target = $4; sub(/.*\//, "", target); sub(/-[0-9a-f]+\)$/, "", target); target = "unittests " target }

@@ -17,7 +17,7 @@
 //! root's [`BedError`]), so no two modules import each other:
 //! - [`util`]: processes, bounded waits, Go tools, helm, watches, scraping. Uses nothing else.
 //! - [`bed`]'s parts ([`bed::cluster`], [`bed::certs`], [`bed::apply`], [`bed::rbac`],
-//!   [`bed::crds`]): etcd, the API servers and what goes into them. Use [`util`] (and the address
+//!   [`bed::crds`], [`bed::kubevirt`]): etcd, the API servers and what goes into them. Use [`util`] (and the address
 //!   constants of [`real::podnet`] and [`real::vm`] for the serving certificates).
 //! - [`real`]: real processes, devices and networks (node, images, Pod network, registrar,
 //!   livenessprobe, QEMU guest, NFS server, network namespaces, mounts, pod logs). Use [`util`]

@@ -9,6 +9,8 @@ use rcgen::{
     KeyPair, KeyUsagePurpose,
 };
 
+pub use rcgen::ExtendedKeyUsagePurpose as KeyUsage;
+
 use crate::BedError;
 
 /// A PEM certificate and key written to disk.
@@ -196,6 +198,28 @@ impl Pki {
         user: &str,
         groups: &[&str],
     ) -> Result<CertFiles, BedError> {
+        let name = format!("user-{user}");
+        self.leaf(
+            dir,
+            &name,
+            user,
+            groups,
+            &[],
+            ExtendedKeyUsagePurpose::ClientAuth,
+        )
+    }
+
+    /// A leaf certificate `<dir>/<name>.{crt,key}` signed by the cluster CA: `common_name` in
+    /// `orgs`, with `sans` and `usage` (a serving certificate of a component the bed runs).
+    pub fn leaf(
+        &self,
+        dir: &Path,
+        name: &str,
+        common_name: &str,
+        orgs: &[&str],
+        sans: &[&str],
+        usage: ExtendedKeyUsagePurpose,
+    ) -> Result<CertFiles, BedError> {
         let key = KeyPair::from_pem(&self.ca.key_pem).map_err(|e| err("ca key", e))?;
         let mut params = CertificateParams::new(Vec::<String>::new()).map_err(|e| err("ca", e))?;
         params.distinguished_name.push(DnType::CommonName, "ca");
@@ -210,15 +234,6 @@ impl Pki {
             issuer: CertifiedIssuer::self_signed(params, key).map_err(|e| err("ca", e))?,
             files: self.ca.clone(),
         };
-        let name = format!("user-{user}");
-        leaf(
-            dir,
-            &ca,
-            &name,
-            user,
-            groups,
-            &[],
-            ExtendedKeyUsagePurpose::ClientAuth,
-        )
+        leaf(dir, &ca, name, common_name, orgs, sans, usage)
     }
 }

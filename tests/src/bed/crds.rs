@@ -32,8 +32,16 @@ pub fn server_version_for(mode: HotplugMode) -> &'static str {
     }
 }
 
-pub(crate) async fn install_crds(client: &kube::Client) -> Result<(), BedError> {
+/// Every CRD of [`CRDS`]; without `kubevirt.yaml` when KubeVirt's own install brings the
+/// KubeVirt CRDs ([`crate::bed::kubevirt`]).
+pub(crate) async fn install_crds(
+    client: &kube::Client,
+    with_kubevirt: bool,
+) -> Result<(), BedError> {
     for (file, yaml) in CRDS {
+        if file == "kubevirt.yaml" && !with_kubevirt {
+            continue;
+        }
         install_crd_yaml(client, file, yaml).await?;
     }
     Ok(())

@@ -11,6 +11,7 @@ pub mod certs;
 pub mod cluster;
 pub mod crds;
 pub mod guest_cluster;
+pub mod kubevirt;
 pub mod rbac;
 pub mod users_cluster;
 
@@ -27,6 +28,7 @@ use crate::bed::certs::Pki;
 use crate::bed::cluster::{ApiServer, ApiServerArgs, Etcd, kubeconfig_text};
 use crate::bed::crds::{CRDS, crd_names, install_crds, wait_established};
 use crate::bed::guest_cluster::GuestCluster;
+use crate::bed::kubevirt::{KubevirtLine, RealKubevirt};
 use crate::sim::lb_webhook::{LbWebhook, Rules};
 use crate::sim::virt_api::Gates;
 use crate::sim::webhook::WebhookServer;
@@ -57,6 +59,11 @@ pub struct BedOptions {
     /// Which release of Harvester's LoadBalancer mutating webhook the bed registers (always
     /// registered): `TESTBED_LB_WEBHOOK=v1.8|v1.9`, default v1.9.
     pub lb_webhook: Rules,
+    /// KubeVirt's own virt-api and virt-controller of this line (`tests/scripts/kubevirt.sh`
+    /// builds them) instead of the stand-in's virt-api, KubeVirt webhooks and controller; the
+    /// line's gates and Harvester release replace `hotplug` and `gates`. A line not built fails
+    /// the bed with its build log.
+    pub kubevirt: Option<KubevirtLine>,
 }
 
 /// The Harvester release and KubeVirt gates `TESTBED_HOTPLUG` asks for (`make test` runs the CSI
@@ -83,6 +90,7 @@ impl Default for BedOptions {
             hotplug: hotplug_from_env().0,
             gates: hotplug_from_env().1,
             lb_webhook: Rules::from_env(),
+            kubevirt: None,
         }
     }
 }
@@ -92,6 +100,8 @@ impl Default for BedOptions {
 pub struct TestBed {
     pub cluster: Option<GuestCluster>,
     pub sim: Sim,
+    /// KubeVirt's own virt-api and virt-controller, with `BedOptions::kubevirt`.
+    pub kubevirt: Option<RealKubevirt>,
     /// Harvester's LoadBalancer mutating webhook, registered with the Harvester API server.
     pub lb_webhook: LbWebhook,
     /// The HTTPS server every admission webhook of the bed is served by ([`crate::sim::webhook`]).
@@ -148,6 +158,9 @@ impl TestBed {
 
     pub async fn start(opts: BedOptions) -> Result<TestBed, BedError> {
         let t0 = Instant::now();
+        if let Some(line) = &opts.kubevirt {
+            line.check_built()?;
+        }
         let dir = tempfile::Builder::new()
             .prefix("harvester-testbed-")
             .disable_cleanup(opts.keep_dir)
@@ -191,7 +204,7 @@ impl TestBed {
         )
         .map_err(|e| BedError::Setup(format!("writing the cloud-config: {e}")))?;
 
-        install_crds(&harvester.client).await?;
+        install_crds(&harvester.client, opts.kubevirt.is_none()).await?;
         let namespaces = format!(
             "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {}}}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: kubevirt}}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: harvester-system}}\n",
             opts.vm_namespace
@@ -204,7 +217,34 @@ impl TestBed {
         )
         .await?;
 
-        let gates = opts.gates.unwrap_or(Gates::of(opts.hotplug));
+        let kubevirt = match opts.kubevirt {
+            Some(line) => Some(
+                RealKubevirt::start(line, &root, &pki, &harvester.client, &harvester.url).await?,
+            ),
+            None => None,
+        };
+        let (hotplug, gates) = match opts.kubevirt {
+            Some(line) => (
+                line.harvester,
+                Gates {
+                    hotplug_volumes: line.has_gate(kubevirt::HOTPLUG_VOLUMES),
+                    declarative: line.has_gate(kubevirt::DECLARATIVE_HOTPLUG_VOLUMES),
+                },
+            ),
+            None => (opts.hotplug, opts.gates.unwrap_or(Gates::of(opts.hotplug))),
+        };
+        if kubevirt.is_some() {
+            // No kube-controller-manager makes it; virt-controller's launcher Pod names it.
+            apply_yaml(
+                &harvester.client,
+                &format!(
+                    "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: default, namespace: {}}}\n",
+                    opts.vm_namespace
+                ),
+                "default",
+            )
+            .await?;
+        }
         let sim = Sim::start(
             &pki,
             harvester.client.clone(),
@@ -213,16 +253,25 @@ impl TestBed {
             &root,
             opts.hotplug_delay,
             gates,
+            kubevirt.as_ref().map(|k| k.handler.clone()),
         )
         .await?;
-        sim.set_harvester(opts.hotplug, gates).await?;
-        register_virt_api(&harvester.client, &pki, sim.virt_api.port).await?;
+        sim.set_harvester(hotplug, gates).await?;
+        if kubevirt.is_none() {
+            register_virt_api(&harvester.client, &pki, sim.virt_api.port).await?;
+        }
         let webhooks = WebhookServer::start(&pki).await?;
         crate::sim::lb_validator::install(&webhooks, harvester.client.clone(), &pki).await?;
         crate::sim::lb_validator::wait_called(&harvester.client, &opts.vm_namespace).await?;
-        let kubevirt_refusals =
-            crate::sim::kubevirt_webhook::install(&webhooks, &harvester.client, &pki).await?;
-        crate::sim::kubevirt_webhook::wait_called(&harvester.client, &opts.vm_namespace).await?;
+        let kubevirt_refusals = if kubevirt.is_none() {
+            let refusals =
+                crate::sim::kubevirt_webhook::install(&webhooks, &harvester.client, &pki).await?;
+            crate::sim::kubevirt_webhook::wait_called(&harvester.client, &opts.vm_namespace)
+                .await?;
+            refusals
+        } else {
+            Default::default()
+        };
         crate::sim::backup_validator::install(&webhooks, harvester.client.clone(), &pki).await?;
         crate::sim::backup_validator::wait_called(&harvester.client, &opts.vm_namespace).await?;
         let lb_webhook = LbWebhook::install(&webhooks, harvester.client.clone(), opts.lb_webhook);
@@ -257,6 +306,7 @@ impl TestBed {
         Ok(TestBed {
             cluster,
             sim,
+            kubevirt,
             lb_webhook,
             webhooks,
             kubevirt_refusals,
@@ -288,8 +338,10 @@ impl TestBed {
         wait_virt_api_available(&self.harvester.client).await?;
         crate::sim::lb_webhook::wait_called(&self.harvester.client, &self.vm_namespace).await?;
         crate::sim::lb_validator::wait_called(&self.harvester.client, &self.vm_namespace).await?;
-        crate::sim::kubevirt_webhook::wait_called(&self.harvester.client, &self.vm_namespace)
-            .await?;
+        if self.kubevirt.is_none() {
+            crate::sim::kubevirt_webhook::wait_called(&self.harvester.client, &self.vm_namespace)
+                .await?;
+        }
         crate::sim::backup_validator::wait_called(&self.harvester.client, &self.vm_namespace).await
     }
 
@@ -301,6 +353,7 @@ impl TestBed {
             self.harvester.proc.pid(),
         ];
         pids.extend(self.cluster.iter().flat_map(GuestCluster::pids));
+        pids.extend(self.kubevirt.iter().flat_map(RealKubevirt::pids));
         pids
     }
 

@@ -15,6 +15,7 @@ pub mod networkfs;
 pub mod snapshot;
 pub mod storage;
 pub mod virt_api;
+pub mod virt_handler;
 pub mod vm;
 pub mod webhook;
 
@@ -66,10 +67,17 @@ pub struct Sim {
     pub storage: Arc<Storage>,
     pub hotplug: Arc<HotplugCtx>,
     pub virt_api: VirtApi,
+    /// With KubeVirt's own virt-api and virt-controller ([`crate::bed::kubevirt`]): the node
+    /// side they need ([`virt_handler`]), in place of the stand-in's controller.
+    pub node_play: Option<Arc<virt_handler::NodePlay>>,
     tasks: JoinSet<()>,
 }
 
 impl Sim {
+    /// `real_kubevirt`: kubevirt-handler's client when KubeVirt's own virt-api and
+    /// virt-controller run ([`crate::bed::kubevirt`]); then the node play runs instead of the
+    /// stand-in's controller.
+    #[allow(clippy::too_many_arguments)]
     pub async fn start(
         pki: &Pki,
         harvester: kube::Client,
@@ -78,6 +86,7 @@ impl Sim {
         dir: &Path,
         hotplug_delay: Duration,
         gates: virt_api::Gates,
+        real_kubevirt: Option<kube::Client>,
     ) -> Result<Sim, BedError> {
         let storage = Arc::new(Storage::new(dir)?);
         let hotplug = Arc::new(HotplugCtx {
@@ -100,7 +109,23 @@ impl Sim {
             storage.clone(),
             dir.to_path_buf(),
         ));
-        tasks.spawn(virt_api::run_controller(hotplug.clone()));
+        let node_play = match real_kubevirt {
+            Some(handler) => {
+                let play = virt_handler::NodePlay::new(
+                    harvester.clone(),
+                    handler,
+                    vm_namespace.clone(),
+                    storage.clone(),
+                    hotplug.clone(),
+                );
+                tasks.spawn(play.clone().run());
+                Some(play)
+            }
+            None => {
+                tasks.spawn(virt_api::run_controller(hotplug.clone()));
+                None
+            }
+        };
         tasks.spawn(snapshot::run(
             harvester.clone(),
             storage.clone(),
@@ -115,6 +140,7 @@ impl Sim {
             storage,
             hotplug,
             virt_api,
+            node_play,
             tasks,
         })
     }

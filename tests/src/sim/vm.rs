@@ -105,6 +105,17 @@ impl Sim {
         if let Some(z) = zone {
             labels.insert(TOPOLOGY_ZONE.into(), z.into());
         }
+        if self.node_play.is_some() {
+            // What virt-handler labels its Node with and a launcher Pod's nodeSelector asks for
+            // (`pkg/virt-controller/services/nodeselectorrenderer.go`): schedulable for VMIs
+            // (kubevirt/kubevirt v1.7.0 `pkg/virt-handler/heartbeat/heartbeat.go`) and the
+            // machine type the VM mutator gives a VM, `q35`
+            // (`pkg/virt-handler/node-labeller/node_labeller.go` `prepareLabels`), and the
+            // kubelet's architecture label (`NewNodeSelectorRenderer`).
+            labels.insert("kubevirt.io/schedulable".into(), "true".into());
+            labels.insert("kubernetes.io/arch".into(), "amd64".into());
+            labels.insert("machine-type.node.kubevirt.io/q35".into(), "true".into());
+        }
         let node = Node {
             metadata: ObjectMeta {
                 labels: Some(labels),
@@ -137,8 +148,91 @@ impl Sim {
                 .set_agent_hostname(&self.vm_namespace, &vm.name, hostname);
             agent_connected()
         });
+        if let Some(play) = &self.node_play {
+            return self
+                .create_kubevirt_vm(play, vm, listed_interface(vm), connected)
+                .await;
+        }
         self.create_vm_with(vm, vec![listed_interface(vm)], connected)
             .await
+    }
+
+    /// Under KubeVirt's own virt-api and virt-controller: only the VM (runStrategy Always),
+    /// through virt-api's webhooks; virt-controller makes the VMI and its launcher Pod, the node
+    /// play ([`super::virt_handler`]) runs them. Returns once the VMI is Running, with the host's
+    /// topology copied onto it as Harvester's VMI controller does. The guest's NIC is on the
+    /// Pod network: for a Multus network virt-controller reads its NetworkAttachmentDefinition
+    /// to render the launcher Pod (kubevirt/kubevirt v1.7.0 `pkg/network/multus/nad.go`
+    /// `NetworkToResource`), a CRD the bed does not have.
+    async fn create_kubevirt_vm(
+        &self,
+        play: &super::virt_handler::NodePlay,
+        vm: &GuestVm,
+        interface: Interface,
+        conditions: Option<serde_json::Value>,
+    ) -> Result<(VirtualMachine, VirtualMachineInstance), BedError> {
+        let interface = Interface {
+            name: "default".into(),
+            ..interface
+        };
+        play.expect_guest(
+            &vm.name,
+            super::virt_handler::GuestReport {
+                interfaces: json!([interface]),
+                conditions: conditions
+                    .and_then(|c| c.as_array().cloned())
+                    .unwrap_or_default(),
+            },
+        );
+        let labels = json!({CREATOR_LABEL.0: CREATOR_LABEL.1});
+        let object: VirtualMachine = serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "metadata": {"name": vm.name, "namespace": self.vm_namespace, "labels": labels},
+            "spec": {"runStrategy": "Always", "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": vm.host},
+                    "domain": {
+                        "devices": {"disks": [{"name": "rootdisk", "disk": {"bus": "virtio"}}],
+                                    "interfaces": [{"name": "default", "masquerade": {}}]},
+                        "resources": {"requests": {"memory": "64Mi"}}},
+                    "networks": [{"name": "default", "pod": {}}],
+                    "volumes": [{"name": "rootdisk", "containerDisk":
+                                 {"image": "quay.io/kubevirt/cirros-container-disk-demo"}}]}}}
+        }))
+        .map_err(|e| BedError::Setup(format!("VM {}: {e}", vm.name)))?;
+        self.vms().create(&PostParams::default(), &object).await?;
+        let vmis = self.vmis();
+        let name = vm.name.clone();
+        crate::util::wait::until(
+            &format!("VMI {}/{name} Running", self.vm_namespace),
+            std::time::Duration::from_secs(60),
+            || {
+                let vmis = vmis.clone();
+                let name = name.clone();
+                async move {
+                    let vmi = vmis.get_opt(&name).await.map_err(|e| e.to_string())?;
+                    let phase = vmi.as_ref().and_then(|v| v.status.as_ref()?.phase.clone());
+                    Ok(match vmi {
+                        Some(v) if phase.as_deref() == Some("Running") => Ok(v),
+                        _ => Err(phase),
+                    })
+                }
+            },
+        )
+        .await
+        .map_err(BedError::Setup)?;
+        // Harvester's VMI controller (harvester/harvester v1.7.0
+        // `pkg/controller/master/virtualmachine/vmi_controller.go` `ReconcileFromHostLabels`).
+        let annotations = self.host_topology(&vm.host).await?;
+        let vmi = vmis
+            .patch(
+                &vm.name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": annotations}})),
+            )
+            .await?;
+        Ok((self.vms().get(&vm.name).await?, vmi))
     }
 
     async fn create_vm_with(

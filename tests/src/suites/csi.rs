@@ -288,6 +288,18 @@ pub fn unpublish_request(id: &str) -> ControllerUnpublishVolumeRequest {
     csi_client::unpublish_request(id, NODE)
 }
 
+/// CreateVolume of a 64 MiB volume `name` with `cap` on controller `d`: its ID.
+pub async fn create_volume(d: &impl AsRef<Channel>, name: &str, cap: &VolumeCapability) -> String {
+    ControllerClient::new(d.as_ref().clone())
+        .create_volume(create_request(name, 64 << 20, cap))
+        .await
+        .expect("CreateVolume")
+        .into_inner()
+        .volume
+        .expect("volume")
+        .volume_id
+}
+
 /// CreateVolume and ControllerPublishVolume to [`NODE`] on controller `d`; the staging and
 /// target paths are `<dir>/<name>-staging` and `<dir>/<name>-target`.
 pub async fn create_and_publish(
@@ -399,6 +411,24 @@ pub async fn detach_and_delete(d: &impl AsRef<Channel>, v: &Vol) {
     })
     .await
     .expect("DeleteVolume");
+}
+
+/// The bed's VM [`NODE`] with `spec.updateVolumesStrategy: Migration` (as Harvester v1.8 sets it
+/// on a VM it storage-migrates).
+pub async fn migration_strategy(bed: &TestBed) {
+    kube::Api::<harvester_common::harvester::VirtualMachine>::namespaced(
+        bed.sim.harvester.clone(),
+        &bed.vm_namespace,
+    )
+    .patch(
+        NODE,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(
+            serde_json::json!({"spec": {"updateVolumesStrategy": "Migration"}}),
+        ),
+    )
+    .await
+    .expect("VM updateVolumesStrategy: Migration");
 }
 
 /// The filesystem UUID of the mount holding `path` (`findmnt`, independent of the driver).
