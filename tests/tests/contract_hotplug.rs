@@ -38,17 +38,6 @@ fn mount() -> VolumeCapability {
     mount_cap("ext4")
 }
 
-/// CreateVolume of a 64 MiB ext4 volume `name`: its ID.
-async fn create(c: &mut ControllerClient<Channel>, name: &str) -> String {
-    c.create_volume(create_request(name, 64 << 20, &mount()))
-        .await
-        .expect("CreateVolume")
-        .into_inner()
-        .volume
-        .expect("volume")
-        .volume_id
-}
-
 /// DeleteVolume of `id`.
 async fn delete(c: &mut ControllerClient<Channel>, id: &str) {
     c.delete_volume(DeleteVolumeRequest {
@@ -93,7 +82,7 @@ async fn a_burst_lands_in_one_round(mode: HotplugMode, gates: Gates) {
     let mut c = d.controller();
     let mut ids = Vec::new();
     for i in 0..BURST {
-        ids.push(create(&mut c, &format!("burst-{i}")).await);
+        ids.push(create_volume(&d, &format!("burst-{i}"), &mount()).await);
     }
 
     let t0 = Instant::now();
@@ -210,7 +199,7 @@ async fn a_pending_add_is_never_left_behind(mode: HotplugMode, gates: Gates) {
     })
     .await;
     let mut c = d.controller();
-    let id = create(&mut c, "pending-add").await;
+    let id = create_volume(&d, "pending-add", &mount()).await;
     let ids = std::slice::from_ref(&id);
 
     // The VM is starting: its VMI exists but does not run yet.
@@ -268,18 +257,6 @@ async fn contract_a_pending_add_request_is_never_left_behind_on_harvester_1_7() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contract_a_pending_add_request_is_never_left_behind_with_both_gates() {
     a_pending_add_is_never_left_behind(HotplugMode::Declarative, Gates::BOTH).await;
-}
-
-/// The bed's VM with `spec.updateVolumesStrategy: Migration`.
-async fn migration_strategy(bed: &testbed::TestBed) {
-    Api::<VirtualMachine>::namespaced(bed.sim.harvester.clone(), &bed.vm_namespace)
-        .patch(
-            NODE,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"updateVolumesStrategy": "Migration"}})),
-        )
-        .await
-        .expect("VM updateVolumesStrategy: Migration");
 }
 
 /// A VM whose volume updates go by migration, where KubeVirt hot-plugs (`HotplugVolumes` on):
@@ -341,7 +318,7 @@ async fn contract_a_migration_strategy_vm_on_harvester_1_8_fails_clearly_and_unp
     migration_strategy(&bed).await;
     let d = Driver::start(&bed, |_| {}).await;
     let mut c = d.controller();
-    let id = create(&mut c, "migr-18").await;
+    let id = create_volume(&d, "migr-18", &mount()).await;
     let t0 = Instant::now();
     let err = c
         .controller_publish_volume(publish_request(&id, &mount()))

@@ -80,18 +80,7 @@ async fn node_until(bed: &TestBed, what: &str, check: impl Fn(Option<&Node>) -> 
 #[tokio::test]
 async fn cloud_provider_runs_node_and_load_balancer_flows_with_only_the_documented_rbac() {
     let bed = TestBed::started().await;
-    bed.sim
-        .create_host("harvester-1", Some("region-a"), Some("zone-1"))
-        .await
-        .expect("host");
-    bed.sim
-        .create_vm(
-            &GuestVm::new("worker-1")
-                .on_host("harvester-1")
-                .ip("10.52.0.11"),
-        )
-        .await
-        .expect("vm");
+    worker_vm(&bed).await;
     Api::<IPPool>::all(bed.harvester.client.clone())
         .create(
             &PostParams::default(),
