@@ -11,6 +11,7 @@ pub mod certs;
 pub mod cluster;
 pub mod crds;
 pub mod guest_cluster;
+pub mod lb_upstream;
 pub mod rbac;
 pub mod users_cluster;
 
@@ -57,6 +58,9 @@ pub struct BedOptions {
     /// Which release of Harvester's LoadBalancer mutating webhook the bed registers (always
     /// registered): `TESTBED_LB_WEBHOOK=v1.8|v1.9`, default v1.9.
     pub lb_webhook: Rules,
+    /// Harvester's real LB controller and webhook from this directory instead of the stand-ins
+    /// (`TESTBED_LB_UPSTREAM`, [`lb_upstream`]).
+    pub lb_upstream: Option<PathBuf>,
 }
 
 /// The Harvester release and KubeVirt gates `TESTBED_HOTPLUG` asks for (`make test` runs the CSI
@@ -83,6 +87,7 @@ impl Default for BedOptions {
             hotplug: hotplug_from_env().0,
             gates: hotplug_from_env().1,
             lb_webhook: Rules::from_env(),
+            lb_upstream: lb_upstream::from_env(),
         }
     }
 }
@@ -91,6 +96,8 @@ impl Default for BedOptions {
 /// the directory after all.
 pub struct TestBed {
     pub cluster: Option<GuestCluster>,
+    /// Harvester's real LB controller and webhook, with `BedOptions::lb_upstream`.
+    pub lb_upstream: Option<lb_upstream::LbUpstream>,
     pub sim: Sim,
     /// Harvester's LoadBalancer mutating webhook, registered with the Harvester API server.
     pub lb_webhook: LbWebhook,
@@ -205,7 +212,7 @@ impl TestBed {
         .await?;
 
         let gates = opts.gates.unwrap_or(Gates::of(opts.hotplug));
-        let sim = Sim::start(
+        let mut sim = Sim::start(
             &pki,
             harvester.client.clone(),
             guest.client.clone(),
@@ -218,17 +225,35 @@ impl TestBed {
         sim.set_harvester(opts.hotplug, gates).await?;
         register_virt_api(&harvester.client, &pki, sim.virt_api.port).await?;
         let webhooks = WebhookServer::start(&pki).await?;
-        crate::sim::lb_validator::install(&webhooks, harvester.client.clone(), &pki).await?;
-        crate::sim::lb_validator::wait_called(&harvester.client, &opts.vm_namespace).await?;
+        if opts.lb_upstream.is_none() {
+            sim.start_lb_controller();
+            crate::sim::lb_validator::install(&webhooks, harvester.client.clone(), &pki).await?;
+            crate::sim::lb_validator::wait_called(&harvester.client, &opts.vm_namespace).await?;
+        }
         let kubevirt_refusals =
             crate::sim::kubevirt_webhook::install(&webhooks, &harvester.client, &pki).await?;
         crate::sim::kubevirt_webhook::wait_called(&harvester.client, &opts.vm_namespace).await?;
         crate::sim::backup_validator::install(&webhooks, harvester.client.clone(), &pki).await?;
         crate::sim::backup_validator::wait_called(&harvester.client, &opts.vm_namespace).await?;
         let lb_webhook = LbWebhook::install(&webhooks, harvester.client.clone(), opts.lb_webhook);
-        lb_webhook
-            .register(&webhooks, &harvester.client, &pki, &opts.vm_namespace)
-            .await?;
+        let lb_upstream = match &opts.lb_upstream {
+            None => {
+                lb_webhook
+                    .register(&webhooks, &harvester.client, &pki, &opts.vm_namespace)
+                    .await?;
+                None
+            }
+            Some(bin_dir) => Some(
+                lb_upstream::LbUpstream::start(
+                    bin_dir,
+                    &root,
+                    &harvester.client,
+                    &cloud_config,
+                    &opts.vm_namespace,
+                )
+                .await?,
+            ),
+        };
         let cluster = if opts.real_node {
             Some(
                 GuestCluster::start(
@@ -256,6 +281,7 @@ impl TestBed {
         );
         Ok(TestBed {
             cluster,
+            lb_upstream,
             sim,
             lb_webhook,
             webhooks,
@@ -301,6 +327,11 @@ impl TestBed {
             self.harvester.proc.pid(),
         ];
         pids.extend(self.cluster.iter().flat_map(GuestCluster::pids));
+        pids.extend(
+            self.lb_upstream
+                .iter()
+                .flat_map(lb_upstream::LbUpstream::pids),
+        );
         pids
     }
 
