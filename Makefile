@@ -6,7 +6,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo cluster images release test tools node-tools proto-check fmt-check clippy unit-and-integration help-check bench charts-check fuzz
+.PHONY: demo cluster images release test tools node-tools proto-check fmt-check clippy unit-and-integration help-check bench charts-check fuzz lb-upstream
 
 demo: tools
 	$(CARGO) run --quiet -p testbed --bin testbed -- demo
@@ -36,6 +36,14 @@ STATIC_LINK := -C target-feature=+crt-static -C link-arg=-Wl,-z,pack-relative-re
 release:
 	$(CARGO) rustc --release -p harvester-cloud-provider --bin harvester-cloud-provider -- $(STATIC_LINK)
 	$(CARGO) rustc --release -p harvester-csi-driver --bin harvester-csi-driver -- $(STATIC_LINK)
+
+# Not part of `make test`: the load-balancer suites against Harvester's real LB controller and
+# webhook, built from the harvester/load-balancer-harvester checkout LB_SRC names (no version of
+# it is on the Go module proxy) instead of the bed's stand-ins. LB_SUITES picks suites,
+# LB_FILL_VENDOR=1 fetches files missing from its vendor/. docs/testbed.md, "Harvester's real
+# load balancer".
+lb-upstream: tools
+	@LB_SRC='$(LB_SRC)' bash tests/scripts/lb-upstream.sh
 
 # node-tools is not a step of its own here: tests/scripts/suites.sh builds it in the background
 # beside the suites that do not need it (on a fresh 2-core machine 14-15 minutes of Go builds).
