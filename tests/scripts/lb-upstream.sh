@@ -87,6 +87,12 @@ else
   say "built in $(( $(date +%s) - start ))s"
 fi
 
+# The release whose webhook rules the suites expect (TESTBED_LB_WEBHOOK): v1.9 keeps a network
+# the provider sets and reads the management-network annotation; v1.7-v1.8 re-derive it.
+if grep -q 'cloudprovider.harvesterhci.io/managementNetwork\|ManagementNetwork' \
+  "$src/pkg/webhook/loadbalancer/mutator.go"; then rules=v1.9; else rules=v1.8; fi
+say "webhook rules of $rules (TESTBED_LB_WEBHOOK)"
+
 # The workspace's programs and only these suites' test binaries.
 tests=()
 for suite in $SUITES; do tests+=(--test "$suite"); done
@@ -99,7 +105,7 @@ failed=0
 for suite in $SUITES; do
   start=$(date +%s)
   say "suite $suite (log $logs/$suite.log)"
-  if TESTBED_LB_UPSTREAM=$bin $CARGO test --quiet -p testbed --test "$suite" -- --test-threads=1 --nocapture \
+  if TESTBED_LB_UPSTREAM=$bin TESTBED_LB_WEBHOOK=$rules $CARGO test --quiet -p testbed --test "$suite" -- --test-threads=1 --nocapture \
     >"$logs/$suite.log" 2>&1; then status=ok; else status=FAILED; failed=1; fi
   counts=$(grep -E '^test result:' "$logs/$suite.log" | tail -1 |
     sed -E 's/.* ([0-9]+) passed; ([0-9]+) failed;.*/\1 passed, \2 failed/')
