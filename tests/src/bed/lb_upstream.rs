@@ -90,6 +90,7 @@ impl LbUpstream {
             command("harvester-load-balancer", &[]),
             root,
         )?;
+        port_443_free().await?;
         let webhook = Proc::spawn(
             "lb-upstream-webhook",
             command("webhook", &["--https-port", "443"]),
@@ -167,6 +168,24 @@ impl LbUpstream {
                 });
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+/// Waits (bounded) until port 443 can be bound: the webhook exits when it cannot, and the
+/// previous bed's webhook, or another bed of this mode, may still hold it.
+async fn port_443_free() -> Result<(), BedError> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match std::net::TcpListener::bind(("0.0.0.0", 443)) {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() > deadline => {
+                return Err(BedError::Setup(format!(
+                    "port 443 for Harvester's LB webhook: {e} (`ss -ltnp sport = :443` names who \
+                     holds it; one bed with {ENV} at a time)"
+                )));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
         }
     }
 }
