@@ -6,7 +6,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: demo cluster images release test tools node-tools kubevirt proto-check fmt-check clippy unit-and-integration help-check bench charts-check fuzz
+.PHONY: demo cluster images release test tools node-tools kubevirt proto-check fmt-check clippy unit-and-integration help-check bench charts-check fuzz lb-upstream
 
 demo: tools
 	$(CARGO) run --quiet -p testbed --bin testbed -- demo
@@ -36,6 +36,15 @@ STATIC_LINK := -C target-feature=+crt-static -C link-arg=-Wl,-z,pack-relative-re
 release:
 	$(CARGO) rustc --release -p harvester-cloud-provider --bin harvester-cloud-provider -- $(STATIC_LINK)
 	$(CARGO) rustc --release -p harvester-csi-driver --bin harvester-csi-driver -- $(STATIC_LINK)
+
+# Not part of `make test`: the load-balancer suites against Harvester's real LB controller and
+# webhook, built from the harvester/load-balancer-harvester checkout LB_SRC names (no version of
+# it is on the Go module proxy) instead of the bed's stand-ins. LB_SUITES picks suites,
+# LB_FILL_VENDOR=1 fetches files missing from its vendor/. Its webhook listens on port 443 of
+# every address: not beside `make test`, whose real guest cluster serves 10.96.0.1:443.
+# docs/testbed.md, "Harvester's real load balancer".
+lb-upstream: tools
+	@LB_SRC='$(LB_SRC)' bash tests/scripts/lb-upstream.sh
 
 # node-tools and kubevirt are not steps of their own here: tests/scripts/suites.sh builds them in
 # the background beside the suites that do not need them (on a fresh 2-core machine 14-15 and

@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod crds;
 pub mod guest_cluster;
 pub mod kubevirt;
+pub mod lb_upstream;
 pub mod rbac;
 pub mod users_cluster;
 
@@ -64,6 +65,9 @@ pub struct BedOptions {
     /// line's gates and Harvester release replace `hotplug` and `gates`. A line not built fails
     /// the bed with its build log.
     pub kubevirt: Option<KubevirtLine>,
+    /// Harvester's real LB controller and webhook from this directory instead of the stand-ins
+    /// (`TESTBED_LB_UPSTREAM`, [`lb_upstream`]).
+    pub lb_upstream: Option<PathBuf>,
 }
 
 /// The Harvester release and KubeVirt gates `TESTBED_HOTPLUG` asks for (`make test` runs the CSI
@@ -91,6 +95,7 @@ impl Default for BedOptions {
             gates: hotplug_from_env().1,
             lb_webhook: Rules::from_env(),
             kubevirt: None,
+            lb_upstream: lb_upstream::from_env(),
         }
     }
 }
@@ -99,6 +104,8 @@ impl Default for BedOptions {
 /// the directory after all.
 pub struct TestBed {
     pub cluster: Option<GuestCluster>,
+    /// Harvester's real LB controller and webhook, with `BedOptions::lb_upstream`.
+    pub lb_upstream: Option<lb_upstream::LbUpstream>,
     pub sim: Sim,
     /// KubeVirt's own virt-api and virt-controller, with `BedOptions::kubevirt`.
     pub kubevirt: Option<RealKubevirt>,
@@ -245,7 +252,7 @@ impl TestBed {
             )
             .await?;
         }
-        let sim = Sim::start(
+        let mut sim = Sim::start(
             &pki,
             harvester.client.clone(),
             guest.client.clone(),
@@ -261,8 +268,11 @@ impl TestBed {
             register_virt_api(&harvester.client, &pki, sim.virt_api.port).await?;
         }
         let webhooks = WebhookServer::start(&pki).await?;
-        crate::sim::lb_validator::install(&webhooks, harvester.client.clone(), &pki).await?;
-        crate::sim::lb_validator::wait_called(&harvester.client, &opts.vm_namespace).await?;
+        if opts.lb_upstream.is_none() {
+            sim.start_lb_controller();
+            crate::sim::lb_validator::install(&webhooks, harvester.client.clone(), &pki).await?;
+            crate::sim::lb_validator::wait_called(&harvester.client, &opts.vm_namespace).await?;
+        }
         let kubevirt_refusals = if kubevirt.is_none() {
             let refusals =
                 crate::sim::kubevirt_webhook::install(&webhooks, &harvester.client, &pki).await?;
@@ -275,9 +285,24 @@ impl TestBed {
         crate::sim::backup_validator::install(&webhooks, harvester.client.clone(), &pki).await?;
         crate::sim::backup_validator::wait_called(&harvester.client, &opts.vm_namespace).await?;
         let lb_webhook = LbWebhook::install(&webhooks, harvester.client.clone(), opts.lb_webhook);
-        lb_webhook
-            .register(&webhooks, &harvester.client, &pki, &opts.vm_namespace)
-            .await?;
+        let lb_upstream = match &opts.lb_upstream {
+            None => {
+                lb_webhook
+                    .register(&webhooks, &harvester.client, &pki, &opts.vm_namespace)
+                    .await?;
+                None
+            }
+            Some(bin_dir) => Some(
+                lb_upstream::LbUpstream::start(
+                    bin_dir,
+                    &root,
+                    &harvester.client,
+                    &cloud_config,
+                    &opts.vm_namespace,
+                )
+                .await?,
+            ),
+        };
         let cluster = if opts.real_node {
             Some(
                 GuestCluster::start(
@@ -305,6 +330,7 @@ impl TestBed {
         );
         Ok(TestBed {
             cluster,
+            lb_upstream,
             sim,
             kubevirt,
             lb_webhook,
@@ -354,6 +380,11 @@ impl TestBed {
         ];
         pids.extend(self.cluster.iter().flat_map(GuestCluster::pids));
         pids.extend(self.kubevirt.iter().flat_map(RealKubevirt::pids));
+        pids.extend(
+            self.lb_upstream
+                .iter()
+                .flat_map(lb_upstream::LbUpstream::pids),
+        );
         pids
     }
 

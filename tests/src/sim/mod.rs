@@ -103,7 +103,6 @@ impl Sim {
         let virt_api = VirtApi::start(pki, hotplug.clone()).await?;
         let mut tasks = JoinSet::new();
         tasks.spawn(storage::run_pvc_binder(harvester.clone(), storage.clone()));
-        tasks.spawn(lb::run(harvester.clone()));
         tasks.spawn(backup::run(
             harvester.clone(),
             storage.clone(),
@@ -143,6 +142,12 @@ impl Sim {
             node_play,
             tasks,
         })
+    }
+
+    /// Starts the stand-in LB controller ([`lb`]); a bed running Harvester's real one
+    /// (`BedOptions::lb_upstream`) does not.
+    pub fn start_lb_controller(&mut self) {
+        self.tasks.spawn(lb::run(self.harvester.clone()));
     }
 
     /// Harvester's default StorageClass, as a Harvester install has it: PVCs without a class get
