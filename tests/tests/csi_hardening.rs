@@ -13,12 +13,12 @@ use std::time::Duration;
 use common::{
     Driver, NODE, Vol, assert_root, bed_with_vm, bed_with_vm_and, block_cap, create_and_publish,
     create_request, detach_and_delete, mount_cap, mount_entries, mounted, node_dir, publish,
-    publish_request, stage, unpublish_and_unstage, unpublish_request,
+    publish_request, stage, taint_out_of_service, unpublish_and_unstage, unpublish_request,
 };
 use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume, access_mode};
 use csi_proto::csi::v1::*;
 use harvester_common::harvester::HotplugMode;
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use testbed::sim::GuestVm;
 use testbed::sim::virt_api::Gates;
 use testbed::{BedOptions, TestBed};
@@ -565,21 +565,6 @@ async fn a_clone_holds_its_sources_data_root() {
     detach_and_delete(&d, &src).await;
     assert!(sweeper.sweep().is_empty(), "mounts left behind");
     d.stop().await;
-}
-
-async fn taint_out_of_service(bed: &TestBed, node: &str) {
-    let nodes: kube::Api<Node> = kube::Api::all(bed.guest.client.clone());
-    let patch = serde_json::json!({"spec": {"taints": [{
-        "key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"
-    }]}});
-    nodes
-        .patch(
-            node,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(&patch),
-        )
-        .await
-        .expect("tainting the guest Node out-of-service");
 }
 
 /// What a powered-off guest leaves of its mounts: none (its kernel is gone). Lazy unmounts by

@@ -385,6 +385,12 @@ impl Driver {
     }
 }
 
+impl AsRef<Channel> for Driver {
+    fn as_ref(&self) -> &Channel {
+        &self.channel
+    }
+}
+
 /// Harvester's default StorageClass (PVCs without a class get it; it lets them grow).
 async fn harvester_storage_class(bed: &TestBed) {
     let sc: StorageClass = serde_json::from_value(json!({
@@ -605,46 +611,23 @@ async fn csi_controller_runs_the_volume_flow_with_only_the_documented_harvester_
 
     // A node powered off for good, confirmed by the out-of-service taint: its volume leaves the
     // stopped VM with the documented role too (the driver edits the VM where KubeVirt does not).
-    let off = c
-        .create_volume(create_request("pvc-rbac-off", 16 << 20, &mount_cap("ext4")))
-        .await
-        .expect("CreateVolume")
-        .into_inner()
-        .volume
-        .expect("volume")
-        .volume_id;
-    let publish_off = ControllerPublishVolumeRequest {
-        volume_id: off.clone(),
-        node_id: "worker-1".into(),
-        volume_capability: Some(mount_cap("ext4")),
-        ..Default::default()
-    };
-    c.controller_publish_volume(publish_off)
-        .await
-        .expect("ControllerPublishVolume");
+    let off =
+        testbed::suites::csi::create_volume(&driver, "pvc-rbac-off", &mount_cap("ext4")).await;
+    c.controller_publish_volume(testbed::suites::csi::publish_request(
+        &off,
+        &mount_cap("ext4"),
+    ))
+    .await
+    .expect("ControllerPublishVolume");
     bed.sim.power_off_vm("worker-1").await.expect("power off");
     bed.sim
         .create_guest_node("worker-1")
         .await
         .expect("guest Node");
-    let taint = json!({"spec": {"taints": [{
-        "key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"
-    }]}});
-    Api::<Node>::all(bed.guest.client.clone())
-        .patch(
-            "worker-1",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(&taint),
-        )
+    testbed::suites::csi::taint_out_of_service(&bed, "worker-1").await;
+    c.controller_unpublish_volume(testbed::suites::csi::unpublish_request(&off))
         .await
-        .expect("tainting worker-1 out-of-service");
-    c.controller_unpublish_volume(ControllerUnpublishVolumeRequest {
-        volume_id: off.clone(),
-        node_id: "worker-1".into(),
-        ..Default::default()
-    })
-    .await
-    .expect("ControllerUnpublishVolume from the stopped VM");
+        .expect("ControllerUnpublishVolume from the stopped VM");
     c.delete_volume(DeleteVolumeRequest {
         volume_id: off,
         ..Default::default()

@@ -183,6 +183,7 @@ async fn reconcile(lb: Arc<LoadBalancer>, ctx: Arc<Ctx>) -> Result<Action, LbSim
     let api: Api<LoadBalancer> = Api::namespaced(ctx.client.clone(), &ns);
     let has_finalizer = lb.finalizers().iter().any(|f| f == LB_CONTROLLER_FINALIZER);
     if lb.meta().deletion_timestamp.is_some() {
+        ctx.forget(&applicant(&lb));
         if has_finalizer {
             // load-balancer-harvester v1.8.2 `pkg/controller/loadbalancer/controller.go`
             // `OnRemove`: an address is released only for `ipam: pool`, to the pool recorded in

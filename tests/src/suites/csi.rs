@@ -288,6 +288,24 @@ pub fn unpublish_request(id: &str) -> ControllerUnpublishVolumeRequest {
     csi_client::unpublish_request(id, NODE)
 }
 
+/// The administrator's confirmation that guest node `node` is shut down for good: the
+/// `node.kubernetes.io/out-of-service` taint, which lets the controller detach its volumes.
+pub async fn taint_out_of_service(bed: &TestBed, node: &str) {
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> =
+        kube::Api::all(bed.guest.client.clone());
+    let patch = serde_json::json!({"spec": {"taints": [{
+        "key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"
+    }]}});
+    nodes
+        .patch(
+            node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .expect("tainting the guest Node out-of-service");
+}
+
 /// CreateVolume of a 64 MiB volume `name` with `cap` on controller `d`: its ID.
 pub async fn create_volume(d: &impl AsRef<Channel>, name: &str, cap: &VolumeCapability) -> String {
     ControllerClient::new(d.as_ref().clone())
