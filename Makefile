@@ -112,11 +112,9 @@ unit-and-integration:
 	@LANES=$(LANES) CARGO=$(CARGO) bash tests/scripts/suites.sh
 
 # Not part of `make test`: end-to-end figures on the test bed, peak memory of the release binaries
-# and criterion's IPAM estimates, written to docs/benchmarks.md; root for the volume row. On 2 cores
-# (2 Dec): sections 1-5 and the 100- and 1 000-Service scale levels 11 minutes once the release
-# build exists; the 5 000-Service level took 26 minutes more in its last complete run (30 Nov: the
-# stand-in rewrites the whole pool status per allocation); the first release build (one codegen
-# unit, fat LTO) took 54 minutes niced beside a `make test`.
+# and criterion's IPAM estimates, written to docs/benchmarks.md (which has how long it takes on 2
+# cores); root for the volume row. The first release build (one codegen unit, fat LTO) is the
+# longest part.
 bench: tools
 	@echo "[bench] make release (the binaries under test and the bench program)"
 	$(MAKE) release

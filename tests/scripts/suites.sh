@@ -9,10 +9,9 @@
 # what exists once per machine (the Pod bridge, the NFS server's port 2049, the provider's default
 # port 10258, /dev/disk/by-id) are all in lane `machine`, one after another, never beside each
 # other; the rest is in lane `bed`. The CSI suites' reruns under the other gate sets use nothing
-# once per machine; they run in lane `machine` (on a built tree, 7 Dec: the v1.8 reruns about
-# 215 s, the both-gates subset about 110 s), so that the lanes take about as long (1 108 s and
-# 1 119 s; with the subset in lane `bed` 1 155 s and 1 061 s), and on a fresh machine lane
-# `machine` runs them while the node tools still build instead of waiting for them.
+# once per machine; they run in lane `machine`, so that the lanes take about as long
+# (docs/testbed.md, "Test time"), and on a fresh machine lane `machine` runs them while the node
+# tools still build instead of waiting for them.
 # Ports, bed directories and network namespace names are per process (util::process::free_port
 # reserves its ports across processes), so the lanes share nothing else.
 # The real guest cluster's tools (tests/scripts/node-tools.sh: 14-15 minutes of Go builds beside the
