@@ -11,7 +11,7 @@
 # other; the rest is in lane `bed`. The CSI suites' reruns under the other gate sets use nothing
 # once per machine; they run in lane `machine`, so that the lanes take about as long
 # (docs/testbed.md, "Test time"), and on a fresh machine lane `machine` runs them while the node
-# tools still build instead of waiting for them.
+# tools still build (they wait only for KubeVirt v1.7.0, built first).
 # Ports, bed directories and network namespace names are per process (util::process::free_port
 # reserves its ports across processes), so the lanes share nothing else.
 # The real guest cluster's tools (tests/scripts/node-tools.sh: 14-15 minutes of Go builds beside the
@@ -23,10 +23,11 @@
 # waited for it 2-6 minutes before real_cluster and install_docs, which wait on the guest cluster
 # more than they compute (the cores about 30 % busy) and so are the part of the run best overlapped
 # with CPU-bound suites.
-# KubeVirt's virt-api and virt-controller (tests/scripts/kubevirt.sh: three lines, about 15 minutes
-# of Go builds on a fresh machine, 0.04 s of checks once built) are built the same way, after the
-# node tools in the same background session (one Go build at a time beside the lanes): the suite
-# that runs the CSI hot-plug through them (kubevirt_real) runs last in lane `bed` and waits for it.
+# KubeVirt's virt-api and virt-controller (tests/scripts/kubevirt.sh: three lines, about 5 minutes
+# of Go builds each on a fresh machine, 0.04 s of checks once built) are built the same way, in the
+# same background session (one Go build at a time beside the lanes): first v1.7.0, for the CSI
+# suites' reruns in lane `machine` (build `kubevirt-v1.7`), then the node tools, then the other
+# two lines for the suite kubevirt_real, last in lane `bed` (build `kubevirt`).
 #
 #   tests/scripts/suites.sh          # both lanes
 #   LANES=1 tests/scripts/suites.sh  # one after another
@@ -49,11 +50,12 @@ MACHINE=(real_cluster install_docs guest_vm csi_rwx contract_guestosinfo dropin_
 NEEDS_NODE_TOOLS=(real_cluster install_docs images)
 # The suites that run KubeVirt's own binaries: they wait for kubevirt.sh (lane `bed`, last).
 NEEDS_KUBEVIRT=(kubevirt_real)
-# The CSI suites again under each KubeVirt hot-plug gate set Harvester can run: v1.7's
-# HotplugVolumes (the bed's default, in the first run), v1.8's DeclarativeHotplugVolumes alone,
-# and (a focused subset) both gates.
+# The CSI suites again through KubeVirt's own virt-api and virt-controller (TESTBED_KUBEVIRT), under
+# each hot-plug gate set Harvester can run besides v1.7's HotplugVolumes (the stand-in's default,
+# in the first run): v1.8's DeclarativeHotplugVolumes alone (KubeVirt v1.7.0) and (a focused
+# subset) both gates.
 CSI_SUITES=(csi_sanity csi_node csi_hardening chaos_csi csi_backup deploy_rbac)
-CSI_BOTH_GATES=(csi_sanity chaos_csi csi_hotplug_mode)
+CSI_BOTH_GATES=(csi_sanity chaos_csi)
 # Not rerun under the other gate sets, since a gate changes how a volume is hot-plugged and
 # nothing else: csi-sanity's size and order variants (the full mount and block runs, which are
 # rerun, reach every hot-plug path csi-sanity does), the cloud provider's RBAC tests in
@@ -111,50 +113,55 @@ lane_bed() {
 lane_machine() {
   # shellcheck disable=SC2046
   $CARGO test --workspace $(tests_args "${MACHINE_EARLY[@]}")
-  say "the CSI suites again on Harvester v1.8 (TESTBED_HOTPLUG=declarative)"
+  wait_build kubevirt-v1.7
+  say "the CSI suites again on Harvester v1.8, real KubeVirt v1.7.0 (TESTBED_KUBEVIRT=v1.7-declarative)"
   # shellcheck disable=SC2046
-  TESTBED_HOTPLUG=declarative $CARGO test --workspace $(tests_args "${CSI_SUITES[@]}") $(rerun_filter)
-  say "a CSI subset on Harvester v1.8 with HotplugVolumes enabled again (TESTBED_HOTPLUG=both)"
+  TESTBED_KUBEVIRT=v1.7-declarative $CARGO test --workspace $(tests_args "${CSI_SUITES[@]}") $(rerun_filter)
+  say "a CSI subset with HotplugVolumes enabled again, real KubeVirt v1.7.0 (TESTBED_KUBEVIRT=v1.7-both)"
   # shellcheck disable=SC2046
-  TESTBED_HOTPLUG=both $CARGO test --workspace $(tests_args "${CSI_BOTH_GATES[@]}") $(rerun_filter)
+  TESTBED_KUBEVIRT=v1.7-both $CARGO test --workspace $(tests_args "${CSI_BOTH_GATES[@]}") $(rerun_filter)
   wait_build node-tools
   # shellcheck disable=SC2046
   $CARGO test --workspace $(tests_args "${MACHINE_LATE[@]}")
 }
 
-# node-tools.sh then kubevirt.sh in the background, in a session of their own (killed as a whole
-# if this script ends first). Each build holds an exclusive flock on $LOGS/<name>.lock until it
-# ends: the lanes, started after, wait for it with a shared flock (no polling) and read its exit
-# code from $LOGS/<name>.status; its output goes to $LOGS/<name>.log.
+# The background builds, one after another in a session of their own (killed as a whole if this
+# script ends first): kubevirt-v1.7, node-tools, kubevirt. Each holds an exclusive flock on
+# $LOGS/<name>.lock until it ends: the lanes, started after, wait for it with a shared flock (no
+# polling) and read its exit code from $LOGS/<name>.status; its output goes to $LOGS/<name>.log.
 builds_pid=
 start_builds() {
-  rm -f "$LOGS/node-tools.status" "$LOGS/kubevirt.status"
-  exec 8>"$LOGS/kubevirt.lock" 9>"$LOGS/node-tools.lock"
+  rm -f "$LOGS"/{kubevirt-v1.7,node-tools,kubevirt}.status
+  exec 7>"$LOGS/kubevirt-v1.7.lock" 8>"$LOGS/node-tools.lock" 9>"$LOGS/kubevirt.lock"
+  flock -x 7
   flock -x 8
   flock -x 9
   # shellcheck disable=SC2016
   NICE=${NODE_TOOLS_NICE:-0} setsid bash -c '
+    KUBEVIRT_VERSIONS=1.7.0 bash tests/scripts/kubevirt.sh >"$1/kubevirt-v1.7.log" 2>&1
+    echo $? >"$1/kubevirt-v1.7.status"
+    exec 7>&-
     bash tests/scripts/node-tools.sh >"$1/node-tools.log" 2>&1; echo $? >"$1/node-tools.status"
-    exec 9>&-
+    exec 8>&-
     bash tests/scripts/kubevirt.sh >"$1/kubevirt.log" 2>&1; echo $? >"$1/kubevirt.status"' \
     _ "$LOGS" &
   builds_pid=$!
   # The background session alone holds the locks now.
-  exec 8>&- 9>&-
+  exec 7>&- 8>&- 9>&-
 }
 stop_builds() {
   [ -n "$builds_pid" ] && kill -- -"$builds_pid" 2>/dev/null || true
 }
-# wait_build NAME: waits for the background build NAME (node-tools or kubevirt); fails with the
-# end of its log if it failed.
+# wait_build NAME: waits for the background build NAME (kubevirt-v1.7, node-tools or kubevirt);
+# fails with the end of its log if it failed.
 wait_build() {
   local t0 rc
   t0=$(date +%s)
-  say "waiting for tests/scripts/$1.sh (log: $LOGS/$1.log)"
+  say "waiting for the build $1 (log: $LOGS/$1.log)"
   flock -s "$LOGS/$1.lock" true
   rc=$(cat "$LOGS/$1.status" 2>/dev/null || echo "none (killed?)")
   if [ "$rc" != 0 ]; then
-    say "tests/scripts/$1.sh failed (exit $rc); the last lines of its log:"
+    say "the build $1 failed (exit $rc); the last lines of its log:"
     tail -n 30 "$LOGS/$1.log"
     return 1
   fi
@@ -163,7 +170,7 @@ wait_build() {
 
 start=$(date +%s)
 trap stop_builds EXIT
-say "building the node tools, then KubeVirt, in the background (logs: $LOGS/node-tools.log, $LOGS/kubevirt.log)"
+say "building KubeVirt v1.7.0, the node tools, then KubeVirt's other lines in the background (logs: $LOGS/kubevirt-v1.7.log, $LOGS/node-tools.log, $LOGS/kubevirt.log)"
 start_builds
 say "building every test target once"
 $CARGO test --workspace --no-run
@@ -201,20 +208,22 @@ else
     cat "$LOGS/$name.log"
   done
 fi
+echo "===== KubeVirt v1.7.0 (background) ====="
+cat "$LOGS/kubevirt-v1.7.log" 2>/dev/null || echo "(not started)"
 echo "===== node tools (background) ====="
 cat "$LOGS/node-tools.log"
 echo "===== KubeVirt (background) ====="
 cat "$LOGS/kubevirt.log" 2>/dev/null || echo "(not started)"
 
 # Per suite: `Running <target>` then its `test result: ... finished in Xs`; the gate reruns are
-# named by the TESTBED_HOTPLUG they ran under.
+# named by the TESTBED_KUBEVIRT they ran under.
 echo
 say "suite times (seconds; lane, suite, tests, result)"
 for name in bed machine; do
   awk -v lane="$name" '
-    /TESTBED_HOTPLUG=declarative/ { gate = " (declarative)" }
-    /TESTBED_HOTPLUG=both/ { gate = " (both gates)" }
-    /waiting for tests\/scripts\/(node-tools|kubevirt).sh/ { gate = "" }
+    /TESTBED_KUBEVIRT=v1.7-declarative/ { gate = " (KubeVirt v1.7 declarative)" }
+    /TESTBED_KUBEVIRT=v1.7-both/ { gate = " (KubeVirt v1.7 both gates)" }
+    /waiting for the build / { gate = "" }
     /^ *Running / {
       target = $2
       if ($2 == "unittests") { target = $4; sub(/.*\//, "", target); sub(/-[0-9a-f]+\)$/, "", target); target = "unittests " target }

@@ -6,20 +6,18 @@
 
 use testbed::suites::csi as common;
 
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use common::{
-    Driver, NODE, Vol, assert_root, bed_with_vm, bed_with_vm_and, block_cap, create_and_publish,
-    create_request, detach_and_delete, mount_cap, mount_entries, mounted, node_dir, publish,
-    publish_request, stage, taint_out_of_service, unpublish_and_unstage, unpublish_request,
+    Driver, NODE, Vol, assert_root, bed_with_vm, block_cap, create_and_publish, create_request,
+    detach_and_delete, mount_cap, mount_entries, mounted, node_dir, publish, publish_request,
+    stage, unpublish_and_unstage,
 };
 use csi_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume, access_mode};
 use csi_proto::csi::v1::*;
 use harvester_common::harvester::HotplugMode;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use testbed::sim::GuestVm;
 use testbed::sim::virt_api::Gates;
 use testbed::{BedOptions, TestBed};
 use tonic::Code;
@@ -567,165 +565,35 @@ async fn a_clone_holds_its_sources_data_root() {
     d.stop().await;
 }
 
-/// What a powered-off guest leaves of its mounts: none (its kernel is gone). Lazy unmounts by
-/// the test, not by the node plugin, which never hears of it.
-fn guest_kernel_gone(paths: &[&Path]) {
-    for p in paths {
-        let _ = Command::new("umount").arg("-l").arg(p).status();
-    }
-}
-
-/// A guest powered off for good: its stopped VMI keeps the disk, and KubeVirt acts on no hot-plug
-/// request for it (virt-controller applies `status.volumeRequests` to running VMIs only), so
-/// the force-detach after the out-of-service taint must end under each KubeVirt gate set
-/// Harvester runs, and the volume move to another node with its data.
-async fn a_volume_of_a_powered_off_node_moves(mode: HotplugMode, gates: Gates) {
-    assert_root();
-    const OTHER: &str = "worker-2";
-    let bed = bed_with_vm_and(BedOptions {
+/// The out-of-service story ([`common::a_volume_of_a_powered_off_node_moves`]) on the stand-in
+/// with `gates`; `kubevirt_real` runs it on KubeVirt's own controllers.
+async fn powered_off(mode: HotplugMode, gates: Gates) {
+    let bed = common::bed_with_vm_and(BedOptions {
         hotplug: mode,
         gates: Some(gates),
+        kubevirt: None,
         ..Default::default()
     })
     .await;
-    bed.sim
-        .create_vm(&GuestVm::new(OTHER).on_host("harvester-1").ip("10.52.0.12"))
-        .await
-        .expect("second guest VM");
-    for n in [NODE, OTHER] {
-        bed.sim.create_guest_node(n).await.expect("guest Node");
-    }
-    let d1 = Driver::start(&bed, |_| {}).await;
-    let d2 = Driver::start(&bed, |c| {
-        c.endpoint = format!(
-            "unix://{}",
-            bed.dir.path().join("csi-worker-2.sock").display()
-        );
-        c.mode = harvester_csi_driver::Mode::Node;
-        c.node_id = Some(OTHER.into());
-        c.disk_by_id_dir = bed.sim.by_id_dir(OTHER);
-    })
-    .await;
-    let (dir, sweeper) = node_dir(&bed, "shutdown");
-    let cap = mount_cap("ext4");
-    let v = mounted(&d1, "pvc-shutdown", 64 << 20, &cap, &dir).await;
-    std::fs::write(v.target.join("state.db"), b"written on worker-1").expect("write");
-    sync();
-
-    // worker-1 powers off for good: its VMI stays Failed, still holding the disk.
-    bed.sim.power_off_vm(NODE).await.expect("power off");
-    guest_kernel_gone(&[&v.target, &v.staging]);
-    let mut c = d1.controller();
-    let to_other = ControllerPublishVolumeRequest {
-        node_id: OTHER.into(),
-        ..publish_request(&v.id, &cap)
-    };
-    // Without the taint: still attached to worker-1, and not released from its stopped VMI.
-    let e = c
-        .controller_publish_volume(to_other.clone())
-        .await
-        .expect_err("publish elsewhere while worker-1 holds it");
-    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-    assert!(e.message().contains(NODE), "{}", e.message());
-    let e = c
-        .controller_unpublish_volume(unpublish_request(&v.id))
-        .await
-        .expect_err("unpublish from a stopped VMI without the taint");
-    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-    assert!(
-        e.message().contains("node.kubernetes.io/out-of-service"),
-        "says what to do: {}",
-        e.message()
-    );
-    let e = c
-        .controller_publish_volume(to_other.clone())
-        .await
-        .expect_err("still FAILED_PRECONDITION");
-    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-
-    // The administrator confirms the shutdown.
-    taint_out_of_service(&bed, NODE).await;
-    c.controller_unpublish_volume(unpublish_request(&v.id))
-        .await
-        .expect("ControllerUnpublishVolume from the stopped VM");
-    let vm: harvester_common::harvester::VirtualMachine =
-        kube::Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace)
-            .get(NODE)
-            .await
-            .expect("VM worker-1");
-    assert!(
-        !vm.spec
-            .template
-            .spec
-            .volumes
-            .iter()
-            .any(|vol| vol.name == v.id),
-        "the hot-plugged volume left the stopped VM ({gates:?})"
-    );
-    // No add request left for KubeVirt to apply to the VM's next VMI.
-    let requests = vm
-        .status
-        .as_ref()
-        .and_then(|s| s.rest.get("volumeRequests"))
-        .cloned()
-        .unwrap_or_default();
-    assert!(
-        !requests.to_string().contains("addVolumeOptions"),
-        "{requests}"
-    );
-    let published = c
-        .controller_publish_volume(to_other)
-        .await
-        .expect("ControllerPublishVolume to worker-2")
-        .into_inner();
-    let moved = Vol {
-        id: v.id.clone(),
-        ctx: published.publish_context,
-        staging: dir.join("w2-staging"),
-        target: dir.join("w2-target"),
-    };
-    stage(&d2, &moved, &cap).await.expect("stage on worker-2");
-    publish(&d2, &moved, &cap)
-        .await
-        .expect("publish on worker-2");
-    assert_eq!(
-        std::fs::read(moved.target.join("state.db")).expect("data on worker-2"),
-        b"written on worker-1"
-    );
-    unpublish_and_unstage(&d2, &moved).await;
-    c.controller_unpublish_volume(ControllerUnpublishVolumeRequest {
-        node_id: OTHER.into(),
-        ..unpublish_request(&v.id)
-    })
-    .await
-    .expect("unpublish from worker-2");
-    c.delete_volume(DeleteVolumeRequest {
-        volume_id: v.id.clone(),
-        ..Default::default()
-    })
-    .await
-    .expect("DeleteVolume");
-    assert!(sweeper.sweep().is_empty(), "mounts left behind");
-    d2.stop().await;
-    d1.stop().await;
+    common::a_volume_of_a_powered_off_node_moves(&bed, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_volume_of_a_powered_off_node_moves_after_the_out_of_service_taint_on_harvester_1_7_root()
 {
-    a_volume_of_a_powered_off_node_moves(HotplugMode::Subresource, Gates::HOTPLUG_VOLUMES).await;
+    powered_off(HotplugMode::Subresource, Gates::HOTPLUG_VOLUMES).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_volume_of_a_powered_off_node_moves_after_the_out_of_service_taint_on_harvester_1_8_root()
 {
-    a_volume_of_a_powered_off_node_moves(HotplugMode::Declarative, Gates::DECLARATIVE).await;
+    powered_off(HotplugMode::Declarative, Gates::DECLARATIVE).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_volume_of_a_powered_off_node_moves_after_the_out_of_service_taint_with_both_gates_root()
 {
-    a_volume_of_a_powered_off_node_moves(HotplugMode::Declarative, Gates::BOTH).await;
+    powered_off(HotplugMode::Declarative, Gates::BOTH).await;
 }
 
 /// Bytes in, bytes out: a gRPC call with a hand-encoded request, for what a typed client cannot

@@ -3,7 +3,7 @@
 //! feature gates. The driver sends virt-api's `addvolume`/`removevolume` on every release (virt-api
 //! v1.6+ serves them under either gate: a VM status request, or under the declarative gate a VM
 //! spec patch); the driver still requires `server-version` to be readable, as upstream does. The
-//! rest of the CSI suite runs under each gate set from `make test` (`TESTBED_HOTPLUG`).
+//! rest of the CSI suite runs under each gate set from `make test` (`TESTBED_KUBEVIRT`).
 
 use testbed::suites::csi as csi_common;
 
@@ -18,9 +18,11 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use testbed::sim::virt_api::{GATE_REFUSAL, Gates};
 use testbed::{BedOptions, TestBed};
 
+/// The stand-in's KubeVirt, whose gates these tests switch (`kubevirt_real` has the lines).
 fn opts(mode: HotplugMode) -> BedOptions {
     BedOptions {
         hotplug: mode,
+        kubevirt: None,
         ..Default::default()
     }
 }

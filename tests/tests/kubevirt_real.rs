@@ -13,9 +13,9 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{Api, ListParams};
 use testbed::bed::kubevirt::KubevirtLine;
 use testbed::suites::csi::{
-    Driver, NODE, assert_root, bed_with_vm_and, create_and_publish, create_volume,
-    migration_strategy, mount_cap, node_dir, publish, publish_request, stage,
-    unpublish_and_unstage, unpublish_request,
+    Driver, NODE, a_volume_of_a_powered_off_node_moves, assert_root, bed_with_vm_and,
+    create_and_publish, create_volume, migration_strategy, mount_cap, node_dir, publish,
+    publish_request, stage, unpublish_and_unstage, unpublish_request, update_volumes_strategy,
 };
 use testbed::util::wait;
 use testbed::{BedOptions, TestBed};
@@ -317,7 +317,8 @@ async fn migration_vm_fails_clearly(bed: &TestBed, d: &Driver) {
 }
 
 /// The bed of `line`, then the cases every line runs (`name` names the first volume); the bed and
-/// the driver are returned for a line's own cases.
+/// the driver are returned for a line's own cases. Last, on the same bed, the out-of-service
+/// story: a volume leaves a powered-off guest node and moves to another.
 async fn every_case(line: KubevirtLine, name: &str) -> (TestBed, Driver) {
     assert_root();
     let bed = bed(line).await;
@@ -328,30 +329,38 @@ async fn every_case(line: KubevirtLine, name: &str) -> (TestBed, Driver) {
     (bed, d)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubevirt_v1_6_hotplug_volumes_plugs_a_csi_volume_and_relays_a_refusal_root() {
-    let (_bed, d) = every_case(KubevirtLine::V1_6_HOTPLUG, "v16-hp").await;
+/// The out-of-service story (`testbed::suites::csi::a_volume_of_a_powered_off_node_moves`) after
+/// the line's cases, `pinned` or not; it starts its own drivers, so `d` stops first.
+async fn out_of_service(bed: &TestBed, d: Driver, pinned: bool) {
     d.stop().await;
+    a_volume_of_a_powered_off_node_moves(bed, pinned).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubevirt_v1_7_declarative_plugs_a_csi_volume_and_relays_a_refusal_root() {
-    let (_bed, d) = every_case(KubevirtLine::V1_7_DECLARATIVE, "v17-decl").await;
-    d.stop().await;
+async fn kubevirt_v1_6_hotplug_volumes_plugs_refuses_and_frees_a_powered_off_node_root() {
+    let (bed, d) = every_case(KubevirtLine::V1_6_HOTPLUG, "v16-hp").await;
+    out_of_service(&bed, d, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubevirt_v1_7_both_gates_plugs_a_csi_volume_and_relays_a_refusal_root() {
-    let (_bed, d) = every_case(KubevirtLine::V1_7_BOTH, "v17-both").await;
-    d.stop().await;
+async fn kubevirt_v1_7_declarative_plugs_refuses_and_frees_a_powered_off_node_root() {
+    let (bed, d) = every_case(KubevirtLine::V1_7_DECLARATIVE, "v17-decl").await;
+    out_of_service(&bed, d, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubevirt_v1_8_declarative_plugs_a_csi_volume_relays_a_refusal_and_fails_a_migration_vm_root()
+async fn kubevirt_v1_7_both_gates_plugs_refuses_and_frees_a_powered_off_node_root() {
+    let (bed, d) = every_case(KubevirtLine::V1_7_BOTH, "v17-both").await;
+    out_of_service(&bed, d, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubevirt_v1_8_declarative_plugs_refuses_fails_a_migration_vm_and_frees_a_powered_off_node_root()
  {
     let (bed, d) = every_case(KubevirtLine::V1_8_DECLARATIVE, "v18-decl").await;
     migration_vm_fails_clearly(&bed, &d).await;
-    d.stop().await;
+    update_volumes_strategy(&bed, None).await;
+    out_of_service(&bed, d, false).await;
 }
 
 #[tokio::test]

@@ -377,12 +377,21 @@ impl VirtualMachineInstance {
         )
     }
 
-    /// Whether the disks of the VMI may be taken although it still lists them: it has stopped
-    /// and the administrator declared its guest Node out of service. A stopped VMI alone is not
-    /// enough: KubeVirt also marks the VMIs of an unreachable host Failed while QEMU may still
-    /// run there.
+    /// Whether the VMI runs (phase Running): KubeVirt changes the disks of a running VMI only
+    /// (virt-api refuses the VMI's `addvolume`/`removevolume` otherwise, and the declarative
+    /// gate patches only a running VMI: kubevirt/kubevirt v1.7.0 `pkg/storage/hotplug/
+    /// hotplug.go` `patchHotplugVolumes`).
+    pub fn running(&self) -> bool {
+        self.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+    }
+
+    /// Whether the disks of the VMI may be taken although it still lists them: it does not run
+    /// (it stopped, or it has not started: KubeVirt restarts the VM of a lost host as a new VMI
+    /// that may wait for a host for good) and the administrator declared its guest Node out of
+    /// service. A stopped VMI alone is not enough: KubeVirt also marks the VMIs of an
+    /// unreachable host Failed while QEMU may still run there.
     pub fn fenced(&self, node_out_of_service: bool) -> bool {
-        node_out_of_service && self.stopped()
+        node_out_of_service && !self.running()
     }
 }
 

@@ -73,6 +73,30 @@ impl KubevirtLine {
         harvester: HotplugMode::Declarative,
     };
 
+    /// Every line and gate set, by the name `TESTBED_KUBEVIRT` gives it.
+    pub const NAMED: [(&'static str, KubevirtLine); 4] = [
+        ("v1.6-hotplug", KubevirtLine::V1_6_HOTPLUG),
+        ("v1.7-declarative", KubevirtLine::V1_7_DECLARATIVE),
+        ("v1.7-both", KubevirtLine::V1_7_BOTH),
+        ("v1.8-declarative", KubevirtLine::V1_8_DECLARATIVE),
+    ];
+
+    /// The line `TESTBED_KUBEVIRT` names (`make test` reruns the CSI suites under some); unset
+    /// or empty: none, the stand-in.
+    pub fn from_env() -> Option<KubevirtLine> {
+        let name = std::env::var("TESTBED_KUBEVIRT").unwrap_or_default();
+        if name.is_empty() {
+            return None;
+        }
+        match Self::NAMED.iter().find(|(n, _)| *n == name) {
+            Some((_, line)) => Some(*line),
+            None => panic!(
+                "TESTBED_KUBEVIRT={name:?}: expected one of {:?}",
+                Self::NAMED.map(|(n, _)| n)
+            ),
+        }
+    }
+
     pub fn has_gate(&self, gate: &str) -> bool {
         self.gates.contains(&gate)
     }

@@ -63,7 +63,7 @@ pub struct BedOptions {
     /// KubeVirt's own virt-api and virt-controller of this line (`tests/scripts/kubevirt.sh`
     /// builds them) instead of the stand-in's virt-api, KubeVirt webhooks and controller; the
     /// line's gates and Harvester release replace `hotplug` and `gates`. A line not built fails
-    /// the bed with its build log.
+    /// the bed with its build log. `TESTBED_KUBEVIRT` ([`KubevirtLine::from_env`]) sets it.
     pub kubevirt: Option<KubevirtLine>,
     /// Harvester's real LB controller and webhook from this directory instead of the stand-ins
     /// (`TESTBED_LB_UPSTREAM`, [`lb_upstream`]).
@@ -94,7 +94,7 @@ impl Default for BedOptions {
             hotplug: hotplug_from_env().0,
             gates: hotplug_from_env().1,
             lb_webhook: Rules::from_env(),
-            kubevirt: None,
+            kubevirt: KubevirtLine::from_env(),
             lb_upstream: lb_upstream::from_env(),
         }
     }

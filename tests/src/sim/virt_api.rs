@@ -223,7 +223,7 @@ impl HotplugCtx {
             .count()
     }
 
-    fn record(&self, verb: &str, namespace: &str, vm: &str, volume: &str) {
+    pub(super) fn record(&self, verb: &str, namespace: &str, vm: &str, volume: &str) {
         self.calls
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -10,19 +10,24 @@
 //! - virt-handler's VMI sync (kubevirt/kubevirt v1.6.1, v1.7.0, v1.8.0 `pkg/virt-handler/vm.go`):
 //!   a `Scheduled` VMI becomes `Running` with `selinuxContext: none` (`updateSELinuxContext` on a
 //!   host without SELinux) and the interfaces the guest reports; a hot-plugged volume that
-//!   virt-controller marked `AttachedToNode` is mounted into the launcher Pod (`MountedToPod`),
-//!   then attached to the domain: its disk shows up in the guest node's by-id directory (the
+//!   virt-controller marked `AttachedToNode` is mounted into the launcher Pod (`MountedToPod`)
+//!   after the bed's `hotplug_delay` (the time a real mount and attach take), then attached to
+//!   the domain: its disk shows up in the guest node's by-id directory (the
 //!   claim's loop device, as the stand-in's `link_disk`) and the volume is `Ready` with its
 //!   `target` (`updateHotplugVolumeStatus`); a volume gone from the spec is taken out of the
 //!   guest and marked `UnMountedFromPod` (`canUpdateToUnmounted`), upon which virt-controller
-//!   deletes the attachment Pod and the volume's status.
+//!   deletes the attachment Pod and the volume's status. Each attach and detach is recorded as
+//!   the stand-in records them (`HotplugCtx::plugs`, `unplugs`).
+//! - A VMI being deleted (its VM stopped): the domain shut down, `Succeeded`
+//!   (`calculateVmPhaseForStatusReason`), its hot-plugged disks gone from the guest.
+//! - A host that lost power ([`NodePlay::lose_host`]): its kubelet and virt-handler do nothing.
 //!
 //! Every VMI write is a PUT as `kubevirt-handler` of the VMI read as admin: the handler's
 //! ClusterRole has no `get` on VMIs (`pkg/virt-operator/resource/generate/rbac/handler.go`), the
 //! VMI CRD no status subresource, and virt-api's VMI mutator puts back any status written by an
 //! identity that is not KubeVirt's.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -37,7 +42,7 @@ use serde_json::{Value, json};
 use harvester_common::harvester::kubevirt::VOLUME_READY;
 
 use super::storage::Storage;
-use super::virt_api::{BY_ID_PREFIX, HotplugCtx, link_disk};
+use super::virt_api::{BY_ID_PREFIX, HotplugCtx, VMI_ADD, VMI_REMOVE, link_disk};
 
 /// virt-handler's phase of a volume it unmounted from the launcher Pod (`HotplugVolumeUnMounted`).
 const UNMOUNTED: &str = "UnMountedFromPod";
@@ -61,6 +66,10 @@ pub struct NodePlay {
     guests: Mutex<HashMap<String, GuestReport>>,
     /// `vmi/volume` -> the by-id link made for it.
     links: Mutex<HashMap<String, PathBuf>>,
+    /// `vmi/volume` of the attaches under way (each waits the bed's hot-plug delay).
+    attaching: Mutex<HashSet<String>>,
+    /// Hosts that lost power: their kubelet and virt-handler do nothing any more.
+    lost_hosts: Mutex<HashSet<String>>,
 }
 
 /// One step of virt-handler's sync of a VMI, planned from the VMI alone ([`plan`]).
@@ -76,12 +85,21 @@ pub enum Step {
     },
     /// Take volume `volume`, gone from the spec, out of the guest.
     Detach { volume: String },
+    /// The VMI is being deleted (its VM stopped): shut the domain down.
+    ShutDown,
 }
 
 /// What virt-handler does next for `vmi`.
 pub fn plan(vmi: &Value) -> Vec<Step> {
+    let phase = vmi["status"]["phase"].as_str().unwrap_or("");
+    if !vmi["metadata"]["deletionTimestamp"].is_null() {
+        return match phase {
+            "Scheduled" | "Running" => vec![Step::ShutDown],
+            _ => Vec::new(),
+        };
+    }
     let mut steps = Vec::new();
-    if vmi["status"]["phase"] == "Scheduled" {
+    if phase == "Scheduled" {
         steps.push(Step::Run);
     }
     let volumes = vmi["spec"]["volumes"]
@@ -151,6 +169,25 @@ where
     })
 }
 
+/// The host names a Pod's preferred node affinity names (`kubernetes.io/hostname In [...]`).
+fn preferred_hosts(pod: &Pod) -> Vec<String> {
+    let terms = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.affinity.as_ref()?.node_affinity.as_ref())
+        .and_then(|a| {
+            a.preferred_during_scheduling_ignored_during_execution
+                .clone()
+        })
+        .unwrap_or_default();
+    terms
+        .into_iter()
+        .flat_map(|t| t.preference.match_expressions.unwrap_or_default())
+        .filter(|e| e.key == "kubernetes.io/hostname" && e.operator == "In")
+        .flat_map(|e| e.values.unwrap_or_default())
+        .collect()
+}
+
 fn vmi_resource() -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk(
         "kubevirt.io",
@@ -196,6 +233,8 @@ impl NodePlay {
             hotplug,
             guests: Default::default(),
             links: Default::default(),
+            attaching: Default::default(),
+            lost_hosts: Default::default(),
         })
     }
 
@@ -232,6 +271,9 @@ impl NodePlay {
         }
         let name = pod.metadata.name.clone().unwrap_or_default();
         let spec = pod.spec.clone().unwrap_or_default();
+        if spec.node_name.as_ref().is_some_and(|n| self.is_lost(n)) {
+            return Ok(());
+        }
         if pod.metadata.deletion_timestamp.is_some() {
             // The containers stopped: the kubelet confirms the deletion.
             let now = DeleteParams {
@@ -309,7 +351,8 @@ impl NodePlay {
     }
 
     /// The Node for an unbound Pod: an attachment Pod goes where its launcher Pod runs, a
-    /// launcher Pod to the first Node carrying every label of its nodeSelector.
+    /// launcher Pod to a Node carrying every label of its nodeSelector, the one its preferred
+    /// node affinity names if it is such a Node.
     async fn schedule(
         &self,
         pods: &Api<Pod>,
@@ -337,14 +380,21 @@ impl NodePlay {
         let nodes = Api::<Node>::all(self.admin.clone())
             .list(&ListParams::default())
             .await?;
-        let node = nodes
+        let fits: Vec<String> = nodes
             .items
             .into_iter()
-            .find(|n| {
+            .filter(|n| {
                 let labels = n.metadata.labels.clone().unwrap_or_default();
                 selector.iter().all(|(k, v)| labels.get(k) == Some(v))
             })
-            .and_then(|n| n.metadata.name);
+            .filter_map(|n| n.metadata.name)
+            .collect();
+        let preferred = preferred_hosts(pod);
+        let node = fits
+            .iter()
+            .find(|n| preferred.contains(n))
+            .or(fits.first())
+            .cloned();
         if node.is_none() {
             tracing::warn!(
                 "node play: no Node for pod {} with nodeSelector {selector:?}",
@@ -363,11 +413,58 @@ impl NodePlay {
             let Ok(value) = serde_json::to_value(&vmi) else {
                 continue;
             };
-            for step in plan(&value) {
-                if let Err(e) = self.sync(&name, &step).await {
-                    tracing::warn!("node play: VMI {name} {step:?}: {e}");
-                }
+            if value["status"]["nodeName"]
+                .as_str()
+                .is_some_and(|n| self.is_lost(n))
+            {
+                continue;
             }
+            for step in plan(&value) {
+                let Step::Attach { volume, .. } = &step else {
+                    self.sync_logged(&name, &step).await;
+                    continue;
+                };
+                // In the background: an attach takes the bed's hot-plug delay (the window a
+                // test's kill lands in), while other VMIs and detaches go on.
+                let key = format!("{name}/{volume}");
+                if !self.lock_attaching().insert(key.clone()) {
+                    continue;
+                }
+                let play = self.clone();
+                let name = name.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(play.hotplug.delay).await;
+                    play.sync_logged(&name, &step).await;
+                    play.lock_attaching().remove(&key);
+                });
+            }
+        }
+    }
+
+    /// Host `host` loses power: from now on its kubelet confirms no Pod's deletion and writes no
+    /// status, and its virt-handler writes nothing (KubeVirt's and Harvester's controllers are
+    /// left to notice).
+    pub fn lose_host(&self, host: &str) {
+        self.lost_hosts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(host.to_string());
+    }
+
+    fn is_lost(&self, host: &str) -> bool {
+        self.lost_hosts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(host)
+    }
+
+    fn lock_attaching(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.attaching.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn sync_logged(&self, name: &str, step: &Step) {
+        if let Err(e) = self.sync(name, step).await {
+            tracing::warn!("node play: VMI {name} {step:?}: {e}");
         }
     }
 
@@ -405,6 +502,7 @@ impl NodePlay {
                     true
                 })
                 .await
+                .map(|_| ())
             }
             Step::Attach {
                 volume,
@@ -418,8 +516,13 @@ impl NodePlay {
                 // The attachment Pod's volume mounted into the launcher Pod.
                 let mounted = format!("Volume {volume} has been mounted in virt-launcher pod");
                 let to = ["MountedToPod", "VolumeMountedToPod", &mounted];
-                self.move_volume(name, volume, &["AttachedToNode"], to)
-                    .await?;
+                if !self
+                    .move_volume(name, volume, &["AttachedToNode"], to)
+                    .await?
+                {
+                    return Ok(());
+                }
+                self.hotplug.record(VMI_ADD, &self.namespace, name, volume);
                 // Attached to the domain: the guest sees the disk.
                 let dir = self.hotplug.by_id_dir(name);
                 link_disk(&dir, serial, &backing.device).map_err(|e| e.to_string())?;
@@ -429,8 +532,11 @@ impl NodePlay {
                 );
                 let ready = format!("Successfully attach hotplugged volume {volume} to VM");
                 let to = [VOLUME_READY, "VolumeReady", &ready];
-                self.move_volume(name, volume, &["MountedToPod"], to).await
+                self.move_volume(name, volume, &["MountedToPod"], to)
+                    .await
+                    .map(|_| ())
             }
+            Step::ShutDown => self.shut_down(name).await,
             Step::Detach { volume } => {
                 let link = self
                     .links
@@ -443,28 +549,60 @@ impl NodePlay {
                 let unmounted =
                     format!("Volume {volume} has been unmounted from virt-launcher pod");
                 let to = [UNMOUNTED, "VolumeUnMountedFromPod", &unmounted];
-                self.move_volume(
-                    name,
-                    volume,
-                    &[VOLUME_READY, "MountedToPod", "AttachedToNode"],
-                    to,
-                )
-                .await
+                let from = [VOLUME_READY, "MountedToPod", "AttachedToNode"];
+                if self.move_volume(name, volume, &from, to).await? {
+                    self.hotplug
+                        .record(VMI_REMOVE, &self.namespace, name, volume);
+                }
+                Ok(())
             }
         }
+    }
+
+    /// The domain of VMI `name` (being deleted) shut down: a domain shut off for reason
+    /// `Shutdown` is `Succeeded` (kubevirt/kubevirt v1.7.0 `pkg/virt-handler/vm.go`
+    /// `calculateVmPhaseForStatusReason`), the by-id links of its hot-plugged disks removed.
+    /// virt-controller deletes the Pods of a VMI being deleted, then takes its finalizer off
+    /// once it is final (`pkg/virt-controller/watch/vmi/lifecycle.go` `sync`, `updateStatus`).
+    async fn shut_down(&self, name: &str) -> Result<(), String> {
+        let prefix = format!("{name}/");
+        let links: Vec<PathBuf> = {
+            let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+            let keys: Vec<String> = links
+                .keys()
+                .filter(|k| k.starts_with(&prefix))
+                .cloned()
+                .collect();
+            keys.iter().filter_map(|k| links.remove(k)).collect()
+        };
+        for link in links {
+            let _ = std::fs::remove_file(link);
+        }
+        self.update(name, |vmi| {
+            if !matches!(
+                vmi["status"]["phase"].as_str(),
+                Some("Scheduled" | "Running")
+            ) {
+                return false;
+            }
+            vmi["status"]["phase"] = json!("Succeeded");
+            true
+        })
+        .await
+        .map(|_| ())
     }
 
     /// Moves volume `volume`'s status from a phase of `from` to `to` (phase, reason, message),
     /// with the next free target when it becomes Ready; nothing when the VMI has moved on
     /// meanwhile: the phase is another, or the volume left the spec (attach) or came back into
-    /// it (unplug).
+    /// it (unplug). Whether it moved.
     async fn move_volume(
         &self,
         name: &str,
         volume: &str,
         from: &[&str],
         to: [&str; 3],
-    ) -> Result<(), String> {
+    ) -> Result<bool, String> {
         self.update(name, |vmi| {
             let in_spec = vmi["spec"]["volumes"]
                 .as_array()
@@ -489,27 +627,27 @@ impl NodePlay {
     }
 
     /// GET as admin, `change` (false: nothing to do), PUT as kubevirt-handler; again on a
-    /// conflict.
+    /// conflict. Whether it wrote.
     async fn update(
         &self,
         name: &str,
         mut change: impl FnMut(&mut Value) -> bool,
-    ) -> Result<(), String> {
+    ) -> Result<bool, String> {
         let read: Api<DynamicObject> =
             Api::namespaced_with(self.admin.clone(), &self.namespace, &vmi_resource());
         let write: Api<DynamicObject> =
             Api::namespaced_with(self.handler.clone(), &self.namespace, &vmi_resource());
         for attempt in 0..50u64 {
             let Some(vmi) = read.get_opt(name).await.map_err(|e| e.to_string())? else {
-                return Ok(());
+                return Ok(false);
             };
             let mut value = serde_json::to_value(&vmi).map_err(|e| e.to_string())?;
             if !change(&mut value) {
-                return Ok(());
+                return Ok(false);
             }
             let object: DynamicObject = serde_json::from_value(value).map_err(|e| e.to_string())?;
             match write.replace(name, &PostParams::default(), &object).await {
-                Ok(_) => return Ok(()),
+                Ok(_) => return Ok(true),
                 Err(kube::Error::Api(s)) if s.code == 409 => {
                     tokio::time::sleep(Duration::from_millis(20 * attempt.min(10))).await;
                 }
@@ -560,5 +698,19 @@ mod tests {
         assert_eq!(next_target(&v), "sdc", "sda and sdb are taken");
         let running = vmi("Running", json!([]), json!([]), json!([]));
         assert!(plan(&running).is_empty());
+    }
+
+    #[test]
+    fn virt_handler_shuts_down_a_vmi_being_deleted_and_nothing_else() {
+        let mut v = vmi(
+            "Running",
+            json!([]),
+            json!([]),
+            json!([{"name": "gone", "phase": "Ready", "hotplugVolume": {}}]),
+        );
+        v["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        assert_eq!(plan(&v), [Step::ShutDown]);
+        v["status"]["phase"] = json!("Succeeded");
+        assert!(plan(&v).is_empty(), "a final VMI is virt-controller's");
     }
 }

@@ -157,8 +157,9 @@ impl Sim {
             .await
     }
 
-    /// Under KubeVirt's own virt-api and virt-controller: only the VM (runStrategy Always),
-    /// through virt-api's webhooks; virt-controller makes the VMI and its launcher Pod, the node
+    /// Under KubeVirt's own virt-api and virt-controller: only the VM (runStrategy
+    /// `RerunOnFailure`, as Rancher's Harvester node driver makes it: harvester/
+    /// docker-machine-driver-harvester `harvester/create.go`), through virt-api's webhooks; virt-controller makes the VMI and its launcher Pod, the node
     /// play ([`super::virt_handler`]) runs them. Returns once the VMI is Running, with the host's
     /// topology copied onto it as Harvester's VMI controller does. The guest's NIC is on the
     /// Pod network: for a Multus network virt-controller reads its NetworkAttachmentDefinition
@@ -188,10 +189,12 @@ impl Sim {
         let object: VirtualMachine = serde_json::from_value(json!({
             "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
             "metadata": {"name": vm.name, "namespace": self.vm_namespace, "labels": labels},
-            "spec": {"runStrategy": "Always", "template": {
+            "spec": {"runStrategy": "RerunOnFailure", "template": {
                 "metadata": {"labels": labels},
                 "spec": {
-                    "nodeSelector": {"kubernetes.io/hostname": vm.host},
+                    "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                        {"weight": 100, "preference": {"matchExpressions": [
+                            {"key": "kubernetes.io/hostname", "operator": "In", "values": [vm.host]}]}}]}},
                     "domain": {
                         "devices": {"disks": [{"name": "rootdisk", "disk": {"bus": "virtio"}}],
                                     "interfaces": [{"name": "default", "masquerade": {}}]},
@@ -202,37 +205,159 @@ impl Sim {
         }))
         .map_err(|e| BedError::Setup(format!("VM {}: {e}", vm.name)))?;
         self.vms().create(&PostParams::default(), &object).await?;
+        let vmi = self.kubevirt_vmi_running(&vm.name, None).await?;
+        Ok((self.vms().get(&vm.name).await?, vmi))
+    }
+
+    /// Waits until virt-controller's VMI `name` (another than the one with UID `not_uid`) is
+    /// Running (the node play runs it), then copies its host's topology onto it.
+    async fn kubevirt_vmi_running(
+        &self,
+        name: &str,
+        not_uid: Option<String>,
+    ) -> Result<VirtualMachineInstance, BedError> {
+        let running = self.kubevirt_vmi(name, not_uid, true).await?;
+        let host = running
+            .status
+            .and_then(|s| s.node_name)
+            .ok_or_else(|| BedError::Api(format!("running VMI {name} has no node")))?;
+        // Harvester's VMI controller (harvester/harvester v1.7.0
+        // `pkg/controller/master/virtualmachine/vmi_controller.go` `ReconcileFromHostLabels`).
+        let annotations = self.host_topology(&host).await?;
+        Ok(self
+            .vmis()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": annotations}})),
+            )
+            .await?)
+    }
+
+    /// Waits until VMI `name` exists as another than the one with UID `not_uid` and, with
+    /// `running`, runs.
+    async fn kubevirt_vmi(
+        &self,
+        name: &str,
+        not_uid: Option<String>,
+        running: bool,
+    ) -> Result<VirtualMachineInstance, BedError> {
         let vmis = self.vmis();
-        let name = vm.name.clone();
+        let what = if running { "Running" } else { "made" };
         crate::util::wait::until(
-            &format!("VMI {}/{name} Running", self.vm_namespace),
+            &format!("VMI {}/{name} {what}", self.vm_namespace),
             std::time::Duration::from_secs(60),
             || {
                 let vmis = vmis.clone();
-                let name = name.clone();
+                let not_uid = not_uid.clone();
                 async move {
-                    let vmi = vmis.get_opt(&name).await.map_err(|e| e.to_string())?;
+                    let vmi = vmis.get_opt(name).await.map_err(|e| e.to_string())?;
                     let phase = vmi.as_ref().and_then(|v| v.status.as_ref()?.phase.clone());
                     Ok(match vmi {
-                        Some(v) if phase.as_deref() == Some("Running") => Ok(v),
+                        Some(v)
+                            if v.metadata.uid != not_uid
+                                && (!running || phase.as_deref() == Some("Running")) =>
+                        {
+                            Ok(v)
+                        }
                         _ => Err(phase),
                     })
                 }
             },
         )
         .await
-        .map_err(BedError::Setup)?;
-        // Harvester's VMI controller (harvester/harvester v1.7.0
-        // `pkg/controller/master/virtualmachine/vmi_controller.go` `ReconcileFromHostLabels`).
-        let annotations = self.host_topology(&vm.host).await?;
-        let vmi = vmis
+        .map_err(BedError::Setup)
+    }
+
+    /// Under KubeVirt's own controllers: sets the VM's runStrategy, as an administrator's spec
+    /// edit does (`Halted`: virt-controller stops the VMI; `RerunOnFailure`: starts one;
+    /// kubevirt/kubevirt v1.7.0 `pkg/virt-controller/watch/vm/vm.go`).
+    async fn set_run_strategy(&self, name: &str, strategy: &str) -> Result<(), BedError> {
+        self.vms()
             .patch(
-                &vm.name,
+                name,
                 &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"annotations": annotations}})),
+                &Patch::Merge(json!({"spec": {"runStrategy": strategy}})),
             )
             .await?;
-        Ok((self.vms().get(&vm.name).await?, vmi))
+        Ok(())
+    }
+
+    /// Under KubeVirt's own controllers: Harvester host `host` loses power. Its kubelet and
+    /// virt-handler stop (the node play); Harvester's node-down controller force-deletes its
+    /// launcher Pods and sets its virt-handler heartbeat six minutes back (harvester/harvester
+    /// `pkg/controller/master/node/node_down_controller.go` `OnNodeChanged`, `resetHeartbeat`;
+    /// its VolumeAttachment cleanup concerns Longhorn, which the bed does not run). KubeVirt's
+    /// node controller then marks each VMI left without a Pod there `Failed` (kubevirt/kubevirt
+    /// v1.7.0 `pkg/virt-controller/watch/node/node.go`); virt-controller deletes a
+    /// `RerunOnFailure` VM's failed VMI (its finalizer waits only for the launcher Pod, which is
+    /// gone) and starts a new one from the VM spec, hot-plugged volumes included, on a host
+    /// that is still schedulable (`pkg/virt-controller/watch/vm/vm.go`,
+    /// `pkg/virt-controller/watch/vmi/lifecycle.go` `allPodsDeleted`).
+    pub async fn lose_host(&self, host: &str) -> Result<(), BedError> {
+        let Some(play) = &self.node_play else {
+            return Err(BedError::Setup(
+                "a host's power loss is played under KubeVirt's own controllers only".into(),
+            ));
+        };
+        play.lose_host(host);
+        let pods: Api<k8s_openapi::api::core::v1::Pod> =
+            Api::namespaced(self.harvester.clone(), &self.vm_namespace);
+        let launchers = pods
+            .list(
+                &kube::api::ListParams::default()
+                    .labels("kubevirt.io=virt-launcher")
+                    .fields(&format!("spec.nodeName={host}")),
+            )
+            .await?;
+        let force = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        };
+        for pod in launchers.items {
+            let name = pod.metadata.name.unwrap_or_default();
+            match pods.delete(&name, &force).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let stale = jiff::Timestamp::now() - jiff::SignedDuration::from_mins(6);
+        let heartbeat = stale.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+        Api::<Node>::all(self.harvester.clone())
+            .patch(
+                host,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {"kubevirt.io/heartbeat": heartbeat}}}),
+                ),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Under KubeVirt's own controllers: waits until VMI `name` is gone, or final (Succeeded or
+    /// Failed) with its launcher Pod gone; virt-controller deletes both for a stopped VM.
+    async fn kubevirt_vmi_down(&self, name: &str) -> Result<(), BedError> {
+        let vmis = self.vmis();
+        crate::util::wait::until(
+            &format!("VMI {}/{name} down", self.vm_namespace),
+            std::time::Duration::from_secs(60),
+            || {
+                let vmis = vmis.clone();
+                async move {
+                    let vmi = vmis.get_opt(name).await.map_err(|e| e.to_string())?;
+                    let phase = vmi.as_ref().and_then(|v| v.status.as_ref()?.phase.clone());
+                    Ok(match phase.as_deref() {
+                        _ if vmi.is_none() => Ok(()),
+                        Some("Succeeded" | "Failed") => Ok(()),
+                        _ => Err(phase),
+                    })
+                }
+            },
+        )
+        .await
+        .map_err(BedError::Setup)
     }
 
     async fn create_vm_with(
@@ -389,8 +514,13 @@ impl Sim {
             .await?)
     }
 
-    /// Stops the VM: `running: false`, not ready, VMI gone.
+    /// Stops the VM: `running: false`, not ready, VMI gone. Under KubeVirt's own controllers:
+    /// runStrategy `Halted`; virt-controller deletes the VMI, the node play shuts it down.
     pub async fn stop_vm(&self, name: &str) -> Result<(), BedError> {
+        if self.node_play.is_some() {
+            self.set_run_strategy(name, "Halted").await?;
+            return self.kubevirt_vmi_down(name).await;
+        }
         self.vms()
             .patch(
                 name,
@@ -404,8 +534,23 @@ impl Sim {
 
     /// Powers the VM off for good the way a lost guest or host looks: the VM is not ready and
     /// `Stopped`, while its VMI stays, phase `Failed`, still listing every disk it had (KubeVirt
-    /// unplugs nothing from a stopped VMI; non-graceful node shutdown).
+    /// unplugs nothing from a stopped VMI; non-graceful node shutdown). Under KubeVirt's own
+    /// controllers the VM's host loses power ([`Sim::lose_host`]) and the call returns once
+    /// KubeVirt has restarted the VM: its failed VMI is gone and a new one is made (it runs on
+    /// another host unless the VM is pinned to the lost one).
     pub async fn power_off_vm(&self, name: &str) -> Result<(), BedError> {
+        if self.node_play.is_some() {
+            let vmi = self.vmis().get(name).await?;
+            let host = vmi
+                .status
+                .and_then(|s| s.node_name)
+                .ok_or_else(|| BedError::Api(format!("VMI {name} has no node")))?;
+            self.lose_host(&host).await?;
+            return self
+                .kubevirt_vmi(name, vmi.metadata.uid, false)
+                .await
+                .map(|_| ());
+        }
         self.set_vm_status(name, false, "Stopped").await?;
         let failed = update_vmi(&self.vmis(), name, |vmi| {
             vmi.status.get_or_insert_with(Default::default).phase = Some("Failed".into());
@@ -418,6 +563,10 @@ impl Sim {
 
     /// Starts a stopped VM again on `host`.
     pub async fn start_vm(&self, vm: &GuestVm) -> Result<VirtualMachineInstance, BedError> {
+        if self.node_play.is_some() {
+            self.set_run_strategy(&vm.name, "RerunOnFailure").await?;
+            return self.kubevirt_vmi_running(&vm.name, None).await;
+        }
         let current = self.vms().get(&vm.name).await?;
         self.vms()
             .patch(
@@ -436,9 +585,12 @@ impl Sim {
         .await
     }
 
-    /// Deletes the VMI and the VM.
+    /// Deletes the VMI and the VM. Under KubeVirt's own controllers only the VM: virt-controller
+    /// stops its VMI.
     pub async fn delete_vm(&self, name: &str) -> Result<(), BedError> {
-        self.delete_vmi(name).await?;
+        if self.node_play.is_none() {
+            self.delete_vmi(name).await?;
+        }
         match self.vms().delete(name, &DeleteParams::default()).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
@@ -460,6 +612,11 @@ impl Sim {
         name: &str,
         to_host: &str,
     ) -> Result<VirtualMachineInstance, BedError> {
+        if self.node_play.is_some() {
+            return Err(BedError::Setup(
+                "live migration is not played under KubeVirt's own controllers".into(),
+            ));
+        }
         let topology = self.host_topology(to_host).await?;
         let moved = update_vmi(&self.vmis(), name, |vmi| {
             let ann = vmi

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::sim::GuestVm;
 use crate::util::process::Proc;
 use crate::{BedOptions, TestBed};
 use csi_proto::csi::v1::controller_client::ControllerClient;
@@ -16,6 +17,7 @@ use csi_proto::csi::v1::*;
 use harvester_csi_driver::{Config, Running};
 
 use crate::csi_client;
+use tonic::Code;
 use tonic::transport::Channel;
 
 /// The guest VM (and CSI node ID) the suites use.
@@ -434,6 +436,11 @@ pub async fn detach_and_delete(d: &impl AsRef<Channel>, v: &Vol) {
 /// The bed's VM [`NODE`] with `spec.updateVolumesStrategy: Migration` (as Harvester v1.8 sets it
 /// on a VM it storage-migrates).
 pub async fn migration_strategy(bed: &TestBed) {
+    update_volumes_strategy(bed, Some("Migration")).await;
+}
+
+/// The bed's VM [`NODE`] with `spec.updateVolumesStrategy` set to `strategy`, or unset.
+pub async fn update_volumes_strategy(bed: &TestBed, strategy: Option<&str>) {
     kube::Api::<harvester_common::harvester::VirtualMachine>::namespaced(
         bed.sim.harvester.clone(),
         &bed.vm_namespace,
@@ -441,12 +448,10 @@ pub async fn migration_strategy(bed: &TestBed) {
     .patch(
         NODE,
         &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(
-            serde_json::json!({"spec": {"updateVolumesStrategy": "Migration"}}),
-        ),
+        &kube::api::Patch::Merge(serde_json::json!({"spec": {"updateVolumesStrategy": strategy}})),
     )
     .await
-    .expect("VM updateVolumesStrategy: Migration");
+    .unwrap_or_else(|e| panic!("VM updateVolumesStrategy: {strategy:?}: {e}"));
 }
 
 /// The filesystem UUID of the mount holding `path` (`findmnt`, independent of the driver).
@@ -474,3 +479,191 @@ pub fn mount_entries(path: &Path) -> Vec<String> {
 
 pub use crate::csi_client::{block_cap, create_request, from_snapshot, from_volume, mount_cap};
 pub use crate::real::mounts::MountSweeper;
+
+/// What a powered-off guest leaves of its mounts: none (its kernel is gone). Lazy unmounts by
+/// the test, not by the node plugin, which never hears of it.
+fn guest_kernel_gone(paths: &[&Path]) {
+    for p in paths {
+        let _ = Command::new("umount").arg("-l").arg(p).status();
+    }
+}
+
+/// A guest powered off for good: its stopped VMI keeps the disk, and KubeVirt acts on no hot-plug
+/// request for it (virt-controller applies `status.volumeRequests` to running VMIs only), so
+/// the force-detach after the out-of-service taint must end under each KubeVirt gate set
+/// Harvester runs, and the volume move to another node with its data.
+/// On `bed` ([`bed_with_vm`] or kin, with guest node [`NODE`] running and no driver serving).
+/// `pinned` (under KubeVirt's own controllers): `worker-1`'s VM is pinned to its host, as a
+/// Harvester VM scheduling rule pins it, so the VMI KubeVirt starts again after the host's loss
+/// waits for that host for good and KubeVirt applies no unplug to it.
+pub async fn a_volume_of_a_powered_off_node_moves(bed: &TestBed, pinned: bool) {
+    assert_root();
+    const OTHER: &str = "worker-2";
+    let what = match &bed.kubevirt {
+        Some(k) => format!("KubeVirt v{} {:?}", k.line.version, k.line.gates),
+        None => format!("the stand-in, {:?}", bed.sim.hotplug.gates()),
+    };
+    // On another host: under KubeVirt's own controllers worker-1's host is what loses power.
+    bed.sim
+        .create_host("harvester-2", Some("region-a"), Some("zone-2"))
+        .await
+        .expect("second host");
+    bed.sim
+        .create_vm(&GuestVm::new(OTHER).on_host("harvester-2").ip("10.52.0.12"))
+        .await
+        .expect("second guest VM");
+    for n in [NODE, OTHER] {
+        bed.sim.create_guest_node(n).await.expect("guest Node");
+    }
+    let d1 = Driver::start(bed, |_| {}).await;
+    let d2 = Driver::start(bed, |c| {
+        c.endpoint = format!(
+            "unix://{}",
+            bed.dir.path().join("csi-worker-2.sock").display()
+        );
+        c.mode = harvester_csi_driver::Mode::Node;
+        c.node_id = Some(OTHER.into());
+        c.disk_by_id_dir = bed.sim.by_id_dir(OTHER);
+    })
+    .await;
+    let (dir, sweeper) = node_dir(bed, "shutdown");
+    let cap = mount_cap("ext4");
+    let v = mounted(&d1, "pvc-shutdown", 64 << 20, &cap, &dir).await;
+    std::fs::write(v.target.join("state.db"), b"written on worker-1").expect("write");
+    assert!(Command::new("sync").status().expect("sync").success());
+
+    // worker-1 powers off for good. On the stand-in its VMI stays Failed, still holding the disk;
+    // under KubeVirt's own controllers its host lost power: Harvester force-reset the VM and
+    // KubeVirt started it again, its new VMI waiting for a host.
+    if pinned {
+        kube::Api::<harvester_common::harvester::VirtualMachine>::namespaced(
+            bed.harvester.client.clone(),
+            &bed.vm_namespace,
+        )
+        .patch(
+            NODE,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"template": {"spec": {
+                "nodeSelector": {"kubernetes.io/hostname": "harvester-1"}}}}})),
+        )
+        .await
+        .expect("pin worker-1's VM to its host");
+    }
+    bed.sim.power_off_vm(NODE).await.expect("power off");
+    guest_kernel_gone(&[&v.target, &v.staging]);
+    let mut c = d1.controller();
+    let to_other = ControllerPublishVolumeRequest {
+        node_id: OTHER.into(),
+        ..publish_request(&v.id, &cap)
+    };
+    // Still attached to worker-1.
+    let e = c
+        .controller_publish_volume(to_other.clone())
+        .await
+        .expect_err("publish elsewhere while worker-1 holds it");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains(NODE), "{}", e.message());
+    if bed.kubevirt.is_none() {
+        // Not released from its stopped VMI without the taint.
+        let e = c
+            .controller_unpublish_volume(unpublish_request(&v.id))
+            .await
+            .expect_err("unpublish from a stopped VMI without the taint");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        assert!(
+            e.message().contains("node.kubernetes.io/out-of-service"),
+            "says what to do: {}",
+            e.message()
+        );
+        let e = c
+            .controller_publish_volume(to_other.clone())
+            .await
+            .expect_err("still FAILED_PRECONDITION");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    }
+
+    // The administrator confirms the shutdown.
+    taint_out_of_service(bed, NODE).await;
+    c.controller_unpublish_volume(unpublish_request(&v.id))
+        .await
+        .expect("ControllerUnpublishVolume from the stopped VM");
+    let vm: harvester_common::harvester::VirtualMachine =
+        kube::Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace)
+            .get(NODE)
+            .await
+            .expect("VM worker-1");
+    // No add request left for KubeVirt to apply to the VM's next VMI; the volume is out of the
+    // VM spec, or (a VMI that has not started, under `HotplugVolumes`) a remove request waits
+    // for KubeVirt to apply it should that VMI start.
+    let requests = vm
+        .status
+        .as_ref()
+        .and_then(|s| s.rest.get("volumeRequests"))
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        !requests.to_string().contains("addVolumeOptions"),
+        "{requests}"
+    );
+    let in_spec = vm
+        .spec
+        .template
+        .spec
+        .volumes
+        .iter()
+        .any(|vol| vol.name == v.id);
+    assert!(
+        !in_spec
+            || (bed.kubevirt.is_some() && requests.to_string().contains("removeVolumeOptions")),
+        "the hot-plugged volume left the stopped VM ({what}): {requests}"
+    );
+    // Published as the external-attacher does, again on FAILED_PRECONDITION: a VMI KubeVirt
+    // started again elsewhere may hold the disk until KubeVirt applies the remove.
+    let published = crate::util::wait::until(
+        "ControllerPublishVolume to worker-2",
+        Duration::from_secs(30),
+        || {
+            let mut c = c.clone();
+            let req = to_other.clone();
+            async move {
+                Ok(match c.controller_publish_volume(req).await {
+                    Ok(r) => Ok(r.into_inner()),
+                    Err(e) if e.code() == Code::FailedPrecondition => Err(e.message().to_string()),
+                    Err(e) => return Err(format!("{e:?}")),
+                })
+            }
+        },
+    )
+    .await
+    .expect("ControllerPublishVolume to worker-2");
+    let moved = Vol {
+        id: v.id.clone(),
+        ctx: published.publish_context,
+        staging: dir.join("w2-staging"),
+        target: dir.join("w2-target"),
+    };
+    stage(&d2, &moved, &cap).await.expect("stage on worker-2");
+    publish(&d2, &moved, &cap)
+        .await
+        .expect("publish on worker-2");
+    assert_eq!(
+        std::fs::read(moved.target.join("state.db")).expect("data on worker-2"),
+        b"written on worker-1"
+    );
+    unpublish_and_unstage(&d2, &moved).await;
+    c.controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+        node_id: OTHER.into(),
+        ..unpublish_request(&v.id)
+    })
+    .await
+    .expect("unpublish from worker-2");
+    c.delete_volume(DeleteVolumeRequest {
+        volume_id: v.id.clone(),
+        ..Default::default()
+    })
+    .await
+    .expect("DeleteVolume");
+    assert!(sweeper.sweep().is_empty(), "mounts left behind");
+    d2.stop().await;
+    d1.stop().await;
+}

@@ -239,8 +239,8 @@ impl Hotplug<'_> {
     }
 
     /// The VMIs other than `node` holding claim `id` that are fenced
-    /// ([`VirtualMachineInstance::fenced`]): stopped, on a guest Node out of service. Asks the
-    /// guest API only when such a stopped VMI exists.
+    /// ([`VirtualMachineInstance::fenced`]): not running, on a guest Node out of service. Asks
+    /// the guest API only when such a VMI exists.
     pub async fn fenced_vmis(
         &self,
         id: &str,
@@ -251,7 +251,7 @@ impl Hotplug<'_> {
         let mut out = Vec::new();
         for vmi in vmis {
             let name = vmi.metadata.name.clone().unwrap_or_default();
-            if name == node || !vmi.uses_claim(id) || !vmi.stopped() {
+            if name == node || !vmi.uses_claim(id) || vmi.running() {
                 continue;
             }
             // The VM's UID finds a guest Node named otherwise; a VMI whose VM no longer names
@@ -427,7 +427,7 @@ impl Hotplug<'_> {
                 .await
                 .map_err(ControllerError::api(format!("getting VMI {node}")))?;
             let fenced = match &vmi {
-                Some(v) if v.stopped() && v.has_volume(id) => {
+                Some(v) if !v.running() && v.has_volume(id) => {
                     let uid = vm.as_ref().and_then(|vm| vm.metadata.uid.as_deref());
                     let tainted = match out_of_service {
                         Some(t) => t,
@@ -444,7 +444,7 @@ impl Hotplug<'_> {
                         tracing::info!(
                             volume = id,
                             node,
-                            "VM is stopped and its guest Node is out of service: the stopped VMI's disk is released"
+                            "the VMI does not run and its guest Node is out of service: its disk is released"
                         );
                     }
                     return Ok(());

@@ -7,14 +7,16 @@
 
 use std::time::Duration;
 
-use harvester_common::harvester::hotplug::HotplugError;
+use harvester_common::harvester::hotplug::{HotplugError, VolumeRequest};
 use harvester_common::harvester::kubevirt::{hotplug_capacity, provider_id};
 use harvester_common::harvester::{VirtualMachine, VirtualMachineInstance};
 use k8s_openapi::api::core::v1::Node;
 
 /// The VM, other than `node`, that already holds a single-node volume, if any (`node` empty:
-/// any VM). The VMIs named in `fenced` are ignored: stopped VMs whose guest Node is out of
-/// service (see [`VirtualMachineInstance::fenced`]), whose disks no guest can use any more.
+/// any VM). The VMIs named in `fenced` are ignored: VMIs that do not run, whose guest Node is
+/// out of service (see [`VirtualMachineInstance::fenced`]), whose disks no guest can use any
+/// more; so is such a VM whose spec still names the volume with a remove request queued for
+/// KubeVirt to apply should its VMI start.
 pub fn attached_elsewhere(
     claim: &str,
     node: &str,
@@ -23,8 +25,19 @@ pub fn attached_elsewhere(
     fenced: &[String],
 ) -> Option<String> {
     let name = |m: &kube::api::ObjectMeta| m.name.clone().unwrap_or_default();
+    let leaving = |vm: &VirtualMachine| {
+        fenced.contains(&name(&vm.metadata))
+            && vm
+                .spec
+                .template
+                .spec
+                .volumes
+                .iter()
+                .filter(|v| v.uses_claim(claim))
+                .all(|v| matches!(vm.pending_request(&v.name), Some(VolumeRequest::Remove(_))))
+    };
     vms.iter()
-        .filter(|vm| name(&vm.metadata) != node && vm.uses_claim(claim))
+        .filter(|vm| name(&vm.metadata) != node && vm.uses_claim(claim) && !leaving(vm))
         .map(|vm| name(&vm.metadata))
         .chain(
             vmis.iter()
@@ -231,6 +244,28 @@ mod tests {
             attached_elsewhere("v9", "w2", &vms, &[vmi("w3", &["v9"])], &["w3".into()]),
             None
         );
+        // A fenced VM whose spec still names it with a remove queued for KubeVirt is leaving it;
+        // without the queued remove it still holds it.
+        let mut leaving = vm("w1", &[("v1", "v1", Some("s1"))]);
+        leaving.status = Some(
+            serde_json::from_value(
+                json!({"volumeRequests": [{"removeVolumeOptions": {"name": "v1"}}]}),
+            )
+            .expect("status literal"),
+        );
+        let fenced = ["w1".to_string()];
+        assert_eq!(
+            attached_elsewhere("v1", "w2", &[leaving.clone()], &[], &fenced),
+            None
+        );
+        assert_eq!(
+            attached_elsewhere("v1", "w2", &[leaving], &[], &[]),
+            Some("w1".into())
+        );
+        assert_eq!(
+            attached_elsewhere("v1", "w2", &vms, &[], &fenced),
+            Some("w1".into())
+        );
     }
 
     fn node(name: &str, provider_id: Option<&str>, taints: &[&str]) -> Node {
@@ -243,7 +278,7 @@ mod tests {
     }
 
     #[test]
-    fn only_a_stopped_vmi_on_an_out_of_service_node_is_fenced() {
+    fn only_a_vmi_that_does_not_run_on_an_out_of_service_node_is_fenced() {
         let with_phase = |phase: &str| {
             let mut v = vmi("w1", &["v1"]);
             v.status = Some(serde_json::from_value(json!({"phase": phase})).unwrap());
@@ -255,7 +290,9 @@ mod tests {
             ("Succeeded", true, true),
             ("Failed", false, false),
             ("Running", true, false),
-            ("Scheduled", true, false),
+            ("Scheduling", true, true),
+            ("Scheduled", true, true),
+            ("Pending", false, false),
         ] {
             assert_eq!(with_phase(phase).fenced(tainted), want, "{phase} {tainted}");
         }

@@ -49,8 +49,8 @@ pub enum SpecEdit {
     Apply(Box<AddVolumeOptions>),
 }
 
-/// The next step for volume `id` of VM `vm` (named `node`) and its VMI. `fenced`: the VMI has
-/// stopped and its guest Node is out of service ([`VirtualMachineInstance::fenced`]).
+/// The next step for volume `id` of VM `vm` (named `node`) and its VMI. `fenced`: the VMI does
+/// not run and its guest Node is out of service ([`VirtualMachineInstance::fenced`]).
 pub fn plan(
     ns: &str,
     node: &str,
@@ -67,7 +67,11 @@ pub fn plan(
     }
     let pending = vm.and_then(|v| v.pending_request(id));
     let in_vmi = vmi.is_some_and(|v| v.has_volume(id));
-    if vmi.is_some_and(|v| v.stopped()) {
+    // A VMI that has not started yet is one KubeVirt applies nothing to either; once its guest
+    // Node is out of service it is handled as a stopped one, except that a queued remove stays
+    // for KubeVirt to apply should it start.
+    let stopped = vmi.is_some_and(|v| v.stopped());
+    if stopped || fenced {
         // A stopped VMI keeps its disks: only the administrator's out-of-service taint on its
         // guest Node says that no guest uses them any more.
         if in_vmi && !fenced {
@@ -83,7 +87,10 @@ pub fn plan(
                 "KubeVirt to drop the add request of volume {id} that VM {ns}/{node}'s spec now holds"
             )),
             // Asked, but queued: virt-controller applies nothing while the VMI has stopped.
-            (true, Some(VolumeRequest::Remove(_))) => Step::Edit(SpecEdit::Remove),
+            (true, Some(VolumeRequest::Remove(_))) if stopped => Step::Edit(SpecEdit::Remove),
+            // Queued for a VMI that has not started: applied once it runs, which a spec edit
+            // now would prevent (the request would be dropped as done, the disk left in it).
+            (true, Some(VolumeRequest::Remove(_))) => Step::Done,
             // Asked first: under the declarative gate alone virt-api edits the spec itself.
             (true, None) => Step::RemoveVolume,
             // A pending remove of a volume the spec no longer has is dropped by virt-controller
@@ -256,6 +263,32 @@ mod tests {
         assert_eq!(
             (opts.name.as_str(), opts.claim_name()),
             ("pvc-1", Some("pvc-1"))
+        );
+    }
+
+    /// KubeVirt restarted the VM of a lost host: its new VMI lists the volume (from the VM
+    /// spec) and waits for a host. KubeVirt applies nothing to it until it runs, so only the
+    /// out-of-service taint lets the volume go.
+    #[test]
+    fn a_vmi_waiting_for_a_host_is_waited_for_until_its_node_is_out_of_service() {
+        let waiting = vmi("Scheduling", true);
+        // (VM spec has it, pending requests, fenced) -> step
+        let rows: [(Option<bool>, Vec<Value>, bool, &str); 5] = [
+            (Some(true), vec![], false, "removevolume"),
+            (Some(true), vec![remove("pvc-1")], false, "wait"),
+            (Some(true), vec![], true, "removevolume"),
+            // The queued remove stays for KubeVirt, should the VMI start.
+            (Some(true), vec![remove("pvc-1")], true, "done"),
+            (None, vec![], true, "done"),
+        ];
+        for (spec, requests, fenced, want) in rows {
+            let got = step(&vm(spec, &requests), Some(&waiting), fenced);
+            assert_eq!(kind(&got), want, "{spec:?} {requests:?} {fenced}: {got:?}");
+        }
+        assert_eq!(
+            kind(&step(&vm(None, &[]), Some(&waiting), false)),
+            "wait",
+            "without the taint the volume is waited for until it leaves the VMI"
         );
     }
 
