@@ -170,8 +170,21 @@ async fn kill_controller_mid_hotplug(
         killed.is_err(),
         "a publish cut short by SIGKILL cannot have answered OK: {killed:?}"
     );
-    assert_eq!(bed.sim.hotplug.plugs(NODE, &id), 1);
+    assert_eq!(settled(1, || bed.sim.hotplug.plugs(NODE, &id)).await, 1);
     (id, req)
+}
+
+/// `count` once it reads `want`, else its value after 5 s: under KubeVirt's own controllers the
+/// node play records what its VMI watch shows, a moment after the driver saw the same change.
+async fn settled(want: usize, count: impl Fn() -> usize) -> usize {
+    let t0 = Instant::now();
+    loop {
+        let n = count();
+        if n == want || t0.elapsed() > Duration::from_secs(5) {
+            return n;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 async fn delete_and_wait_gone(ctrl: &DriverProc, bed: &TestBed, id: &str) {
@@ -243,7 +256,7 @@ async fn publish_retried_after_the_controller_is_killed_mid_hotplug_attaches_onc
     assert_eq!(ctx.get("target"), Some(&status.target), "{ctx:?}");
     assert_eq!(listed(&bed, &id).await, Listed::ONCE);
     assert_eq!(
-        bed.sim.hotplug.plugs(NODE, &id),
+        settled(1, || bed.sim.hotplug.plugs(NODE, &id)).await,
         1,
         "the retry must not hot-plug again: {:?}",
         bed.sim.hotplug.calls.lock().unwrap()
@@ -259,7 +272,7 @@ async fn publish_retried_after_the_controller_is_killed_mid_hotplug_attaches_onc
         .publish_context;
     assert_eq!(again, ctx, "same publish context");
     assert_eq!(listed(&bed, &id).await, Listed::ONCE);
-    assert_eq!(bed.sim.hotplug.plugs(NODE, &id), 1);
+    assert_eq!(settled(1, || bed.sim.hotplug.plugs(NODE, &id)).await, 1);
 
     // Clean up: detached from VM and VMI with one removevolume, then the PVC goes.
     let unpublish = unpublish_request(&id);
@@ -272,7 +285,7 @@ async fn publish_retried_after_the_controller_is_killed_mid_hotplug_attaches_onc
         .controller_unpublish_volume(unpublish)
         .await
         .expect("ControllerUnpublishVolume again is OK");
-    assert_eq!(bed.sim.hotplug.unplugs(NODE, &id), 1);
+    assert_eq!(settled(1, || bed.sim.hotplug.unplugs(NODE, &id)).await, 1);
     delete_and_wait_gone(&ctrl, &bed, &id).await;
     ctrl.kill();
 }
@@ -292,7 +305,7 @@ async fn unpublish_after_the_controller_is_killed_mid_hotplug_detaches_for_good(
         .await
         .expect("ControllerUnpublishVolume of a half-attached volume");
     assert_eq!(listed(&bed, &id).await, Listed::NOWHERE);
-    assert_eq!(bed.sim.hotplug.unplugs(NODE, &id), 1);
+    assert_eq!(settled(1, || bed.sim.hotplug.unplugs(NODE, &id)).await, 1);
 
     // The rest of the hot-plug window passes: the disk must not come back, in Harvester or in
     // the guest.
@@ -308,8 +321,8 @@ async fn unpublish_after_the_controller_is_killed_mid_hotplug_detaches_for_good(
         .controller_unpublish_volume(unpublish)
         .await
         .expect("ControllerUnpublishVolume again is OK");
-    assert_eq!(bed.sim.hotplug.plugs(NODE, &id), 1);
-    assert_eq!(bed.sim.hotplug.unplugs(NODE, &id), 1);
+    assert_eq!(settled(1, || bed.sim.hotplug.plugs(NODE, &id)).await, 1);
+    assert_eq!(settled(1, || bed.sim.hotplug.unplugs(NODE, &id)).await, 1);
     delete_and_wait_gone(&ctrl, &bed, &id).await;
     ctrl.kill();
 }

@@ -16,8 +16,9 @@
 //!   claim's loop device, as the stand-in's `link_disk`) and the volume is `Ready` with its
 //!   `target` (`updateHotplugVolumeStatus`); a volume gone from the spec is taken out of the
 //!   guest and marked `UnMountedFromPod` (`canUpdateToUnmounted`), upon which virt-controller
-//!   deletes the attachment Pod and the volume's status. Each attach and detach is recorded as
-//!   the stand-in records them (`HotplugCtx::plugs`, `unplugs`).
+//!   deletes the attachment Pod and the volume's status. Each volume virt-controller takes into
+//!   or out of a VMI's spec is recorded as the stand-in records them (`HotplugCtx::plugs`,
+//!   `unplugs`).
 //! - A VMI being deleted (its VM stopped): the domain shut down, `Succeeded`
 //!   (`calculateVmPhaseForStatusReason`), its hot-plugged disks gone from the guest.
 //! - A host that lost power ([`NodePlay::lose_host`]): its kubelet and virt-handler do nothing.
@@ -66,6 +67,8 @@ pub struct NodePlay {
     guests: Mutex<HashMap<String, GuestReport>>,
     /// `vmi/volume` -> the by-id link made for it.
     links: Mutex<HashMap<String, PathBuf>>,
+    /// VMI UID -> the hot-pluggable volumes last seen in its spec.
+    in_spec: Mutex<HashMap<String, HashSet<String>>>,
     /// `vmi/volume` of the attaches under way (each waits the bed's hot-plug delay).
     attaching: Mutex<HashSet<String>>,
     /// Hosts that lost power: their kubelet and virt-handler do nothing any more.
@@ -233,6 +236,7 @@ impl NodePlay {
             hotplug,
             guests: Default::default(),
             links: Default::default(),
+            in_spec: Default::default(),
             attaching: Default::default(),
             lost_hosts: Default::default(),
         })
@@ -413,6 +417,7 @@ impl NodePlay {
             let Ok(value) = serde_json::to_value(&vmi) else {
                 continue;
             };
+            self.record_spec_changes(&name, &value);
             if value["status"]["nodeName"]
                 .as_str()
                 .is_some_and(|n| self.is_lost(n))
@@ -439,6 +444,30 @@ impl NodePlay {
                 });
             }
         }
+    }
+
+    /// Records each hot-pluggable volume virt-controller took into or out of VMI `name`'s spec,
+    /// as the stand-in records them (`HotplugCtx::plugs`, `unplugs`).
+    fn record_spec_changes(&self, name: &str, vmi: &Value) {
+        let Some(uid) = vmi["metadata"]["uid"].as_str() else {
+            return;
+        };
+        let now: HashSet<String> = vmi["spec"]["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|v| v["persistentVolumeClaim"]["hotpluggable"] == true)
+            .filter_map(|v| v["name"].as_str().map(String::from))
+            .collect();
+        let mut seen = self.in_spec.lock().unwrap_or_else(|p| p.into_inner());
+        let before = seen.entry(uid.to_string()).or_default();
+        for v in now.difference(before) {
+            self.hotplug.record(VMI_ADD, &self.namespace, name, v);
+        }
+        for v in before.difference(&now) {
+            self.hotplug.record(VMI_REMOVE, &self.namespace, name, v);
+        }
+        *before = now;
     }
 
     /// Host `host` loses power: from now on its kubelet confirms no Pod's deletion and writes no
@@ -522,7 +551,6 @@ impl NodePlay {
                 {
                     return Ok(());
                 }
-                self.hotplug.record(VMI_ADD, &self.namespace, name, volume);
                 // Attached to the domain: the guest sees the disk.
                 let dir = self.hotplug.by_id_dir(name);
                 link_disk(&dir, serial, &backing.device).map_err(|e| e.to_string())?;
@@ -550,11 +578,7 @@ impl NodePlay {
                     format!("Volume {volume} has been unmounted from virt-launcher pod");
                 let to = [UNMOUNTED, "VolumeUnMountedFromPod", &unmounted];
                 let from = [VOLUME_READY, "MountedToPod", "AttachedToNode"];
-                if self.move_volume(name, volume, &from, to).await? {
-                    self.hotplug
-                        .record(VMI_REMOVE, &self.namespace, name, volume);
-                }
-                Ok(())
+                self.move_volume(name, volume, &from, to).await.map(|_| ())
             }
         }
     }
