@@ -56,6 +56,11 @@ NEEDS_KUBEVIRT=(kubevirt_real)
 # subset) both gates.
 CSI_SUITES=(csi_sanity csi_node csi_hardening chaos_csi csi_backup deploy_rbac)
 CSI_BOTH_GATES=(csi_sanity chaos_csi)
+# csi-sanity alone on KubeVirt's two other lines (v1.6.1 with HotplugVolumes, Harvester v1.7;
+# v1.8.0 with the declarative gate, Harvester v1.9), last in lane `machine` once every line is
+# built: the driver's hot-plug requests are the same on all three (pkg/virt-api/rest/volumes.go,
+# docs/testbed.md's contract table), and kubevirt_real runs each line's own cases.
+CSI_OTHER_LINES=(csi_sanity)
 # Not rerun under the other gate sets, since a gate changes how a volume is hot-plugged and
 # nothing else: csi-sanity's size and order variants (the full mount and block runs, which are
 # rerun, reach every hot-plug path csi-sanity does), the cloud provider's RBAC tests in
@@ -123,6 +128,13 @@ lane_machine() {
   wait_build node-tools
   # shellcheck disable=SC2046
   $CARGO test --workspace $(tests_args "${MACHINE_LATE[@]}")
+  wait_build kubevirt
+  local line
+  for line in v1.6-hotplug v1.8-declarative; do
+    say "csi-sanity on real KubeVirt $line (TESTBED_KUBEVIRT=$line)"
+    # shellcheck disable=SC2046
+    TESTBED_KUBEVIRT=$line $CARGO test --workspace $(tests_args "${CSI_OTHER_LINES[@]}") $(rerun_filter)
+  done
 }
 
 # The background builds, one after another in a session of their own (killed as a whole if this
@@ -223,6 +235,8 @@ for name in bed machine; do
   awk -v lane="$name" '
     /TESTBED_KUBEVIRT=v1.7-declarative/ { gate = " (KubeVirt v1.7 declarative)" }
     /TESTBED_KUBEVIRT=v1.7-both/ { gate = " (KubeVirt v1.7 both gates)" }
+    /TESTBED_KUBEVIRT=v1.6-hotplug/ { gate = " (KubeVirt v1.6)" }
+    /TESTBED_KUBEVIRT=v1.8-declarative/ { gate = " (KubeVirt v1.8)" }
     /waiting for the build / { gate = "" }
     /^ *Running / {
       target = $2
