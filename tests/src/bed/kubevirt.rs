@@ -211,7 +211,8 @@ impl RealKubevirt {
             KeyUsage::ServerAuth,
         )?;
         let virt_api_port = free_port()?;
-        install(client, &manifests, &pki.ca.cert_pem, virt_api_port, &line).await?;
+        let apiservices =
+            install(client, &manifests, &pki.ca.cert_pem, virt_api_port, &line).await?;
 
         let mut kubeconfigs = Vec::new();
         for sa in [
@@ -252,10 +253,31 @@ impl RealKubevirt {
             .arg(format!("--prom-key-file={}", p(&metrics.key)));
         let mut virt_controller = Proc::spawn("virt-controller", cmd, dir)?;
 
-        let apiservices: Api<APIService> = Api::all(client.clone());
-        let leases: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
         let t0 = Instant::now();
         let limit = Duration::from_secs(120);
+        // The APIServices once virt-api listens: the aggregator's first availability check of one
+        // registered earlier fails, and its next comes about 5 s later.
+        while tokio::net::TcpStream::connect(("127.0.0.1", virt_api_port))
+            .await
+            .is_err()
+        {
+            virt_api.check_alive()?;
+            if t0.elapsed() > limit {
+                return Err(BedError::Timeout {
+                    component: "virt-api".into(),
+                    log: virt_api.log.clone(),
+                    what: format!(
+                        "KubeVirt v{v}: virt-api listening on port {virt_api_port} within {limit:?}"
+                    ),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for doc in apiservices {
+            apply_value(client, doc, NAMESPACE).await?;
+        }
+        let apiservices: Api<APIService> = Api::all(client.clone());
+        let leases: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
         loop {
             virt_api.check_alive()?;
             virt_controller.check_alive()?;
@@ -358,15 +380,18 @@ pub fn for_the_bed(docs: Vec<Value>, ca_pem: &str, port: u16) -> Vec<Value> {
 }
 
 /// Applies the manifests (CRDs first and Established, so no webhook sees a type not yet
-/// served), the ExternalName Service, `kubevirt-ca` and the KubeVirt CR with its status.
+/// served), the ExternalName Service, `kubevirt-ca` and the KubeVirt CR with its status; returns
+/// the APIServices, to register once virt-api listens.
 async fn install(
     client: &kube::Client,
     manifests: &[Value],
     ca_pem: &str,
     port: u16,
     line: &KubevirtLine,
-) -> Result<(), BedError> {
+) -> Result<Vec<Value>, BedError> {
     let docs = for_the_bed(manifests.to_vec(), ca_pem, port);
+    let (apiservices, docs): (Vec<Value>, Vec<Value>) =
+        docs.into_iter().partition(|d| d["kind"] == "APIService");
     let (crds, rest): (Vec<Value>, Vec<Value>) = docs
         .into_iter()
         .partition(|d| d["kind"] == "CustomResourceDefinition");
@@ -419,7 +444,7 @@ spec: {{type: ExternalName, externalName: localhost, ports: [{{name: https, port
                                             "observedKubeVirtVersion": v, "targetKubeVirtVersion": v}})),
         )
         .await?;
-    Ok(())
+    Ok(apiservices)
 }
 
 /// A day's token of ServiceAccount `kubevirt/<sa>` (the SAs and their RBAC come from the
