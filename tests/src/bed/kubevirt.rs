@@ -255,40 +255,33 @@ impl RealKubevirt {
 
         let t0 = Instant::now();
         let limit = Duration::from_secs(120);
-        // The APIServices once virt-api listens: the aggregator's first availability check of one
-        // registered earlier fails, and its next comes about 5 s later.
-        while tokio::net::TcpStream::connect(("127.0.0.1", virt_api_port))
-            .await
-            .is_err()
-        {
-            virt_api.check_alive()?;
-            if t0.elapsed() > limit {
-                return Err(BedError::Timeout {
-                    component: "virt-api".into(),
-                    log: virt_api.log.clone(),
-                    what: format!(
-                        "KubeVirt v{v}: virt-api listening on port {virt_api_port} within {limit:?}"
-                    ),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        for doc in apiservices {
-            apply_value(client, doc, NAMESPACE).await?;
-        }
+        // The APIServices are registered once virt-api listens: the aggregator's first
+        // availability check of one registered earlier fails, and its next comes about 5 s later.
+        let mut unregistered = Some(apiservices);
         let apiservices: Api<APIService> = Api::all(client.clone());
         let leases: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
         loop {
             virt_api.check_alive()?;
             virt_controller.check_alive()?;
-            let available = apiservices
-                .get_opt("v1.subresources.kubevirt.io")
-                .await?
-                .and_then(|s| s.status?.conditions)
-                .is_some_and(|c| {
-                    c.iter()
-                        .any(|c| c.type_ == "Available" && c.status == "True")
-                });
+            if unregistered.is_some()
+                && tokio::net::TcpStream::connect(("127.0.0.1", virt_api_port))
+                    .await
+                    .is_ok()
+            {
+                for doc in unregistered.take().into_iter().flatten() {
+                    apply_value(client, doc, NAMESPACE).await?;
+                }
+            }
+            let listening = unregistered.is_none();
+            let available = listening
+                && apiservices
+                    .get_opt("v1.subresources.kubevirt.io")
+                    .await?
+                    .and_then(|s| s.status?.conditions)
+                    .is_some_and(|c| {
+                        c.iter()
+                            .any(|c| c.type_ == "Available" && c.status == "True")
+                    });
             let leader = crate::util::wait::lease_holder(&leases, "virt-controller").await;
             if available && leader.is_some() {
                 break;
@@ -303,12 +296,14 @@ impl RealKubevirt {
                     component: component.into(),
                     log,
                     what: format!(
-                        "KubeVirt v{v}: APIService v1.subresources.kubevirt.io Available \
-                         ({available}) and Lease {NAMESPACE}/virt-controller held ({leader:?}) within {limit:?}"
+                        "KubeVirt v{v}: virt-api listening on port {virt_api_port} ({listening}), \
+                         APIService v1.subresources.kubevirt.io Available ({available}) and Lease \
+                         {NAMESPACE}/virt-controller held ({leader:?}) within {limit:?}"
                     ),
                 });
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            let pause = if listening { 200 } else { 50 };
+            tokio::time::sleep(Duration::from_millis(pause)).await;
         }
         tracing::info!(
             "KubeVirt v{v} ({:?}) serving after {:.1}s",

@@ -242,25 +242,38 @@ impl Sim {
         not_uid: Option<String>,
         running: bool,
     ) -> Result<VirtualMachineInstance, BedError> {
-        let vmis = self.vmis();
         let what = if running { "Running" } else { "made" };
+        let made = self
+            .wait_vmi(name, what, |vmi| {
+                vmi.is_some_and(|v| {
+                    v.metadata.uid != not_uid && (!running || phase(v) == Some("Running"))
+                })
+            })
+            .await?;
+        made.ok_or_else(|| BedError::Api(format!("VMI {name} gone")))
+    }
+
+    /// Waits (60 s at most) until `done` holds for VMI `name` as read (`None`: absent); returns
+    /// it as last read.
+    async fn wait_vmi(
+        &self,
+        name: &str,
+        what: &str,
+        done: impl Fn(Option<&VirtualMachineInstance>) -> bool,
+    ) -> Result<Option<VirtualMachineInstance>, BedError> {
+        let vmis = self.vmis();
+        let done = &done;
         crate::util::wait::until(
             &format!("VMI {}/{name} {what}", self.vm_namespace),
             std::time::Duration::from_secs(60),
             || {
                 let vmis = vmis.clone();
-                let not_uid = not_uid.clone();
                 async move {
                     let vmi = vmis.get_opt(name).await.map_err(|e| e.to_string())?;
-                    let phase = vmi.as_ref().and_then(|v| v.status.as_ref()?.phase.clone());
-                    Ok(match vmi {
-                        Some(v)
-                            if v.metadata.uid != not_uid
-                                && (!running || phase.as_deref() == Some("Running")) =>
-                        {
-                            Ok(v)
-                        }
-                        _ => Err(phase),
+                    Ok(if done(vmi.as_ref()) {
+                        Ok(vmi)
+                    } else {
+                        Err(vmi.as_ref().and_then(phase).map(String::from))
                     })
                 }
             },
@@ -269,18 +282,25 @@ impl Sim {
         .map_err(BedError::Setup)
     }
 
+    /// Merge-patches VM `name` (an administrator's spec edit).
+    pub async fn patch_vm(
+        &self,
+        name: &str,
+        patch: serde_json::Value,
+    ) -> Result<VirtualMachine, BedError> {
+        Ok(self
+            .vms()
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?)
+    }
+
     /// Under KubeVirt's own controllers: sets the VM's runStrategy, as an administrator's spec
     /// edit does (`Halted`: virt-controller stops the VMI; `RerunOnFailure`: starts one;
     /// kubevirt/kubevirt v1.7.0 `pkg/virt-controller/watch/vm/vm.go`).
     async fn set_run_strategy(&self, name: &str, strategy: &str) -> Result<(), BedError> {
-        self.vms()
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"runStrategy": strategy}})),
-            )
-            .await?;
-        Ok(())
+        self.patch_vm(name, json!({"spec": {"runStrategy": strategy}}))
+            .await
+            .map(|_| ())
     }
 
     /// Under KubeVirt's own controllers: Harvester host `host` loses power. Its kubelet and
@@ -337,27 +357,13 @@ impl Sim {
     }
 
     /// Under KubeVirt's own controllers: waits until VMI `name` is gone, or final (Succeeded or
-    /// Failed) with its launcher Pod gone; virt-controller deletes both for a stopped VM.
+    /// Failed); virt-controller deletes it for a stopped VM.
     async fn kubevirt_vmi_down(&self, name: &str) -> Result<(), BedError> {
-        let vmis = self.vmis();
-        crate::util::wait::until(
-            &format!("VMI {}/{name} down", self.vm_namespace),
-            std::time::Duration::from_secs(60),
-            || {
-                let vmis = vmis.clone();
-                async move {
-                    let vmi = vmis.get_opt(name).await.map_err(|e| e.to_string())?;
-                    let phase = vmi.as_ref().and_then(|v| v.status.as_ref()?.phase.clone());
-                    Ok(match phase.as_deref() {
-                        _ if vmi.is_none() => Ok(()),
-                        Some("Succeeded" | "Failed") => Ok(()),
-                        _ => Err(phase),
-                    })
-                }
-            },
-        )
+        self.wait_vmi(name, "down", |vmi| {
+            vmi.is_none_or(|v| matches!(phase(v), Some("Succeeded" | "Failed")))
+        })
         .await
-        .map_err(BedError::Setup)
+        .map(|_| ())
     }
 
     async fn create_vm_with(
@@ -643,6 +649,11 @@ impl Sim {
         .await?;
         moved.ok_or_else(|| BedError::Api(format!("VMI {name} not found for migration")))
     }
+}
+
+/// The VMI's `status.phase`.
+fn phase(vmi: &VirtualMachineInstance) -> Option<&str> {
+    vmi.status.as_ref()?.phase.as_deref()
 }
 
 /// The interface of a VM without a real guest: the addresses the test listed (`GuestVm::ip`).

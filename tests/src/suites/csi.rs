@@ -441,17 +441,13 @@ pub async fn migration_strategy(bed: &TestBed) {
 
 /// The bed's VM [`NODE`] with `spec.updateVolumesStrategy` set to `strategy`, or unset.
 pub async fn update_volumes_strategy(bed: &TestBed, strategy: Option<&str>) {
-    kube::Api::<harvester_common::harvester::VirtualMachine>::namespaced(
-        bed.sim.harvester.clone(),
-        &bed.vm_namespace,
-    )
-    .patch(
-        NODE,
-        &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(serde_json::json!({"spec": {"updateVolumesStrategy": strategy}})),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("VM updateVolumesStrategy: {strategy:?}: {e}"));
+    bed.sim
+        .patch_vm(
+            NODE,
+            serde_json::json!({"spec": {"updateVolumesStrategy": strategy}}),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("VM updateVolumesStrategy: {strategy:?}: {e}"));
 }
 
 /// The filesystem UUID of the mount holding `path` (`findmnt`, independent of the driver).
@@ -536,18 +532,14 @@ pub async fn a_volume_of_a_powered_off_node_moves(bed: &TestBed, pinned: bool) {
     // under KubeVirt's own controllers its host lost power: Harvester force-reset the VM and
     // KubeVirt started it again, its new VMI waiting for a host.
     if pinned {
-        kube::Api::<harvester_common::harvester::VirtualMachine>::namespaced(
-            bed.harvester.client.clone(),
-            &bed.vm_namespace,
-        )
-        .patch(
-            NODE,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(serde_json::json!({"spec": {"template": {"spec": {
-                "nodeSelector": {"kubernetes.io/hostname": "harvester-1"}}}}})),
-        )
-        .await
-        .expect("pin worker-1's VM to its host");
+        bed.sim
+            .patch_vm(
+                NODE,
+                serde_json::json!({"spec": {"template": {"spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": "harvester-1"}}}}}),
+            )
+            .await
+            .expect("pin worker-1's VM to its host");
     }
     bed.sim.power_off_vm(NODE).await.expect("power off");
     guest_kernel_gone(&[&v.target, &v.staging]);
