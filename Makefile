@@ -12,9 +12,10 @@ demo: tools
 	$(CARGO) run --quiet -p testbed --bin testbed -- demo
 
 # The real guest cluster (kubelet, containerd, control plane, both charts installed with helm, an
-# IP pool on the Harvester side) until Ctrl-C; root. Prints a PATH export with the bed's kubectl
+# IP pool on the Harvester side, KubeVirt v1.6.1's virt-api and virt-controller) until Ctrl-C; root. Prints a PATH export with the bed's kubectl
 # and helm, the KUBECONFIG exports of both clusters and commands to try (a LoadBalancer Service).
 cluster: tools node-tools
+	@KUBEVIRT_VERSIONS=1.6.1 bash tests/scripts/kubevirt.sh
 	$(CARGO) build --quiet --workspace --bins
 	$(CARGO) run --quiet -p testbed --bin testbed -- cluster
 

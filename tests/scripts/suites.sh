@@ -11,7 +11,7 @@
 # other; the rest is in lane `bed`. The CSI suites' reruns under the other gate sets use nothing
 # once per machine; they run in lane `machine`, so that the lanes take about as long
 # (docs/testbed.md, "Test time"), and on a fresh machine lane `machine` runs them while the node
-# tools still build (they wait only for KubeVirt v1.7.0, built first).
+# tools still build (they wait only for KubeVirt v1.6.1 and v1.7.0, built first).
 # Ports, bed directories and network namespace names are per process (util::process::free_port
 # reserves its ports across processes), so the lanes share nothing else.
 # The real guest cluster's tools (tests/scripts/node-tools.sh: 14-15 minutes of Go builds beside the
@@ -25,9 +25,10 @@
 # with CPU-bound suites.
 # KubeVirt's virt-api and virt-controller (tests/scripts/kubevirt.sh: three lines, about 5 minutes
 # of Go builds each on a fresh machine, 0.04 s of checks once built) are built the same way, in the
-# same background session (one Go build at a time beside the lanes): first v1.7.0, for the CSI
-# suites' reruns in lane `machine` (build `kubevirt-v1.7`), then the node tools, then the other
-# two lines for the suite kubevirt_real, last in lane `bed` (build `kubevirt`).
+# same background session (one Go build at a time beside the lanes): first v1.6.1 and v1.7.0, for
+# every suite that hot-plugs and the CSI suites' reruns (build `kubevirt-first`), then the node
+# tools, then v1.8.0 for csi-sanity and the suite kubevirt_real, last in their lanes (build
+# `kubevirt`).
 #
 #   tests/scripts/suites.sh          # both lanes
 #   LANES=1 tests/scripts/suites.sh  # one after another
@@ -48,18 +49,21 @@ say() { printf '[suites] %s\n' "$*"; }
 MACHINE=(real_cluster install_docs guest_vm csi_rwx contract_guestosinfo dropin_args)
 # The suites that start the real guest cluster or build its images: they wait for node-tools.sh.
 NEEDS_NODE_TOOLS=(real_cluster install_docs images)
-# The suites that run KubeVirt's own binaries: they wait for kubevirt.sh (lane `bed`, last).
+# The suites that hot-plug: their beds run KubeVirt's own virt-api and virt-controller
+# (BedOptions::hotplugging: v1.6.1 with HotplugVolumes, Harvester v1.7's line, unless
+# TESTBED_KUBEVIRT names another); they wait for the build kubevirt-first.
+HOTPLUGGING=(csi_sanity csi_node csi_hardening chaos_csi csi_backup deploy_rbac csi_listing
+  csi_tenancy ops_csi contract_hotplug guest_vm csi_rwx)
+# The suite that runs every KubeVirt line: it waits for kubevirt.sh (lane `bed`, last).
 NEEDS_KUBEVIRT=(kubevirt_real)
-# The CSI suites again through KubeVirt's own virt-api and virt-controller (TESTBED_KUBEVIRT), under
-# each hot-plug gate set Harvester can run besides v1.7's HotplugVolumes (the stand-in's default,
-# in the first run): v1.8's DeclarativeHotplugVolumes alone (KubeVirt v1.7.0) and (a focused
-# subset) both gates.
+# The CSI suites again under each other gate set Harvester can run: v1.8's
+# DeclarativeHotplugVolumes alone (KubeVirt v1.7.0) and (a focused subset) both gates.
 CSI_SUITES=(csi_sanity csi_node csi_hardening chaos_csi csi_backup deploy_rbac)
 CSI_BOTH_GATES=(csi_sanity chaos_csi)
-# csi-sanity alone on KubeVirt's two other lines (v1.6.1 with HotplugVolumes, Harvester v1.7;
-# v1.8.0 with the declarative gate, Harvester v1.9), last in lane `machine` once every line is
-# built: the driver's hot-plug requests are the same on all three (pkg/virt-api/rest/volumes.go,
-# docs/testbed.md's contract table), and kubevirt_real runs each line's own cases.
+# csi-sanity alone on KubeVirt v1.8.0 with the declarative gate (Harvester v1.9), last in lane
+# `machine` once that line is built: the driver's hot-plug requests are the same on v1.7.0 and
+# v1.8.0 (pkg/virt-api/rest/volumes.go, docs/testbed.md's contract table), and kubevirt_real runs
+# each line's own cases.
 CSI_OTHER_LINES=(csi_sanity)
 # Not rerun under the other gate sets, since a gate changes how a volume is hot-plugged and
 # nothing else: csi-sanity's size and order variants (the full mount and block runs, which are
@@ -82,15 +86,20 @@ rerun_filter() { local t; printf -- '-- --exact '; for t in "${GATE_RERUN_SKIP[@
 # listed LIST_NAME SUITE: whether SUITE is in the array named LIST_NAME.
 listed() { local -n list=$1; local m; for m in "${list[@]}"; do [ "$m" = "$2" ] && return 0; done; return 1; }
 
-# Each lane's suites in two parts: those that run at once, and those that wait for node-tools.sh.
-BED=() BED_LATE=() MACHINE_EARLY=() MACHINE_LATE=()
+# Each lane's suites in three parts: those that run at once, those that wait for KubeVirt's
+# first lines, and those that wait for node-tools.sh.
+BED=() BED_HOTPLUG=() BED_LATE=() MACHINE_EARLY=() MACHINE_HOTPLUG=() MACHINE_LATE=()
 for f in tests/tests/*.rs; do
   t=$(basename "$f" .rs)
   if listed MACHINE "$t" || listed NEEDS_KUBEVIRT "$t"; then continue; fi
-  if listed NEEDS_NODE_TOOLS "$t"; then BED_LATE+=("$t"); else BED+=("$t"); fi
+  if listed NEEDS_NODE_TOOLS "$t"; then BED_LATE+=("$t");
+  elif listed HOTPLUGGING "$t"; then BED_HOTPLUG+=("$t");
+  else BED+=("$t"); fi
 done
 for t in "${MACHINE[@]}"; do
-  if listed NEEDS_NODE_TOOLS "$t"; then MACHINE_LATE+=("$t"); else MACHINE_EARLY+=("$t"); fi
+  if listed NEEDS_NODE_TOOLS "$t"; then MACHINE_LATE+=("$t");
+  elif listed HOTPLUGGING "$t"; then MACHINE_HOTPLUG+=("$t");
+  else MACHINE_EARLY+=("$t"); fi
 done
 
 # The integration tests of the other packages (ccm/tests, csi/tests, ...), in lane `bed`.
@@ -108,6 +117,9 @@ lane_bed() {
   $CARGO test --workspace --doc
   # shellcheck disable=SC2046
   $CARGO test --workspace $(tests_args "${OTHERS[@]}" "${BED[@]}")
+  wait_build kubevirt-first
+  # shellcheck disable=SC2046
+  $CARGO test --workspace $(tests_args "${BED_HOTPLUG[@]}")
   wait_build node-tools
   # shellcheck disable=SC2046
   $CARGO test --workspace $(tests_args "${BED_LATE[@]}")
@@ -118,7 +130,9 @@ lane_bed() {
 lane_machine() {
   # shellcheck disable=SC2046
   $CARGO test --workspace $(tests_args "${MACHINE_EARLY[@]}")
-  wait_build kubevirt-v1.7
+  wait_build kubevirt-first
+  # shellcheck disable=SC2046
+  $CARGO test --workspace $(tests_args "${MACHINE_HOTPLUG[@]}")
   say "the CSI suites again on Harvester v1.8, real KubeVirt v1.7.0 (TESTBED_KUBEVIRT=v1.7-declarative)"
   # shellcheck disable=SC2046
   TESTBED_KUBEVIRT=v1.7-declarative $CARGO test --workspace $(tests_args "${CSI_SUITES[@]}") $(rerun_filter)
@@ -129,29 +143,26 @@ lane_machine() {
   # shellcheck disable=SC2046
   $CARGO test --workspace $(tests_args "${MACHINE_LATE[@]}")
   wait_build kubevirt
-  local line
-  for line in v1.6-hotplug v1.8-declarative; do
-    say "csi-sanity on real KubeVirt $line (TESTBED_KUBEVIRT=$line)"
-    # shellcheck disable=SC2046
-    TESTBED_KUBEVIRT=$line $CARGO test --workspace $(tests_args "${CSI_OTHER_LINES[@]}") $(rerun_filter)
-  done
+  say "csi-sanity on real KubeVirt v1.8.0 (TESTBED_KUBEVIRT=v1.8-declarative)"
+  # shellcheck disable=SC2046
+  TESTBED_KUBEVIRT=v1.8-declarative $CARGO test --workspace $(tests_args "${CSI_OTHER_LINES[@]}") $(rerun_filter)
 }
 
 # The background builds, one after another in a session of their own (killed as a whole if this
-# script ends first): kubevirt-v1.7, node-tools, kubevirt. Each holds an exclusive flock on
+# script ends first): kubevirt-first, node-tools, kubevirt. Each holds an exclusive flock on
 # $LOGS/<name>.lock until it ends: the lanes, started after, wait for it with a shared flock (no
 # polling) and read its exit code from $LOGS/<name>.status; its output goes to $LOGS/<name>.log.
 builds_pid=
 start_builds() {
-  rm -f "$LOGS"/{kubevirt-v1.7,node-tools,kubevirt}.status
-  exec 7>"$LOGS/kubevirt-v1.7.lock" 8>"$LOGS/node-tools.lock" 9>"$LOGS/kubevirt.lock"
+  rm -f "$LOGS"/{kubevirt-first,node-tools,kubevirt}.status
+  exec 7>"$LOGS/kubevirt-first.lock" 8>"$LOGS/node-tools.lock" 9>"$LOGS/kubevirt.lock"
   flock -x 7
   flock -x 8
   flock -x 9
   # shellcheck disable=SC2016
   NICE=${NODE_TOOLS_NICE:-0} setsid bash -c '
-    KUBEVIRT_VERSIONS=1.7.0 bash tests/scripts/kubevirt.sh >"$1/kubevirt-v1.7.log" 2>&1
-    echo $? >"$1/kubevirt-v1.7.status"
+    KUBEVIRT_VERSIONS="1.6.1 1.7.0" bash tests/scripts/kubevirt.sh >"$1/kubevirt-first.log" 2>&1
+    echo $? >"$1/kubevirt-first.status"
     exec 7>&-
     bash tests/scripts/node-tools.sh >"$1/node-tools.log" 2>&1; echo $? >"$1/node-tools.status"
     exec 8>&-
@@ -164,7 +175,7 @@ start_builds() {
 stop_builds() {
   [ -n "$builds_pid" ] && kill -- -"$builds_pid" 2>/dev/null || true
 }
-# wait_build NAME: waits for the background build NAME (kubevirt-v1.7, node-tools or kubevirt);
+# wait_build NAME: waits for the background build NAME (kubevirt-first, node-tools or kubevirt);
 # fails with the end of its log if it failed.
 wait_build() {
   local t0 rc
@@ -182,7 +193,7 @@ wait_build() {
 
 start=$(date +%s)
 trap stop_builds EXIT
-say "building KubeVirt v1.7.0, the node tools, then KubeVirt's other lines in the background (logs: $LOGS/kubevirt-v1.7.log, $LOGS/node-tools.log, $LOGS/kubevirt.log)"
+say "building KubeVirt v1.6.1 and v1.7.0, the node tools, then KubeVirt v1.8.0 in the background (logs: $LOGS/kubevirt-first.log, $LOGS/node-tools.log, $LOGS/kubevirt.log)"
 start_builds
 say "building every test target once"
 $CARGO test --workspace --no-run
@@ -220,8 +231,8 @@ else
     cat "$LOGS/$name.log"
   done
 fi
-echo "===== KubeVirt v1.7.0 (background) ====="
-cat "$LOGS/kubevirt-v1.7.log" 2>/dev/null || echo "(not started)"
+echo "===== KubeVirt v1.6.1 and v1.7.0 (background) ====="
+cat "$LOGS/kubevirt-first.log" 2>/dev/null || echo "(not started)"
 echo "===== node tools (background) ====="
 cat "$LOGS/node-tools.log"
 echo "===== KubeVirt (background) ====="
@@ -235,7 +246,6 @@ for name in bed machine; do
   awk -v lane="$name" '
     /TESTBED_KUBEVIRT=v1.7-declarative/ { gate = " (KubeVirt v1.7 declarative)" }
     /TESTBED_KUBEVIRT=v1.7-both/ { gate = " (KubeVirt v1.7 both gates)" }
-    /TESTBED_KUBEVIRT=v1.6-hotplug/ { gate = " (KubeVirt v1.6)" }
     /TESTBED_KUBEVIRT=v1.8-declarative/ { gate = " (KubeVirt v1.8)" }
     /waiting for the build / { gate = "" }
     /^ *Running / {

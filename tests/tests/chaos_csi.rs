@@ -108,7 +108,7 @@ async fn phase(bed: &TestBed, id: &str) -> Option<String> {
 async fn slow_hotplug_bed() -> TestBed {
     bed_with_vm_and(BedOptions {
         hotplug_delay: Duration::from_secs(6),
-        ..BedOptions::default()
+        ..BedOptions::hotplugging()
     })
     .await
 }

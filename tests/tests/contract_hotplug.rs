@@ -1,6 +1,6 @@
-//! KubeVirt's hot-plug as it really behaves (kubevirt/kubevirt v1.6.0, v1.7.0, v1.8.3, the
-//! releases Harvester v1.7, v1.8 and master ship), against the real Harvester API server and the
-//! stand-in's virt-api and virt-controller, under each feature-gate set Harvester can run:
+//! The driver against KubeVirt's hot-plug as it really behaves: KubeVirt's own virt-api and
+//! virt-controller (v1.6.1 for Harvester v1.7, v1.7.0 for v1.8; `BedOptions::kubevirt`) under
+//! each feature-gate set Harvester can run:
 //! - virt-api answers volume conflicts with 409 and a lost race on the VM with the API server's
 //!   422; several volumes published to one VM at once must all land in one CSI call each;
 //! - `addvolume` works under either gate (`HotplugVolumes`: a VM status request; the declarative
@@ -17,19 +17,18 @@ use std::time::{Duration, Instant};
 use csi_common::*;
 use csi_proto::csi::v1::controller_client::ControllerClient;
 use csi_proto::csi::v1::*;
-use harvester_common::harvester::{HotplugMode, VirtualMachine, VirtualMachineInstance};
+use harvester_common::harvester::{VirtualMachine, VirtualMachineInstance};
 use kube::api::{Api, Patch, PatchParams};
 use testbed::BedOptions;
-use testbed::sim::virt_api::Gates;
+use testbed::bed::kubevirt::KubevirtLine;
 use tonic::transport::Channel;
 
 /// How many volumes a burst publishes to one VM at once (a Pod with several claims).
 const BURST: usize = 6;
 
-fn harvester(mode: HotplugMode, gates: Gates) -> BedOptions {
+fn harvester(line: KubevirtLine) -> BedOptions {
     BedOptions {
-        hotplug: mode,
-        gates: Some(gates),
+        kubevirt: Some(line),
         ..Default::default()
     }
 }
@@ -76,8 +75,8 @@ async fn attached(bed: &testbed::TestBed, ids: &[String]) -> (usize, usize) {
 /// [`BURST`] volumes published to one VM at once, then unpublished at once: every call answers
 /// OK the first time (no ABORTED left to the attacher's backoff), each disk is plugged and
 /// unplugged exactly once.
-async fn a_burst_lands_in_one_round(mode: HotplugMode, gates: Gates) {
-    let bed = bed_with_vm_and(harvester(mode, gates)).await;
+async fn a_burst_lands_in_one_round(line: KubevirtLine) {
+    let bed = bed_with_vm_and(harvester(line)).await;
     let d = Driver::start(&bed, |_| {}).await;
     let mut c = d.controller();
     let mut ids = Vec::new();
@@ -96,10 +95,10 @@ async fn a_burst_lands_in_one_round(mode: HotplugMode, gates: Gates) {
     for (id, a) in ids.iter().zip(&answers) {
         let a = a
             .as_ref()
-            .unwrap_or_else(|e| panic!("publish of {id} in the burst ({gates:?}): {e:?}"));
+            .unwrap_or_else(|e| panic!("publish of {id} in the burst ({line:?}): {e:?}"));
         assert!(a.get_ref().publish_context.contains_key("serial"), "{a:?}");
     }
-    eprintln!("{gates:?}: {BURST} concurrent publishes to one VM answered OK in {took:?}");
+    eprintln!("{line:?}: {BURST} concurrent publishes to one VM answered OK in {took:?}");
     assert_eq!(attached(&bed, &ids).await, (BURST, BURST));
 
     let t0 = Instant::now();
@@ -109,10 +108,10 @@ async fn a_burst_lands_in_one_round(mode: HotplugMode, gates: Gates) {
         async move { c.controller_unpublish_volume(req).await }
     });
     for (id, a) in ids.iter().zip(futures::future::join_all(unpublishes).await) {
-        a.unwrap_or_else(|e| panic!("unpublish of {id} in the burst ({gates:?}): {e:?}"));
+        a.unwrap_or_else(|e| panic!("unpublish of {id} in the burst ({line:?}): {e:?}"));
     }
     eprintln!(
-        "{gates:?}: {BURST} concurrent unpublishes answered OK in {:?}",
+        "{line:?}: {BURST} concurrent unpublishes answered OK in {:?}",
         t0.elapsed()
     );
     assert_eq!(attached(&bed, &ids).await, (0, 0));
@@ -126,29 +125,17 @@ async fn a_burst_lands_in_one_round(mode: HotplugMode, gates: Gates) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contract_a_burst_of_publishes_lands_in_one_round_on_harvester_1_7() {
-    a_burst_lands_in_one_round(HotplugMode::Subresource, Gates::HOTPLUG_VOLUMES).await;
+    a_burst_lands_in_one_round(KubevirtLine::V1_6_HOTPLUG).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contract_a_burst_of_publishes_lands_in_one_round_on_harvester_1_8() {
-    a_burst_lands_in_one_round(HotplugMode::Declarative, Gates::DECLARATIVE).await;
+    a_burst_lands_in_one_round(KubevirtLine::V1_7_DECLARATIVE).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contract_a_burst_of_publishes_lands_in_one_round_with_both_gates() {
-    a_burst_lands_in_one_round(HotplugMode::Declarative, Gates::BOTH).await;
-}
-
-/// Sets the phase of the bed VM's VMI (`Scheduled`: the VM is starting).
-async fn set_vmi_phase(bed: &testbed::TestBed, phase: &str) {
-    let vmis =
-        Api::<VirtualMachineInstance>::namespaced(bed.sim.harvester.clone(), &bed.vm_namespace);
-    testbed::sim::virt_api::update_vmi(&vmis, NODE, |v| {
-        v.status.get_or_insert_with(Default::default).phase = Some(phase.to_string());
-    })
-    .await
-    .expect("setting the VMI's phase")
-    .expect("the bed's VMI");
+    a_burst_lands_in_one_round(KubevirtLine::V1_7_BOTH).await;
 }
 
 /// The kinds (`add`, `remove`) of the bed VM's pending `status.volumeRequests` for volume `id`.
@@ -182,9 +169,9 @@ async fn pending_requests(bed: &testbed::TestBed, id: &str) -> Vec<&'static str>
 /// (the VMI was not running yet, and virt-controller applies requests to running VMIs only):
 /// KubeVirt applies it once the VMI runs, so unpublish must not answer OK before, nor another
 /// node get the volume; once it runs, unpublish takes the disk out again.
-async fn a_pending_add_is_never_left_behind(mode: HotplugMode, gates: Gates) {
+async fn a_pending_add_is_never_left_behind(line: KubevirtLine) {
     const OTHER: &str = "worker-2";
-    let bed = bed_with_vm_and(harvester(mode, gates)).await;
+    let bed = bed_with_vm_and(harvester(line)).await;
     bed.sim
         .create_vm(
             &testbed::sim::GuestVm::new(OTHER)
@@ -203,13 +190,16 @@ async fn a_pending_add_is_never_left_behind(mode: HotplugMode, gates: Gates) {
     let ids = std::slice::from_ref(&id);
 
     // The VM is starting: its VMI exists but does not run yet.
-    set_vmi_phase(&bed, "Scheduled").await;
+    bed.sim
+        .restart_vm_held(NODE)
+        .await
+        .expect("the VM restarted, its guest held before boot");
     let err = c
         .controller_publish_volume(publish_request(&id, &mount()))
         .await
         .expect_err("no hot-plug into a VMI that does not run");
     assert_eq!(err.code(), tonic::Code::DeadlineExceeded, "{err:?}");
-    assert_eq!(pending_requests(&bed, &id).await, ["add"], "({gates:?})");
+    assert_eq!(pending_requests(&bed, &id).await, ["add"], "({line:?})");
     assert_eq!(attached(&bed, ids).await, (0, 0), "nothing applied yet");
 
     let err = c
@@ -229,7 +219,7 @@ async fn a_pending_add_is_never_left_behind(mode: HotplugMode, gates: Gates) {
     assert!(err.message().contains(NODE), "{}", err.message());
 
     // The VMI runs: KubeVirt applies the add, and unpublish takes the disk out again.
-    set_vmi_phase(&bed, "Running").await;
+    bed.sim.boot_vm(NODE).await.expect("the guest boots");
     c.controller_unpublish_volume(unpublish_request(&id))
         .await
         .expect("ControllerUnpublishVolume once the VMI runs");
@@ -251,18 +241,18 @@ async fn a_pending_add_is_never_left_behind(mode: HotplugMode, gates: Gates) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contract_a_pending_add_request_is_never_left_behind_on_harvester_1_7() {
-    a_pending_add_is_never_left_behind(HotplugMode::Subresource, Gates::HOTPLUG_VOLUMES).await;
+    a_pending_add_is_never_left_behind(KubevirtLine::V1_6_HOTPLUG).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contract_a_pending_add_request_is_never_left_behind_with_both_gates() {
-    a_pending_add_is_never_left_behind(HotplugMode::Declarative, Gates::BOTH).await;
+    a_pending_add_is_never_left_behind(KubevirtLine::V1_7_BOTH).await;
 }
 
 /// A VM whose volume updates go by migration, where KubeVirt hot-plugs (`HotplugVolumes` on):
 /// publish and unpublish work as for any VM.
-async fn migration_vm_works(mode: HotplugMode, gates: Gates) {
-    let bed = bed_with_vm_and(harvester(mode, gates)).await;
+async fn migration_vm_works(line: KubevirtLine) {
+    let bed = bed_with_vm_and(harvester(line)).await;
     migration_strategy(&bed).await;
     let d = Driver::start(&bed, |_| {}).await;
     let dir = bed.dir.path().to_path_buf();
@@ -279,12 +269,12 @@ async fn migration_vm_works(mode: HotplugMode, gates: Gates) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contract_a_migration_strategy_vm_is_hot_plugged_on_harvester_1_7() {
-    migration_vm_works(HotplugMode::Subresource, Gates::HOTPLUG_VOLUMES).await;
+    migration_vm_works(KubevirtLine::V1_6_HOTPLUG).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contract_a_migration_strategy_vm_is_hot_plugged_with_both_gates() {
-    migration_vm_works(HotplugMode::Declarative, Gates::BOTH).await;
+    migration_vm_works(KubevirtLine::V1_7_BOTH).await;
 }
 
 /// What a request KubeVirt will not act on for a `Migration` VM must get: FAILED_PRECONDITION
@@ -314,7 +304,7 @@ fn assert_migration_refusal(err: &tonic::Status, took: Duration, more: &[&str]) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contract_a_migration_strategy_vm_on_harvester_1_8_fails_clearly_and_unpublishes() {
-    let bed = bed_with_vm_and(harvester(HotplugMode::Declarative, Gates::DECLARATIVE)).await;
+    let bed = bed_with_vm_and(harvester(KubevirtLine::V1_7_DECLARATIVE)).await;
     migration_strategy(&bed).await;
     let d = Driver::start(&bed, |_| {}).await;
     let mut c = d.controller();
@@ -341,7 +331,7 @@ async fn contract_a_migration_strategy_vm_on_harvester_1_8_fails_clearly_and_unp
 /// detach bound; once the strategy is back to Replacement, unpublish ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contract_unpublish_from_a_vm_turned_migration_on_harvester_1_8_fails_clearly() {
-    let bed = bed_with_vm_and(harvester(HotplugMode::Declarative, Gates::DECLARATIVE)).await;
+    let bed = bed_with_vm_and(harvester(KubevirtLine::V1_7_DECLARATIVE)).await;
     let d = Driver::start(&bed, |_| {}).await;
     let dir = bed.dir.path().to_path_buf();
     let v = create_and_publish(&d, "migr-late", 64 << 20, &mount(), &dir).await;

@@ -7,8 +7,6 @@
 use std::time::Duration;
 
 use csi_proto::csi::v1::*;
-use harvester_common::harvester::VirtualMachineInstance;
-use kube::api::Api;
 use testbed::csi_client::{block_cap, create_request, snapshot_request};
 use testbed::suites::csi::{Driver, NODE, assert_root, bed_with_vm, publish_request};
 use tonic::Code;
@@ -130,24 +128,16 @@ async fn volumes_list_in_pages_with_their_published_nodes_and_condition_root() {
     assert_eq!(missing.code(), Code::NotFound, "{missing:?}");
 
     // #10588: the disk leaves the VMI (spec and status) while the VM spec keeps it. Under the
-    // declarative gate alone the stand-in's virt-controller would put it back at once (as
-    // KubeVirt's does), so this part needs the bed's default gates.
+    // declarative gate alone KubeVirt's virt-controller would put it back at once, so this part
+    // needs `HotplugVolumes` alone (the bed's default line).
     assert!(
         !bed.sim.hotplug.gates().declarative_controller(),
-        "run this suite with the bed's default hot-plug gates (TESTBED_HOTPLUG unset)"
+        "run this suite with the bed's default KubeVirt line (TESTBED_KUBEVIRT unset)"
     );
-    let vmis: Api<VirtualMachineInstance> =
-        Api::namespaced(bed.harvester.client.clone(), &bed.vm_namespace);
-    let id = a.clone();
-    testbed::sim::virt_api::update_vmi(&vmis, NODE, |vmi| {
-        vmi.spec.volumes.retain(|v| v.name != id);
-        if let Some(s) = vmi.status.as_mut() {
-            s.volume_status.retain(|v| v.name != id);
-        }
-    })
-    .await
-    .expect("dropping the disk from the VMI")
-    .expect("the VMI exists");
+    bed.sim
+        .drop_from_vmi(NODE, &[a.as_str()])
+        .await
+        .expect("dropping the disk from the VMI");
     let want = format!(
         "VM {}/{NODE} has the volume in its spec but its VMI does not report it Ready",
         bed.vm_namespace

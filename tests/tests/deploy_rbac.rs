@@ -31,7 +31,7 @@ use testbed::csi_client::{
 };
 use testbed::sim::GuestVm;
 use testbed::suites::deploy::*;
-use testbed::{TestBed, util::wait};
+use testbed::{BedOptions, TestBed, util::wait};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
@@ -418,7 +418,7 @@ fn restore_request(name: &str, snapshot_id: &str) -> CreateVolumeRequest {
 
 #[tokio::test]
 async fn csi_controller_runs_the_volume_flow_with_only_the_documented_harvester_role() {
-    let bed = TestBed::started().await;
+    let bed = TestBed::started_with(BedOptions::hotplugging()).await;
     harvester_storage_class(&bed).await;
     worker_vm(&bed).await;
     let harvester_docs = harvester_rbac_of(&bed.vm_namespace, HARVESTER_CSI_ROLES);
@@ -683,7 +683,7 @@ const WRITES: [&str; 5] = ["create", "update", "patch", "delete", "deletecollect
 /// may read what the node plugin reads, and the node plugin runs with it without one Forbidden.
 #[tokio::test]
 async fn csi_node_plugin_account_reads_only() {
-    let bed = TestBed::started().await;
+    let bed = TestBed::started_with(BedOptions::hotplugging()).await;
     worker_vm(&bed).await;
     let node_docs = csi_node_rbac(&bed.vm_namespace, CLUSTER);
     for role in node_docs.iter().filter(|d| d["kind"] == "ClusterRole") {

@@ -283,7 +283,7 @@ async fn the_csi_driver_runs_with_the_args_upstreams_chart_renders() {
     use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 
     csi_common::assert_root();
-    let bed = csi_common::bed_with_vm().await;
+    let bed = csi_common::bed_with_vm_and(testbed::BedOptions::default()).await;
     let socket = bed.dir.path().join("upstream-args.sock");
     // `--endpoint=unix://...` and `--kubeconfig=...` are added by DriverProc, as the chart renders
     // them; the rest is the chart's `--nodeid=$(NODE_ID)` (spec.nodeName) and the optional class.

@@ -262,7 +262,7 @@ async fn install_docs_run_as_written_on_a_real_guest_cluster_root() {
     let bed = TestBed::start(BedOptions {
         real_node: true,
         real_node_charts: false,
-        ..BedOptions::default()
+        ..BedOptions::hotplugging()
     })
     .await
     .unwrap_or_else(|e| panic!("the real guest cluster must start for this test: {e}"));

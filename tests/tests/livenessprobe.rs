@@ -8,6 +8,7 @@
 //! 500 with the error's text, and the two flag conflicts are refused with status 1.
 
 use testbed::suites::csi as common;
+use testbed::TestBed;
 
 use std::path::Path;
 use std::process::Command;
@@ -68,7 +69,7 @@ fn livenessprobe(dir: &Path, args: &[String]) -> Proc {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn livenessprobe_follows_the_driver() {
-    let bed = common::bed().await;
+    let bed = TestBed::started().await;
     let socket = bed.dir.path().join("csi.sock");
     let port = free_port().expect("port");
     let timeout = Duration::from_secs(2);

@@ -23,7 +23,7 @@ const HOTPLUG_DELAY: Duration = Duration::from_secs(3);
 async fn the_binary_serves_probes_counts_rpcs_and_finishes_an_rpc_in_flight_on_sigterm() {
     let bed = bed_with_vm_and(BedOptions {
         hotplug_delay: HOTPLUG_DELAY,
-        ..BedOptions::default()
+        ..BedOptions::hotplugging()
     })
     .await;
 

@@ -3,6 +3,7 @@
 //! process with status 1; bad flags and a missing driver are named.
 
 use testbed::suites::csi as common;
+use testbed::BedOptions;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -85,7 +86,7 @@ fn dirs(bed: &testbed::TestBed) -> Dirs {
 
 #[tokio::test]
 async fn registrar_answers_get_info_and_exits_1_on_failed_registration() {
-    let bed = common::bed_with_vm().await;
+    let bed = common::bed_with_vm_and(BedOptions::default()).await;
     let driver = common::Driver::start(&bed, |_| {}).await;
     let d = dirs(&bed);
     let args = vec![
@@ -181,7 +182,7 @@ async fn registrar_answers_get_info_and_exits_1_on_failed_registration() {
 
 #[tokio::test]
 async fn registrar_sigterm_removes_its_socket() {
-    let bed = common::bed_with_vm().await;
+    let bed = common::bed_with_vm_and(BedOptions::default()).await;
     let driver = common::Driver::start(&bed, |_| {}).await;
     let d = dirs(&bed);
     let log = bed.dir.path().join("registrar.log");
@@ -255,7 +256,7 @@ async fn registrar_names_missing_flag_and_unreachable_driver() {
 /// exiting, then registers.
 #[tokio::test]
 async fn registrar_waits_for_a_driver_that_starts_later() {
-    let bed = common::bed_with_vm().await;
+    let bed = common::bed_with_vm_and(BedOptions::default()).await;
     let d = dirs(&bed);
     let later = bed.dir.path().join("later.sock");
     let log = bed.dir.path().join("registrar-waits.log");

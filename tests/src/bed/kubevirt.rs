@@ -165,12 +165,16 @@ pub struct RealKubevirt {
     /// (`pkg/virt-api/webhooks/mutating-webhook/mutators/vmi-mutator.go`,
     /// `pkg/virt-api/webhooks/serviceaccounts.go`).
     pub handler: kube::Client,
+    /// The APIServices, registered by [`RealKubevirt::wait_serving`] once virt-api listens.
+    unregistered: Vec<Value>,
+    launched: Instant,
 }
 
 impl RealKubevirt {
-    /// Installs the line into the API server of `client` (at `server`), starts virt-api and
-    /// virt-controller, and waits until the APIService is Available and virt-controller leads.
-    pub async fn start(
+    /// Installs the line into the API server of `client` (at `server`) and starts virt-api and
+    /// virt-controller; [`RealKubevirt::wait_serving`] waits until they serve, so that the bed
+    /// sets up its other parts meanwhile.
+    pub async fn launch(
         line: KubevirtLine,
         dir: &Path,
         pki: &Pki,
@@ -237,7 +241,7 @@ impl RealKubevirt {
             .arg(format!("--tls-key-file={}", p(&serving.key)))
             .arg(format!("--handler-cert-file={}", p(&handler_client.cert)))
             .arg(format!("--handler-key-file={}", p(&handler_client.key)));
-        let mut virt_api = Proc::spawn("virt-api", cmd, dir)?;
+        let virt_api = Proc::spawn("virt-api", cmd, dir)?;
         let mut cmd = Command::new(virt_controller_bin);
         let v = line.version;
         cmd.arg(format!("--kubeconfig={}", p(&kubeconfigs[1].0)))
@@ -251,18 +255,33 @@ impl RealKubevirt {
             ))
             .arg(format!("--prom-cert-file={}", p(&metrics.cert)))
             .arg(format!("--prom-key-file={}", p(&metrics.key)));
-        let mut virt_controller = Proc::spawn("virt-controller", cmd, dir)?;
+        let virt_controller = Proc::spawn("virt-controller", cmd, dir)?;
+        Ok(RealKubevirt {
+            line,
+            virt_api,
+            virt_controller,
+            virt_api_port,
+            handler,
+            unregistered: apiservices,
+            launched: Instant::now(),
+        })
+    }
 
-        let t0 = Instant::now();
+    /// Registers the APIServices once virt-api listens, then waits until the aggregator calls
+    /// them Available and virt-controller holds its Lease; fails with the log of the one that
+    /// died or did not get there.
+    pub async fn wait_serving(&mut self, client: &kube::Client) -> Result<(), BedError> {
+        let t0 = self.launched;
         let limit = Duration::from_secs(120);
+        let (v, virt_api_port) = (self.line.version, self.virt_api_port);
         // The APIServices are registered once virt-api listens: the aggregator's first
         // availability check of one registered earlier fails, and its next comes about 5 s later.
-        let mut unregistered = Some(apiservices);
+        let mut unregistered = Some(std::mem::take(&mut self.unregistered));
         let apiservices: Api<APIService> = Api::all(client.clone());
         let leases: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
         loop {
-            virt_api.check_alive()?;
-            virt_controller.check_alive()?;
+            self.virt_api.check_alive()?;
+            self.virt_controller.check_alive()?;
             if unregistered.is_some()
                 && tokio::net::TcpStream::connect(("127.0.0.1", virt_api_port))
                     .await
@@ -288,9 +307,9 @@ impl RealKubevirt {
             }
             if t0.elapsed() > limit {
                 let (component, log) = if available {
-                    ("virt-controller", virt_controller.log.clone())
+                    ("virt-controller", self.virt_controller.log.clone())
                 } else {
-                    ("virt-api", virt_api.log.clone())
+                    ("virt-api", self.virt_api.log.clone())
                 };
                 return Err(BedError::Timeout {
                     component: component.into(),
@@ -306,17 +325,11 @@ impl RealKubevirt {
             tokio::time::sleep(Duration::from_millis(pause)).await;
         }
         tracing::info!(
-            "KubeVirt v{v} ({:?}) serving after {:.1}s",
-            line.gates,
+            "KubeVirt v{v} ({:?}) serving {:.1}s after its start",
+            self.line.gates,
             t0.elapsed().as_secs_f64()
         );
-        Ok(RealKubevirt {
-            line,
-            virt_api,
-            virt_controller,
-            virt_api_port,
-            handler,
-        })
+        Ok(())
     }
 
     pub fn pids(&self) -> Vec<u32> {

@@ -40,7 +40,8 @@ use crate::{BedError, util::wait};
 pub struct BedOptions {
     /// Harvester namespace holding the guest VMs (the cloud-config's context namespace).
     pub vm_namespace: String,
-    /// How long the stand-in takes from `addvolume` to volumeStatus `Ready`.
+    /// How long a hot-plugged disk takes to reach the guest once attached (the stand-in: from
+    /// `addvolume` to volumeStatus `Ready`; the node play: from `AttachedToNode` to `MountedToPod`).
     pub hotplug_delay: Duration,
     /// Keep the bed's directory (logs, kubeconfigs) after drop.
     pub keep_dir: bool,
@@ -51,11 +52,11 @@ pub struct BedOptions {
     /// with its images imported and nothing installed, for a test that installs the charts itself
     /// (`install_docs`: the commands of docs/install.md).
     pub real_node_charts: bool,
-    /// Which Harvester release (its `server-version` setting): `TESTBED_HOTPLUG=subresource`
-    /// (v1.7, the default), `declarative` or `both` (v1.8).
+    /// Which Harvester release the stand-in plays (its `server-version` setting): v1.7
+    /// (`Subresource`, the default) or v1.8 (`Declarative`).
     pub hotplug: HotplugMode,
     /// The stand-in's KubeVirt feature gates when not the release's own ([`Gates::of`]):
-    /// `TESTBED_HOTPLUG=both` is v1.8 with `HotplugVolumes` enabled again.
+    /// `Gates::BOTH` is v1.8 with `HotplugVolumes` enabled again.
     pub gates: Option<Gates>,
     /// Which release of Harvester's LoadBalancer mutating webhook the bed registers (always
     /// registered): `TESTBED_LB_WEBHOOK=v1.8|v1.9`, default v1.9.
@@ -70,19 +71,6 @@ pub struct BedOptions {
     pub lb_upstream: Option<PathBuf>,
 }
 
-/// The Harvester release and KubeVirt gates `TESTBED_HOTPLUG` asks for (`make test` runs the CSI
-/// suites under each).
-pub fn hotplug_from_env() -> (HotplugMode, Option<Gates>) {
-    match std::env::var("TESTBED_HOTPLUG").as_deref() {
-        Err(_) | Ok("") | Ok("subresource") => (HotplugMode::Subresource, None),
-        Ok("declarative") => (HotplugMode::Declarative, None),
-        Ok("both") => (HotplugMode::Declarative, Some(Gates::BOTH)),
-        Ok(other) => panic!(
-            "TESTBED_HOTPLUG={other:?}: expected \"subresource\", \"declarative\" or \"both\""
-        ),
-    }
-}
-
 impl Default for BedOptions {
     fn default() -> Self {
         BedOptions {
@@ -91,11 +79,23 @@ impl Default for BedOptions {
             keep_dir: std::env::var_os("TESTBED_KEEP_DIR").is_some(),
             real_node: false,
             real_node_charts: true,
-            hotplug: hotplug_from_env().0,
-            gates: hotplug_from_env().1,
+            hotplug: HotplugMode::Subresource,
+            gates: None,
             lb_webhook: Rules::from_env(),
             kubevirt: KubevirtLine::from_env(),
             lb_upstream: lb_upstream::from_env(),
+        }
+    }
+}
+
+impl BedOptions {
+    /// The options of a bed whose tests hot-plug: KubeVirt's own virt-api and virt-controller
+    /// of the line `TESTBED_KUBEVIRT` names, else of Harvester v1.7's line (KubeVirt v1.6.1,
+    /// `HotplugVolumes`), the oldest Harvester release the driver supports.
+    pub fn hotplugging() -> BedOptions {
+        BedOptions {
+            kubevirt: Some(KubevirtLine::from_env().unwrap_or(KubevirtLine::V1_6_HOTPLUG)),
+            ..BedOptions::default()
         }
     }
 }
@@ -224,9 +224,11 @@ impl TestBed {
         )
         .await?;
 
-        let kubevirt = match opts.kubevirt {
+        // KubeVirt starts serving while the rest of the bed is set up (nothing before the wait
+        // for it makes a KubeVirt object).
+        let mut kubevirt = match opts.kubevirt {
             Some(line) => Some(
-                RealKubevirt::start(line, &root, &pki, &harvester.client, &harvester.url).await?,
+                RealKubevirt::launch(line, &root, &pki, &harvester.client, &harvester.url).await?,
             ),
             None => None,
         };
@@ -264,45 +266,20 @@ impl TestBed {
         )
         .await?;
         sim.set_harvester(hotplug, gates).await?;
-        if kubevirt.is_none() {
-            register_virt_api(&harvester.client, &pki, sim.virt_api.port).await?;
-        }
-        let webhooks = WebhookServer::start(&pki).await?;
         if opts.lb_upstream.is_none() {
             sim.start_lb_controller();
-            crate::sim::lb_validator::install(&webhooks, harvester.client.clone(), &pki).await?;
-            crate::sim::lb_validator::wait_called(&harvester.client, &opts.vm_namespace).await?;
         }
-        let kubevirt_refusals = if kubevirt.is_none() {
-            let refusals =
-                crate::sim::kubevirt_webhook::install(&webhooks, &harvester.client, &pki).await?;
-            crate::sim::kubevirt_webhook::wait_called(&harvester.client, &opts.vm_namespace)
-                .await?;
-            refusals
-        } else {
-            Default::default()
-        };
-        crate::sim::backup_validator::install(&webhooks, harvester.client.clone(), &pki).await?;
-        crate::sim::backup_validator::wait_called(&harvester.client, &opts.vm_namespace).await?;
-        let lb_webhook = LbWebhook::install(&webhooks, harvester.client.clone(), opts.lb_webhook);
-        let lb_upstream = match &opts.lb_upstream {
-            None => {
-                lb_webhook
-                    .register(&webhooks, &harvester.client, &pki, &opts.vm_namespace)
-                    .await?;
-                None
+        let kubevirt_serving = async {
+            match kubevirt.as_mut() {
+                Some(k) => k.wait_serving(&harvester.client).await,
+                None => register_virt_api(&harvester.client, &pki, sim.virt_api.port).await,
             }
-            Some(bin_dir) => Some(
-                lb_upstream::LbUpstream::start(
-                    bin_dir,
-                    &root,
-                    &harvester.client,
-                    &cloud_config,
-                    &opts.vm_namespace,
-                )
-                .await?,
-            ),
         };
+        let (webhooks, kubevirt_refusals, lb_webhook, lb_upstream) = tokio::try_join!(
+            harvester_webhooks(&opts, &root, &pki, &harvester.client, &cloud_config),
+            kubevirt_serving
+        )?
+        .0;
         let cluster = if opts.real_node {
             Some(
                 GuestCluster::start(
@@ -394,6 +371,53 @@ impl TestBed {
             "this bed has no real guest cluster: start it with BedOptions { real_node: true, .. }",
         )
     }
+}
+
+/// The admission webhooks of the Harvester side (the stand-ins' LB and backup validators, the
+/// stand-in's KubeVirt webhooks when KubeVirt's own do not run, Harvester's LB mutating webhook)
+/// registered and called once each, or Harvester's real LB controller and webhook
+/// (`BedOptions::lb_upstream`).
+async fn harvester_webhooks(
+    opts: &BedOptions,
+    root: &std::path::Path,
+    pki: &Pki,
+    client: &kube::Client,
+    cloud_config: &std::path::Path,
+) -> Result<
+    (
+        WebhookServer,
+        crate::sim::kubevirt_webhook::Refusals,
+        LbWebhook,
+        Option<lb_upstream::LbUpstream>,
+    ),
+    BedError,
+> {
+    let ns = &opts.vm_namespace;
+    let webhooks = WebhookServer::start(pki).await?;
+    if opts.lb_upstream.is_none() {
+        crate::sim::lb_validator::install(&webhooks, client.clone(), pki).await?;
+        crate::sim::lb_validator::wait_called(client, ns).await?;
+    }
+    let kubevirt_refusals = if opts.kubevirt.is_none() {
+        let refusals = crate::sim::kubevirt_webhook::install(&webhooks, client, pki).await?;
+        crate::sim::kubevirt_webhook::wait_called(client, ns).await?;
+        refusals
+    } else {
+        Default::default()
+    };
+    crate::sim::backup_validator::install(&webhooks, client.clone(), pki).await?;
+    crate::sim::backup_validator::wait_called(client, ns).await?;
+    let lb_webhook = LbWebhook::install(&webhooks, client.clone(), opts.lb_webhook);
+    let lb_upstream = match &opts.lb_upstream {
+        None => {
+            lb_webhook.register(&webhooks, client, pki, ns).await?;
+            None
+        }
+        Some(bin_dir) => Some(
+            lb_upstream::LbUpstream::start(bin_dir, root, client, cloud_config, ns).await?,
+        ),
+    };
+    Ok((webhooks, kubevirt_refusals, lb_webhook, lb_upstream))
 }
 
 /// APIService `v1.subresources.kubevirt.io` -> ExternalName Service `kubevirt/virt-api` ->

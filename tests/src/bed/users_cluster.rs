@@ -22,7 +22,7 @@ pub const TRY_LB_SERVICE_NAME: &str = "web";
 pub async fn start() -> Result<TestBed, BedError> {
     let bed = TestBed::start(BedOptions {
         real_node: true,
-        ..BedOptions::default()
+        ..BedOptions::hotplugging()
     })
     .await?;
     bed.sim.create_pool(LB_POOL, LB_POOL_SUBNET).await?;

@@ -966,7 +966,7 @@ fn in_spec(vmi: &VirtualMachineInstance, name: &str) -> bool {
 /// QMP `blockdev-add` + `device_add scsi-hd` of the claim's device into the VM, then waits until
 /// the guest kernel has the disk (as virt-handler reports Ready once the domain has it); the
 /// target is the guest's disk name.
-async fn plug_into_vm(
+pub(crate) async fn plug_into_vm(
     ctx: &HotplugCtx,
     vm: &Arc<Vm>,
     ns: &str,
@@ -995,7 +995,7 @@ async fn plug_into_vm(
     Ok(target)
 }
 
-async fn unplug_from_vm(
+pub(crate) async fn unplug_from_vm(
     ctx: &HotplugCtx,
     vm: &Vm,
     ns: &str,

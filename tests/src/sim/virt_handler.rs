@@ -12,8 +12,9 @@
 //!   host without SELinux) and the interfaces the guest reports; a hot-plugged volume that
 //!   virt-controller marked `AttachedToNode` is mounted into the launcher Pod (`MountedToPod`)
 //!   after the bed's `hotplug_delay` (the time a real mount and attach take), then attached to
-//!   the domain: its disk shows up in the guest node's by-id directory (the
-//!   claim's loop device, as the stand-in's `link_disk`) and the volume is `Ready` with its
+//!   the domain: a QEMU guest behind the VMI gets the claim's loop device over QMP
+//!   (`device_add scsi-hd` with the disk's serial), any other VMI a link to it in the guest
+//!   node's by-id directory, and the volume is `Ready` with its
 //!   `target` (`updateHotplugVolumeStatus`); a volume gone from the spec is taken out of the
 //!   guest and marked `UnMountedFromPod` (`canUpdateToUnmounted`), upon which virt-controller
 //!   deletes the attachment Pod and the volume's status. Each volume virt-controller takes into
@@ -43,7 +44,10 @@ use serde_json::{Value, json};
 use harvester_common::harvester::kubevirt::VOLUME_READY;
 
 use super::storage::Storage;
-use super::virt_api::{BY_ID_PREFIX, HotplugCtx, VMI_ADD, VMI_REMOVE, link_disk};
+use super::virt_api::{
+    BY_ID_PREFIX, HotplugCtx, VMI_ADD, VMI_REMOVE, link_disk, plug_into_vm, unplug_from_vm,
+};
+use crate::real::vm::Vm;
 
 /// virt-handler's phase of a volume it unmounted from the launcher Pod (`HotplugVolumeUnMounted`).
 const UNMOUNTED: &str = "UnMountedFromPod";
@@ -65,14 +69,24 @@ pub struct NodePlay {
     storage: Arc<Storage>,
     hotplug: Arc<HotplugCtx>,
     guests: Mutex<HashMap<String, GuestReport>>,
-    /// `vmi/volume` -> the by-id link made for it.
-    links: Mutex<HashMap<String, PathBuf>>,
+    /// `vmi/volume` -> how its disk reached the guest.
+    plugged: Mutex<HashMap<String, Plugged>>,
     /// VMI UID -> the hot-pluggable volumes last seen in its spec.
     in_spec: Mutex<HashMap<String, HashSet<String>>>,
     /// `vmi/volume` of the attaches under way (each waits the bed's hot-plug delay).
     attaching: Mutex<HashSet<String>>,
     /// Hosts that lost power: their kubelet and virt-handler do nothing any more.
     lost_hosts: Mutex<HashSet<String>>,
+    /// VMIs whose guest does not boot yet: they stay `Scheduled` ([`NodePlay::hold_boot`]).
+    held: Mutex<HashSet<String>>,
+}
+
+/// How a hot-plugged disk reached its guest, to take it out again.
+enum Plugged {
+    /// A by-id link in the guest node's directory (no QEMU guest behind the VMI).
+    Link(PathBuf),
+    /// Plugged into the QEMU guest behind the VMI over QMP (`Sim::create_vm_backed`).
+    Guest { vm: Arc<Vm>, claim: String },
 }
 
 /// One step of virt-handler's sync of a VMI, planned from the VMI alone ([`plan`]).
@@ -235,10 +249,11 @@ impl NodePlay {
             storage,
             hotplug,
             guests: Default::default(),
-            links: Default::default(),
+            plugged: Default::default(),
             in_spec: Default::default(),
             attaching: Default::default(),
             lost_hosts: Default::default(),
+            held: Default::default(),
         })
     }
 
@@ -425,6 +440,9 @@ impl NodePlay {
                 continue;
             }
             for step in plan(&value) {
+                if step == Step::Run && self.is_held(&name) {
+                    continue;
+                }
                 let Step::Attach { volume, .. } = &step else {
                     self.sync_logged(&name, &step).await;
                     continue;
@@ -478,6 +496,31 @@ impl NodePlay {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(host.to_string());
+    }
+
+    /// The guest of VMI `name` does not boot until [`NodePlay::release_boot`]: its VMI stays
+    /// `Scheduled`, as while a VM starts.
+    pub fn hold_boot(&self, name: &str) {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_string());
+    }
+
+    /// The guest of VMI `name` boots now (if its VMI is `Scheduled`).
+    pub async fn release_boot(&self, name: &str) {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
+        self.sync_logged(name, &Step::Run).await;
+    }
+
+    fn is_held(&self, name: &str) -> bool {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(name)
     }
 
     fn is_lost(&self, host: &str) -> bool {
@@ -552,12 +595,26 @@ impl NodePlay {
                     return Ok(());
                 }
                 // Attached to the domain: the guest sees the disk.
-                let dir = self.hotplug.by_id_dir(name);
-                link_disk(&dir, serial, &backing.device).map_err(|e| e.to_string())?;
-                self.links.lock().unwrap_or_else(|p| p.into_inner()).insert(
-                    format!("{name}/{volume}"),
-                    dir.join(format!("{BY_ID_PREFIX}{serial}")),
-                );
+                let plugged = match self.hotplug.vm(name) {
+                    Some(vm) => {
+                        let ns = &self.namespace;
+                        plug_into_vm(&self.hotplug, &vm, ns, claim, volume, serial, &backing.device)
+                            .await?;
+                        Plugged::Guest {
+                            vm,
+                            claim: claim.clone(),
+                        }
+                    }
+                    None => {
+                        let dir = self.hotplug.by_id_dir(name);
+                        link_disk(&dir, serial, &backing.device).map_err(|e| e.to_string())?;
+                        Plugged::Link(dir.join(format!("{BY_ID_PREFIX}{serial}")))
+                    }
+                };
+                self.plugged
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(format!("{name}/{volume}"), plugged);
                 let ready = format!("Successfully attach hotplugged volume {volume} to VM");
                 let to = [VOLUME_READY, "VolumeReady", &ready];
                 self.move_volume(name, volume, &["MountedToPod"], to)
@@ -566,13 +623,13 @@ impl NodePlay {
             }
             Step::ShutDown => self.shut_down(name).await,
             Step::Detach { volume } => {
-                let link = self
-                    .links
+                let plugged = self
+                    .plugged
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(&format!("{name}/{volume}"));
-                if let Some(link) = link {
-                    let _ = std::fs::remove_file(link);
+                if let Some(plugged) = plugged {
+                    self.unplug(volume, plugged).await?;
                 }
                 let unmounted =
                     format!("Volume {volume} has been unmounted from virt-launcher pod");
@@ -590,17 +647,19 @@ impl NodePlay {
     /// once it is final (`pkg/virt-controller/watch/vmi/lifecycle.go` `sync`, `updateStatus`).
     async fn shut_down(&self, name: &str) -> Result<(), String> {
         let prefix = format!("{name}/");
-        let links: Vec<PathBuf> = {
-            let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-            let keys: Vec<String> = links
+        let plugged: Vec<(String, Plugged)> = {
+            let mut plugged = self.plugged.lock().unwrap_or_else(|p| p.into_inner());
+            let keys: Vec<String> = plugged
                 .keys()
                 .filter(|k| k.starts_with(&prefix))
                 .cloned()
                 .collect();
-            keys.iter().filter_map(|k| links.remove(k)).collect()
+            keys.into_iter()
+                .filter_map(|k| plugged.remove_entry(&k))
+                .collect()
         };
-        for link in links {
-            let _ = std::fs::remove_file(link);
+        for (key, disk) in plugged {
+            self.unplug(&key[prefix.len()..], disk).await?;
         }
         self.update(name, |vmi| {
             if !matches!(
@@ -614,6 +673,19 @@ impl NodePlay {
         })
         .await
         .map(|_| ())
+    }
+
+    /// Takes the disk of `volume` out of its guest: the by-id link removed, or a QMP unplug.
+    async fn unplug(&self, volume: &str, plugged: Plugged) -> Result<(), String> {
+        match plugged {
+            Plugged::Link(link) => {
+                let _ = std::fs::remove_file(link);
+                Ok(())
+            }
+            Plugged::Guest { vm, claim } => {
+                unplug_from_vm(&self.hotplug, &vm, &self.namespace, &claim, volume).await
+            }
+        }
     }
 
     /// Moves volume `volume`'s status from a phase of `from` to `to` (phase, reason, message),

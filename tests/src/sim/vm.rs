@@ -315,12 +315,7 @@ impl Sim {
     /// that is still schedulable (`pkg/virt-controller/watch/vm/vm.go`,
     /// `pkg/virt-controller/watch/vmi/lifecycle.go` `allPodsDeleted`).
     pub async fn lose_host(&self, host: &str) -> Result<(), BedError> {
-        let Some(play) = &self.node_play else {
-            return Err(BedError::Setup(
-                "a host's power loss is played under KubeVirt's own controllers only".into(),
-            ));
-        };
-        play.lose_host(host);
+        self.kubevirt_play("a host's power loss")?.lose_host(host);
         let pods: Api<k8s_openapi::api::core::v1::Pod> =
             Api::namespaced(self.harvester.clone(), &self.vm_namespace);
         let launchers = pods
@@ -356,14 +351,35 @@ impl Sim {
         Ok(())
     }
 
-    /// Under KubeVirt's own controllers: waits until VMI `name` is gone, or final (Succeeded or
-    /// Failed); virt-controller deletes it for a stopped VM.
-    async fn kubevirt_vmi_down(&self, name: &str) -> Result<(), BedError> {
-        self.wait_vmi(name, "down", |vmi| {
-            vmi.is_none_or(|v| matches!(phase(v), Some("Succeeded" | "Failed")))
-        })
+    /// Under KubeVirt's own controllers: waits until VMI `name` is gone (virt-controller
+    /// deletes it for a stopped VM) and the VM's `status.runStrategy` is `Halted`. Only then
+    /// does a later runStrategy edit start the VM: virt-controller starts a `RerunOnFailure` VM
+    /// that has no VMI only when coming from another strategy, as its status says
+    /// (kubevirt/kubevirt v1.6.1 `pkg/virt-controller/watch/vm/vm.go` `syncRunStrategy`).
+    async fn kubevirt_vm_halted(&self, name: &str) -> Result<(), BedError> {
+        self.wait_vmi(name, "gone", |vmi| vmi.is_none()).await?;
+        let vms = self.vms();
+        crate::util::wait::until(
+            &format!("VM {}/{name} status.runStrategy Halted", self.vm_namespace),
+            std::time::Duration::from_secs(60),
+            || {
+                let vms = vms.clone();
+                async move {
+                    let vm = vms.get(name).await.map_err(|e| e.to_string())?;
+                    let strategy = vm
+                        .status
+                        .and_then(|s| s.rest.get("runStrategy").cloned())
+                        .unwrap_or_default();
+                    Ok(if strategy == "Halted" {
+                        Ok(())
+                    } else {
+                        Err(strategy)
+                    })
+                }
+            },
+        )
         .await
-        .map(|_| ())
+        .map_err(BedError::Setup)
     }
 
     async fn create_vm_with(
@@ -423,9 +439,14 @@ impl Sim {
                 None
             }
         };
-        let interfaces = vec![vmi_interface("nic-1", GUEST_MAC, agent.as_ref())];
+        let interface = vmi_interface("nic-1", GUEST_MAC, agent.as_ref());
         let connected = agent.is_some().then(agent_connected);
-        self.create_vm_with(vm, interfaces, connected).await
+        if let Some(play) = &self.node_play {
+            return self
+                .create_kubevirt_vm(play, vm, interface, connected)
+                .await;
+        }
+        self.create_vm_with(vm, vec![interface], connected).await
     }
 
     async fn set_vm_status(
@@ -525,7 +546,7 @@ impl Sim {
     pub async fn stop_vm(&self, name: &str) -> Result<(), BedError> {
         if self.node_play.is_some() {
             self.set_run_strategy(name, "Halted").await?;
-            return self.kubevirt_vmi_down(name).await;
+            return self.kubevirt_vm_halted(name).await;
         }
         self.vms()
             .patch(
@@ -589,6 +610,82 @@ impl Sim {
             None,
         )
         .await
+    }
+
+    /// Under KubeVirt's own controllers: stops VM `name` and starts it again with its guest held
+    /// before boot, so that its new VMI stays `Scheduled` (the VM is starting) until
+    /// [`Sim::boot_vm`]. Returns that VMI.
+    pub async fn restart_vm_held(&self, name: &str) -> Result<VirtualMachineInstance, BedError> {
+        let play = self.kubevirt_play("restart_vm_held")?;
+        self.stop_vm(name).await?;
+        play.hold_boot(name);
+        self.set_run_strategy(name, "RerunOnFailure").await?;
+        self.wait_vmi(name, "Scheduled", |vmi| {
+            vmi.is_some_and(|v| phase(v) == Some("Scheduled"))
+        })
+        .await?
+        .ok_or_else(|| BedError::Api(format!("VMI {name} gone")))
+    }
+
+    /// Boots the guest [`Sim::restart_vm_held`] held; returns once its VMI runs.
+    pub async fn boot_vm(&self, name: &str) -> Result<VirtualMachineInstance, BedError> {
+        self.kubevirt_play("boot_vm")?.release_boot(name).await;
+        self.kubevirt_vmi_running(name, None).await
+    }
+
+    /// Volumes `volumes` leave VMI `name` while its VM spec keeps them (harvester/harvester
+    /// #10588). Under KubeVirt's own controllers through virt-api's VMI `removevolume`
+    /// (KubeVirt's path of a VMI-only unplug; the node play then takes each disk out of the
+    /// guest), else straight out of the stand-in's VMI spec and status.
+    pub async fn drop_from_vmi(&self, name: &str, volumes: &[&str]) -> Result<(), BedError> {
+        if self.node_play.is_none() {
+            update_vmi(&self.vmis(), name, |vmi| {
+                vmi.spec.volumes.retain(|v| !volumes.contains(&v.name.as_str()));
+                vmi.spec
+                    .domain
+                    .devices
+                    .disks
+                    .retain(|d| !volumes.contains(&d.name.as_str()));
+                if let Some(s) = vmi.status.as_mut() {
+                    s.volume_status
+                        .retain(|v| !volumes.contains(&v.name.as_str()));
+                }
+            })
+            .await?
+            .ok_or_else(|| BedError::Api(format!("VMI {name} not found")))?;
+            return Ok(());
+        }
+        for volume in volumes {
+            let url = format!(
+                "/apis/subresources.kubevirt.io/v1/namespaces/{}/virtualmachineinstances/{name}/removevolume",
+                self.vm_namespace
+            );
+            let body = serde_json::to_vec(&json!({"name": volume}))
+                .map_err(|e| BedError::Api(e.to_string()))?;
+            let request = http::Request::put(url)
+                .header("content-type", "application/json")
+                .body(body)
+                .map_err(|e| BedError::Api(e.to_string()))?;
+            self.harvester.request_text(request).await?;
+        }
+        self.wait_vmi(name, "without the dropped volumes", |vmi| {
+            vmi.is_some_and(|v| {
+                volumes.iter().all(|n| {
+                    !v.spec.volumes.iter().any(|x| x.name == *n) && v.volume_status(n).is_none()
+                })
+            })
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// The node play, or an error naming `what` needs KubeVirt's own controllers.
+    fn kubevirt_play(&self, what: &str) -> Result<&super::virt_handler::NodePlay, BedError> {
+        self.node_play.as_deref().ok_or_else(|| {
+            BedError::Setup(format!(
+                "{what} needs KubeVirt's own virt-api and virt-controller (BedOptions::kubevirt)"
+            ))
+        })
     }
 
     /// Deletes the VMI and the VM. Under KubeVirt's own controllers only the VM: virt-controller

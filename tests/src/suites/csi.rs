@@ -55,17 +55,19 @@ pub fn assert_root() {
     );
 }
 
+/// A bed to hot-plug on: KubeVirt's own virt-api and virt-controller ([`BedOptions::hotplugging`]).
 pub async fn bed() -> TestBed {
-    TestBed::started().await
+    TestBed::started_with(BedOptions::hotplugging()).await
 }
 
 pub async fn bed_with(opts: BedOptions) -> TestBed {
     TestBed::started_with(opts).await
 }
 
-/// A bed with Harvester's default StorageClass, a host and the running guest VM [`NODE`].
+/// A bed to hot-plug on ([`bed`]) with Harvester's default StorageClass, a host and the running
+/// guest VM [`NODE`].
 pub async fn bed_with_vm() -> TestBed {
-    bed_with_vm_and(BedOptions::default()).await
+    bed_with_vm_and(BedOptions::hotplugging()).await
 }
 
 /// [`bed_with_vm`] on a bed started with `opts`.

@@ -29,7 +29,7 @@ use futures::StreamExt;
 use harvester_common::harvester::VirtualMachineInstance;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::runtime::{WatchStreamExt, watcher};
-use testbed::sim::virt_api::{BY_ID_PREFIX, update_vmi};
+use testbed::sim::virt_api::BY_ID_PREFIX;
 
 use super::*;
 
@@ -58,7 +58,7 @@ struct Disk {
 pub async fn attachments_heal_at_the_attachers_resync(bed: &TestBed, real: &GuestCluster) {
     assert!(
         !bed.sim.hotplug.gates().declarative_controller(),
-        "run this suite with the bed's default hot-plug gates (TESTBED_HOTPLUG unset)"
+        "run this suite with the bed's default KubeVirt line (TESTBED_KUBEVIRT unset)"
     );
     let mut disks = Vec::new();
     for (claim, pod_name) in [("heal-a", "heal-a-user"), ("heal-b", "heal-b-user")] {
@@ -95,24 +95,19 @@ pub async fn attachments_heal_at_the_attachers_resync(bed: &TestBed, real: &Gues
         spec.domain.devices.disks.retain(|d| d.name != b);
     })
     .await;
-    update_vmi(&vmis, NODE, |vmi| {
-        vmi.spec.volumes.retain(|v| v.name != a && v.name != b);
-        vmi.spec
-            .domain
-            .devices
-            .disks
-            .retain(|d| d.name != a && d.name != b);
-        if let Some(s) = vmi.status.as_mut() {
-            s.volume_status.retain(|v| v.name != a && v.name != b);
-        }
-    })
-    .await
-    .expect("dropping the disks from the VMI")
-    .expect("the VMI exists");
+    bed.sim
+        .drop_from_vmi(NODE, &[a.as_str(), b.as_str()])
+        .await
+        .expect("dropping the disks from the VMI");
     for d in &disks {
-        // The guest lost the device: its udev link goes with it.
-        std::fs::remove_file(by_id(&d.serial))
-            .unwrap_or_else(|e| panic!("removing {}: {e}", by_id(&d.serial).display()));
+        // The guest lost the device: its udev link goes with it (KubeVirt's node side may have
+        // taken it already).
+        let link = by_id(&d.serial);
+        match std::fs::remove_file(&link) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => panic!("removing {}: {e}", link.display()),
+        }
     }
     let removed = Instant::now();
     eprintln!("disks {a} (VMI only) and {b} (VM spec and VMI) removed behind the driver's back");
