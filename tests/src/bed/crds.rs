@@ -24,6 +24,10 @@ pub(crate) const CRDS: [(&str, &str); 6] = [
     ("networkfs.yaml", include_str!("../../crds/networkfs.yaml")),
 ];
 
+/// Multus' NetworkAttachmentDefinition CRD, which Harvester installs: virt-controller reads a VM's
+/// Multus network from it, and Harvester's real LB controller watches it.
+pub(crate) const NAD_CRD: (&str, &str) = ("nad.yaml", include_str!("../../crds/nad.yaml"));
+
 /// `server-version` the bed gives Harvester for each hot-plug mode.
 pub fn server_version_for(mode: HotplugMode) -> &'static str {
     match mode {

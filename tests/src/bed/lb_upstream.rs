@@ -15,14 +15,12 @@ use kube::api::{Api, DynamicObject, PostParams};
 
 use crate::BedError;
 use crate::bed::apply::apply_yaml;
-use crate::bed::crds::{crd_names, wait_established};
+use crate::bed::crds::{NAD_CRD, install_crd_yaml};
 use crate::sim::{lb_validator, lb_webhook};
 use crate::util::process::{Proc, tail};
 
 /// The variable naming the directory with the two binaries.
 pub const ENV: &str = "TESTBED_LB_UPSTREAM";
-
-const NAD_CRD: &str = include_str!("../../crds/nad.yaml");
 
 const SERVICE: &str = "apiVersion: v1
 kind: Service
@@ -76,8 +74,7 @@ impl LbUpstream {
                 )));
             }
         }
-        apply_yaml(client, NAD_CRD, "default").await?;
-        wait_established(client, crd_names(NAD_CRD)).await?;
+        install_crd_yaml(client, NAD_CRD.0, NAD_CRD.1).await?;
         apply_yaml(client, SERVICE, "harvester-system").await?;
 
         let command = |bin: &str, args: &[&str]| {

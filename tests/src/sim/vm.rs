@@ -161,10 +161,10 @@ impl Sim {
     /// `RerunOnFailure`, as Rancher's Harvester node driver makes it: harvester/
     /// docker-machine-driver-harvester `harvester/create.go`), through virt-api's webhooks; virt-controller makes the VMI and its launcher Pod, the node
     /// play ([`super::virt_handler`]) runs them. Returns once the VMI is Running, with the host's
-    /// topology copied onto it as Harvester's VMI controller does. The guest's NIC is on the
-    /// Pod network: for a Multus network virt-controller reads its NetworkAttachmentDefinition
-    /// to render the launcher Pod (kubevirt/kubevirt v1.7.0 `pkg/network/multus/nad.go`
-    /// `NetworkToResource`), a CRD the bed does not have.
+    /// topology copied onto it as Harvester's VMI controller does. The guest's NIC is bridged
+    /// to the VM's Multus network, as a Harvester VM network is; its NetworkAttachmentDefinition
+    /// is made first, since virt-controller reads it to render the launcher Pod
+    /// (kubevirt/kubevirt v1.6.1 `pkg/network/multus/nad.go` `NetworkToResource`).
     async fn create_kubevirt_vm(
         &self,
         play: &super::virt_handler::NodePlay,
@@ -172,10 +172,7 @@ impl Sim {
         interface: Interface,
         conditions: Option<serde_json::Value>,
     ) -> Result<(VirtualMachine, VirtualMachineInstance), BedError> {
-        let interface = Interface {
-            name: "default".into(),
-            ..interface
-        };
+        self.ensure_network(&vm.network).await?;
         play.expect_guest(
             &vm.name,
             super::virt_handler::GuestReport {
@@ -197,9 +194,10 @@ impl Sim {
                             {"key": "kubernetes.io/hostname", "operator": "In", "values": [vm.host]}]}}]}},
                     "domain": {
                         "devices": {"disks": [{"name": "rootdisk", "disk": {"bus": "virtio"}}],
-                                    "interfaces": [{"name": "default", "masquerade": {}}]},
+                                    "interfaces": [{"name": interface.name, "bridge": {},
+                                                    "macAddress": interface.mac}]},
                         "resources": {"requests": {"memory": "64Mi"}}},
-                    "networks": [{"name": "default", "pod": {}}],
+                    "networks": [{"name": interface.name, "multus": {"networkName": vm.network}}],
                     "volumes": [{"name": "rootdisk", "containerDisk":
                                  {"image": "quay.io/kubevirt/cirros-container-disk-demo"}}]}}}
         }))
@@ -207,6 +205,23 @@ impl Sim {
         self.vms().create(&PostParams::default(), &object).await?;
         let vmi = self.kubevirt_vmi_running(&vm.name, None).await?;
         Ok((self.vms().get(&vm.name).await?, vmi))
+    }
+
+    /// The NetworkAttachmentDefinition `network` (`namespace/name`) in the shape Harvester gives a
+    /// VM network on its management cluster network (a `bridge` CNI config on `mgmt-br`).
+    async fn ensure_network(&self, network: &str) -> Result<(), BedError> {
+        let (ns, name) = network.split_once('/').unwrap_or(("default", network));
+        let config = json!({"cniVersion": "0.3.1", "name": name, "type": "bridge",
+                            "bridge": "mgmt-br", "promiscMode": true, "vlan": 0, "ipam": {}});
+        crate::bed::apply::apply_value(
+            &self.harvester,
+            json!({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+                   "metadata": {"name": name, "namespace": ns},
+                   "spec": {"config": config.to_string()}}),
+            ns,
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Waits until virt-controller's VMI `name` (another than the one with UID `not_uid`) is

@@ -147,6 +147,9 @@ pub fn virt_api_answer(verb: &str, e: &HotplugError) -> VirtApiAnswer {
         }
         // Any other conflict is the VM changing under the request.
         (_, 409) => VirtApiAnswer::Race,
+        (_, 400) if m.contains(HOTPLUG_GATES_OFF) => VirtApiAnswer::Refused(format!(
+            "KubeVirt's hot-plug is switched off on Harvester: {m}"
+        )),
         _ => VirtApiAnswer::Failed,
     }
 }
@@ -157,6 +160,12 @@ pub fn patch_lost_race(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s)
         if s.code == 409 || (s.code == 422 && s.message.contains(PATCH_TEST_FAILED)))
 }
+
+/// virt-api's answer (400) to `addvolume`/`removevolume` with neither hot-plug feature gate on
+/// (kubevirt/kubevirt v1.6.1, v1.7.0, v1.8.0 `pkg/virt-api/rest/volumes.go`
+/// `hotplugVolumeNotEnabledError`): the cluster's configuration, not a bad request of ours.
+const HOTPLUG_GATES_OFF: &str =
+    "Enable DeclarativeHotplugVolumes or HotplugVolumes feature gate to use this API.";
 
 /// kube-apiserver's whole message for a JSON patch whose `test` failed.
 const PATCH_TEST_FAILED: &str = "the server rejected our request due to an error in our request";
@@ -351,7 +360,7 @@ mod tests {
     }
 
     /// kubevirt/kubevirt v1.6.0-v1.8.3 pkg/virt-api/rest/volumes.go: (verb, code, text) -> meaning.
-    fn virt_api_rows() -> [(&'static str, u16, &'static str, VirtApiAnswer); 14] {
+    fn virt_api_rows() -> [(&'static str, u16, &'static str, VirtApiAnswer); 16] {
         use VirtApiAnswer::*;
         [
             (
@@ -437,6 +446,14 @@ mod tests {
                 "virtualmachine.kubevirt.io \"w1\" not found",
                 Done,
             ),
+            // Neither hot-plug gate on: refused until an administrator enables one.
+            (
+                "addvolume",
+                400,
+                "Enable DeclarativeHotplugVolumes or HotplugVolumes feature gate to use this API.",
+                Refused(String::new()),
+            ),
+            ("addvolume", 400, "AddVolumeOptions requires name to be set", Failed),
             ("addvolume", 500, "unable to patch vm status: boom", Failed),
         ]
     }
