@@ -341,7 +341,11 @@ async fn the_mode_follows_server_version_and_an_unreadable_setting_fails_loudly(
     wait_readyz(port, true, "ready on Harvester v1.7").await;
     let dir = bed.dir.path().to_path_buf();
     let v1 = create_and_publish(&d, "before-upgrade", 64 << 20, &mount(), &dir).await;
-    assert_eq!(bed.sim.hotplug.plugs(NODE, &v1.id), 1, "v1.7: hot-plugged once");
+    assert_eq!(
+        bed.sim.hotplug.plugs(NODE, &v1.id),
+        1,
+        "v1.7: hot-plugged once"
+    );
 
     // The setting disappears (or RBAC takes it away): not ready, and publish says why.
     let settings: Api<Setting> = Api::all(bed.sim.harvester.clone());

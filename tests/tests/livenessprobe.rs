@@ -7,8 +7,8 @@
 //! f3b0982dcec9e3293a7549c25d7266ca028fac01): the healthy body is `ok`, a failed check is HTTP
 //! 500 with the error's text, and the two flag conflicts are refused with status 1.
 
-use testbed::suites::csi as common;
 use testbed::TestBed;
+use testbed::suites::csi as common;
 
 use std::path::Path;
 use std::process::Command;

@@ -2,8 +2,8 @@
 //! on the registration socket gets what the kubelet needs; a failed registration ends the
 //! process with status 1; bad flags and a missing driver are named.
 
-use testbed::suites::csi as common;
 use testbed::BedOptions;
+use testbed::suites::csi as common;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

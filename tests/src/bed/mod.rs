@@ -418,9 +418,9 @@ async fn harvester_webhooks(
             lb_webhook.register(&webhooks, client, pki, ns).await?;
             None
         }
-        Some(bin_dir) => Some(
-            lb_upstream::LbUpstream::start(bin_dir, root, client, cloud_config, ns).await?,
-        ),
+        Some(bin_dir) => {
+            Some(lb_upstream::LbUpstream::start(bin_dir, root, client, cloud_config, ns).await?)
+        }
     };
     Ok((webhooks, kubevirt_refusals, lb_webhook, lb_upstream))
 }

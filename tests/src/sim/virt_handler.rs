@@ -598,8 +598,16 @@ impl NodePlay {
                 let plugged = match self.hotplug.vm(name) {
                     Some(vm) => {
                         let ns = &self.namespace;
-                        plug_into_vm(&self.hotplug, &vm, ns, claim, volume, serial, &backing.device)
-                            .await?;
+                        plug_into_vm(
+                            &self.hotplug,
+                            &vm,
+                            ns,
+                            claim,
+                            volume,
+                            serial,
+                            &backing.device,
+                        )
+                        .await?;
                         Plugged::Guest {
                             vm,
                             claim: claim.clone(),

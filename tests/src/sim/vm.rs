@@ -655,7 +655,9 @@ impl Sim {
     pub async fn drop_from_vmi(&self, name: &str, volumes: &[&str]) -> Result<(), BedError> {
         if self.node_play.is_none() {
             update_vmi(&self.vmis(), name, |vmi| {
-                vmi.spec.volumes.retain(|v| !volumes.contains(&v.name.as_str()));
+                vmi.spec
+                    .volumes
+                    .retain(|v| !volumes.contains(&v.name.as_str()));
                 vmi.spec
                     .domain
                     .devices

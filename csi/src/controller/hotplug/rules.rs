@@ -453,7 +453,12 @@ mod tests {
                 "Enable DeclarativeHotplugVolumes or HotplugVolumes feature gate to use this API.",
                 Refused(String::new()),
             ),
-            ("addvolume", 400, "AddVolumeOptions requires name to be set", Failed),
+            (
+                "addvolume",
+                400,
+                "AddVolumeOptions requires name to be set",
+                Failed,
+            ),
             ("addvolume", 500, "unable to patch vm status: boom", Failed),
         ]
     }
