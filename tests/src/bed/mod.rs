@@ -115,8 +115,6 @@ pub struct TestBed {
     pub lb_webhook: LbWebhook,
     /// The HTTPS server every admission webhook of the bed is served by ([`crate::sim::webhook`]).
     pub webhooks: WebhookServer,
-    /// Every refusal of KubeVirt's validating webhooks ([`crate::sim::kubevirt_webhook`]).
-    pub kubevirt_refusals: crate::sim::kubevirt_webhook::Refusals,
     pub guest: ApiServer,
     pub harvester: ApiServer,
     pub etcd: Etcd,
@@ -280,7 +278,7 @@ impl TestBed {
                 None => register_virt_api(&harvester.client, &pki, sim.virt_api.port).await,
             }
         };
-        let (webhooks, kubevirt_refusals, lb_webhook, lb_upstream) = tokio::try_join!(
+        let (webhooks, lb_webhook, lb_upstream) = tokio::try_join!(
             harvester_webhooks(&opts, &root, &pki, &harvester.client, &cloud_config),
             kubevirt_serving
         )?
@@ -317,7 +315,6 @@ impl TestBed {
             kubevirt,
             lb_webhook,
             webhooks,
-            kubevirt_refusals,
             guest,
             harvester,
             etcd,
@@ -346,10 +343,6 @@ impl TestBed {
         wait_virt_api_available(&self.harvester.client).await?;
         crate::sim::lb_webhook::wait_called(&self.harvester.client, &self.vm_namespace).await?;
         crate::sim::lb_validator::wait_called(&self.harvester.client, &self.vm_namespace).await?;
-        if self.kubevirt.is_none() {
-            crate::sim::kubevirt_webhook::wait_called(&self.harvester.client, &self.vm_namespace)
-                .await?;
-        }
         crate::sim::backup_validator::wait_called(&self.harvester.client, &self.vm_namespace).await
     }
 
@@ -378,38 +371,22 @@ impl TestBed {
     }
 }
 
-/// The admission webhooks of the Harvester side (the stand-ins' LB and backup validators, the
-/// stand-in's KubeVirt webhooks when KubeVirt's own do not run, Harvester's LB mutating webhook)
-/// registered and called once each, or Harvester's real LB controller and webhook
-/// (`BedOptions::lb_upstream`).
+/// The admission webhooks of the Harvester side (the stand-ins' LB and backup validators,
+/// Harvester's LB mutating webhook) registered and called once each, or Harvester's real LB
+/// controller and webhook (`BedOptions::lb_upstream`).
 async fn harvester_webhooks(
     opts: &BedOptions,
     root: &std::path::Path,
     pki: &Pki,
     client: &kube::Client,
     cloud_config: &std::path::Path,
-) -> Result<
-    (
-        WebhookServer,
-        crate::sim::kubevirt_webhook::Refusals,
-        LbWebhook,
-        Option<lb_upstream::LbUpstream>,
-    ),
-    BedError,
-> {
+) -> Result<(WebhookServer, LbWebhook, Option<lb_upstream::LbUpstream>), BedError> {
     let ns = &opts.vm_namespace;
     let webhooks = WebhookServer::start(pki).await?;
     if opts.lb_upstream.is_none() {
         crate::sim::lb_validator::install(&webhooks, client.clone(), pki).await?;
         crate::sim::lb_validator::wait_called(client, ns).await?;
     }
-    let kubevirt_refusals = if opts.kubevirt.is_none() {
-        let refusals = crate::sim::kubevirt_webhook::install(&webhooks, client, pki).await?;
-        crate::sim::kubevirt_webhook::wait_called(client, ns).await?;
-        refusals
-    } else {
-        Default::default()
-    };
     crate::sim::backup_validator::install(&webhooks, client.clone(), pki).await?;
     crate::sim::backup_validator::wait_called(client, ns).await?;
     let lb_webhook = LbWebhook::install(&webhooks, client.clone(), opts.lb_webhook);
@@ -422,7 +399,7 @@ async fn harvester_webhooks(
             Some(lb_upstream::LbUpstream::start(bin_dir, root, client, cloud_config, ns).await?)
         }
     };
-    Ok((webhooks, kubevirt_refusals, lb_webhook, lb_upstream))
+    Ok((webhooks, lb_webhook, lb_upstream))
 }
 
 /// APIService `v1.subresources.kubevirt.io` -> ExternalName Service `kubevirt/virt-api` ->

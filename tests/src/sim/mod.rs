@@ -7,7 +7,6 @@ pub mod backup;
 pub mod backup_validator;
 pub mod cache;
 pub mod ipam;
-pub mod kubevirt_webhook;
 pub mod lb;
 pub mod lb_validator;
 pub mod lb_webhook;
