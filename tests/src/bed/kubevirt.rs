@@ -9,6 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
+use futures::{StreamExt, TryStreamExt};
 use harvester_common::harvester::HotplugMode;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -337,8 +338,21 @@ impl RealKubevirt {
     }
 }
 
-/// What virt-operator would install for the line: `install-manifests --namespace kubevirt`.
+/// What virt-operator would install for the line: `install-manifests --namespace kubevirt`, run
+/// and parsed (about a second: some 60 000 lines of YAML) once per line in a test process.
 fn install_manifests(line: &KubevirtLine, dir: &Path) -> Result<Vec<Value>, BedError> {
+    static PARSED: std::sync::Mutex<Vec<(&'static str, Vec<Value>)>> =
+        std::sync::Mutex::new(Vec::new());
+    let mut parsed = PARSED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, docs)) = parsed.iter().find(|(v, _)| *v == line.version) {
+        return Ok(docs.clone());
+    }
+    let docs = run_install_manifests(line, dir)?;
+    parsed.push((line.version, docs.clone()));
+    Ok(docs)
+}
+
+fn run_install_manifests(line: &KubevirtLine, dir: &Path) -> Result<Vec<Value>, BedError> {
     let bin = line.binary("install-manifests")?;
     let out = Command::new(&bin)
         .args(["--namespace", NAMESPACE])
@@ -403,14 +417,20 @@ async fn install(
     let (crds, rest): (Vec<Value>, Vec<Value>) = docs
         .into_iter()
         .partition(|d| d["kind"] == "CustomResourceDefinition");
-    let mut names = Vec::new();
-    for crd in crds {
-        names.extend(apply_value(client, crd, NAMESPACE).await?.metadata.name);
-    }
+    let names: Vec<String> = futures::stream::iter(crds)
+        .map(|crd| apply_value(client, crd, NAMESPACE))
+        .buffer_unordered(8)
+        .map_ok(|applied| applied.metadata.name.unwrap_or_default())
+        .try_collect()
+        .await?;
     wait_established(client, names).await?;
-    for doc in rest {
-        apply_value(client, doc, NAMESPACE).await?;
-    }
+    // Independent objects (RBAC, ServiceAccounts, webhook configurations, the admission
+    // policy): applied side by side.
+    futures::stream::iter(rest)
+        .map(|doc| apply_value(client, doc, NAMESPACE))
+        .buffer_unordered(8)
+        .try_collect::<Vec<_>>()
+        .await?;
     let yaml = format!(
         r#"apiVersion: v1
 kind: Service
