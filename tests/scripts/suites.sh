@@ -27,7 +27,7 @@
 # of Go builds each on a fresh machine, 0.04 s of checks once built) are built the same way, in the
 # same background session (one Go build at a time beside the lanes): first v1.6.1 and v1.7.0, for
 # every suite that hot-plugs and the CSI suites' reruns (build `kubevirt-first`), then the node
-# tools, then v1.8.0 for csi-sanity and the suite kubevirt_real, last in their lanes (build
+# tools, then v1.8.0 for the suite kubevirt_real and csi-sanity, last in lane `machine` (build
 # `kubevirt`).
 #
 #   tests/scripts/suites.sh          # both lanes
@@ -53,8 +53,9 @@ NEEDS_NODE_TOOLS=(real_cluster install_docs images)
 # (BedOptions::hotplugging: v1.6.1 with HotplugVolumes, Harvester v1.7's line, unless
 # TESTBED_KUBEVIRT names another); they wait for the build kubevirt-first.
 HOTPLUGGING=(csi_sanity csi_node csi_hardening chaos_csi csi_backup deploy_rbac csi_listing
-  csi_tenancy ops_csi contract_hotplug guest_vm csi_rwx)
-# The suite that runs every KubeVirt line: it waits for kubevirt.sh (lane `bed`, last).
+  csi_tenancy ops_csi contract_hotplug contract_kubevirt_admission csi_hotplug_mode guest_vm csi_rwx)
+# The suite that runs every KubeVirt line: it waits for kubevirt.sh (lane `machine`, last, where
+# it balances the lanes).
 NEEDS_KUBEVIRT=(kubevirt_real)
 # The CSI suites again under each other gate set Harvester can run: v1.8's
 # DeclarativeHotplugVolumes alone (KubeVirt v1.7.0) and (a focused subset) both gates.
@@ -123,9 +124,6 @@ lane_bed() {
   wait_build node-tools
   # shellcheck disable=SC2046
   $CARGO test --workspace $(tests_args "${BED_LATE[@]}")
-  wait_build kubevirt
-  # shellcheck disable=SC2046
-  $CARGO test --workspace $(tests_args "${NEEDS_KUBEVIRT[@]}")
 }
 lane_machine() {
   # shellcheck disable=SC2046
@@ -143,6 +141,8 @@ lane_machine() {
   # shellcheck disable=SC2046
   $CARGO test --workspace $(tests_args "${MACHINE_LATE[@]}")
   wait_build kubevirt
+  # shellcheck disable=SC2046
+  $CARGO test --workspace $(tests_args "${NEEDS_KUBEVIRT[@]}")
   say "csi-sanity on real KubeVirt v1.8.0 (TESTBED_KUBEVIRT=v1.8-declarative)"
   # shellcheck disable=SC2046
   TESTBED_KUBEVIRT=v1.8-declarative $CARGO test --workspace $(tests_args "${CSI_OTHER_LINES[@]}") $(rerun_filter)
