@@ -179,9 +179,11 @@ async fn heals(
         d.claim,
         removed.elapsed().as_secs_f64()
     );
+    // KubeVirt stores the VM spec and the VMI apart (virt-controller's VM sync), so the three
+    // are waited for together.
     wait::until(
         &format!(
-            "disk {} Ready in the VMI again with its by-id link",
+            "disk {} Ready in the VMI again with its by-id link, and in the VM spec",
             d.handle
         ),
         REPAIR,
@@ -194,26 +196,23 @@ async fn heals(
                     .and_then(|v| v.phase.clone())
             });
             let linked = by_id(&d.serial).exists();
-            Ok(if phase.as_deref() == Some("Ready") && linked {
+            let vm = vms.get(NODE).await.map_err(|e| e.to_string())?;
+            let in_vm = vm
+                .spec
+                .template
+                .spec
+                .volumes
+                .iter()
+                .any(|v| v.name == d.handle);
+            Ok(if phase.as_deref() == Some("Ready") && linked && in_vm {
                 Ok(())
             } else {
-                Err((phase, linked))
+                Err((phase, linked, in_vm))
             })
         },
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
-    let vm = vms.get(NODE).await.expect("VM");
-    assert!(
-        vm.spec
-            .template
-            .spec
-            .volumes
-            .iter()
-            .any(|v| v.name == d.handle),
-        "{} is back in the VM spec",
-        d.handle
-    );
     eprintln!(
         "disk of {} attached again {:.1}s after the removal",
         d.claim,
