@@ -36,17 +36,21 @@ pub fn server_version_for(mode: HotplugMode) -> &'static str {
     }
 }
 
-/// Every CRD of [`CRDS`]; without `kubevirt.yaml` when KubeVirt's own install brings the
-/// KubeVirt CRDs ([`crate::bed::kubevirt`]).
+/// Every CRD of [`CRDS`]. With KubeVirt's own binaries (`kubevirt_own`, [`crate::bed::kubevirt`])
+/// their install brings the KubeVirt CRDs instead of `kubevirt.yaml`, and [`NAD_CRD`] comes too:
+/// their virt-controller reads a VM's Multus network.
 pub(crate) async fn install_crds(
     client: &kube::Client,
-    with_kubevirt: bool,
+    kubevirt_own: bool,
 ) -> Result<(), BedError> {
     for (file, yaml) in CRDS {
-        if file == "kubevirt.yaml" && !with_kubevirt {
+        if file == "kubevirt.yaml" && kubevirt_own {
             continue;
         }
         install_crd_yaml(client, file, yaml).await?;
+    }
+    if kubevirt_own {
+        install_crd_yaml(client, NAD_CRD.0, NAD_CRD.1).await?;
     }
     Ok(())
 }

@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -216,8 +217,14 @@ impl RealKubevirt {
             KeyUsage::ServerAuth,
         )?;
         let virt_api_port = free_port()?;
-        let apiservices =
-            install(client, &manifests, &pki.ca.cert_pem, virt_api_port, &line).await?;
+        let apiservices = install(
+            client,
+            &manifests.docs,
+            &pki.ca.cert_pem,
+            virt_api_port,
+            &line,
+        )
+        .await?;
 
         let mut kubeconfigs = Vec::new();
         for sa in [
@@ -338,27 +345,38 @@ impl RealKubevirt {
     }
 }
 
-/// What virt-operator would install for the line: `install-manifests --namespace kubevirt`, run
-/// and parsed (about a second: some 60 000 lines of YAML) once per line in a test process.
-fn install_manifests(line: &KubevirtLine, dir: &Path) -> Result<Vec<Value>, BedError> {
-    static PARSED: std::sync::Mutex<Vec<(&'static str, Vec<Value>)>> =
-        std::sync::Mutex::new(Vec::new());
-    let mut parsed = PARSED.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((_, docs)) = parsed.iter().find(|(v, _)| *v == line.version) {
-        return Ok(docs.clone());
-    }
-    let docs = run_install_manifests(line, dir)?;
-    parsed.push((line.version, docs.clone()));
-    Ok(docs)
+/// `install-manifests --namespace kubevirt` of one line: its output and the objects in it.
+struct Manifests {
+    yaml: Vec<u8>,
+    docs: Vec<Value>,
 }
 
-fn run_install_manifests(line: &KubevirtLine, dir: &Path) -> Result<Vec<Value>, BedError> {
+/// What virt-operator would install for the line: `install-manifests --namespace kubevirt`, run
+/// and parsed (about a second: some 60 000 lines of YAML) once per line in a test process; its
+/// output is written to the bed's `kubevirt-install.yaml`.
+fn install_manifests(line: &KubevirtLine, dir: &Path) -> Result<Arc<Manifests>, BedError> {
+    static PARSED: Mutex<Vec<(&'static str, Arc<Manifests>)>> = Mutex::new(Vec::new());
+    let manifests = {
+        let mut parsed = PARSED.lock().unwrap_or_else(|p| p.into_inner());
+        match parsed.iter().find(|(v, _)| *v == line.version) {
+            Some((_, m)) => m.clone(),
+            None => {
+                let m = Arc::new(run_install_manifests(line)?);
+                parsed.push((line.version, m.clone()));
+                m
+            }
+        }
+    };
+    let _ = std::fs::write(dir.join("kubevirt-install.yaml"), &manifests.yaml);
+    Ok(manifests)
+}
+
+fn run_install_manifests(line: &KubevirtLine) -> Result<Manifests, BedError> {
     let bin = line.binary("install-manifests")?;
     let out = Command::new(&bin)
         .args(["--namespace", NAMESPACE])
         .output()
         .map_err(|e| BedError::Setup(format!("running {}: {e}", bin.display())))?;
-    let _ = std::fs::write(dir.join("kubevirt-install.yaml"), &out.stdout);
     if !out.status.success() {
         return Err(BedError::Setup(format!(
             "{} failed: {}",
@@ -368,7 +386,10 @@ fn run_install_manifests(line: &KubevirtLine, dir: &Path) -> Result<Vec<Value>, 
     }
     let docs: Vec<Value> = serde_saphyr::from_multiple(&String::from_utf8_lossy(&out.stdout))
         .map_err(|e| BedError::Setup(format!("parsing install-manifests' output: {e}")))?;
-    Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
+    Ok(Manifests {
+        yaml: out.stdout,
+        docs: docs.into_iter().filter(|d| !d.is_null()).collect(),
+    })
 }
 
 /// The manifests with the bed's changes: virt-api's CA as the `caBundle` of every webhook and

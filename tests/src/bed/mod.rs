@@ -27,9 +27,7 @@ use kube::api::Api;
 use crate::bed::apply::apply_yaml;
 use crate::bed::certs::Pki;
 use crate::bed::cluster::{ApiServer, ApiServerArgs, Etcd, kubeconfig_text};
-use crate::bed::crds::{
-    CRDS, NAD_CRD, crd_names, install_crd_yaml, install_crds, wait_established,
-};
+use crate::bed::crds::{CRDS, crd_names, install_crds, wait_established};
 use crate::bed::guest_cluster::GuestCluster;
 use crate::bed::kubevirt::{KubevirtLine, RealKubevirt};
 use crate::sim::lb_webhook::{LbWebhook, Rules};
@@ -211,10 +209,7 @@ impl TestBed {
         )
         .map_err(|e| BedError::Setup(format!("writing the cloud-config: {e}")))?;
 
-        install_crds(&harvester.client, opts.kubevirt.is_none()).await?;
-        if opts.kubevirt.is_some() {
-            install_crd_yaml(&harvester.client, NAD_CRD.0, NAD_CRD.1).await?;
-        }
+        install_crds(&harvester.client, opts.kubevirt.is_some()).await?;
         let namespaces = format!(
             "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {}}}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: kubevirt}}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: harvester-system}}\n",
             opts.vm_namespace

@@ -648,30 +648,11 @@ impl Sim {
         self.kubevirt_vmi_running(name, None).await
     }
 
-    /// Volumes `volumes` leave VMI `name` while its VM spec keeps them (harvester/harvester
-    /// #10588). Under KubeVirt's own controllers through virt-api's VMI `removevolume`
-    /// (KubeVirt's path of a VMI-only unplug; the node play then takes each disk out of the
-    /// guest), else straight out of the stand-in's VMI spec and status.
+    /// Under KubeVirt's own controllers: volumes `volumes` leave VMI `name` while its VM spec
+    /// keeps them (harvester/harvester #10588), through virt-api's VMI `removevolume` (KubeVirt's
+    /// path of a VMI-only unplug; the node play then takes each disk out of the guest).
     pub async fn drop_from_vmi(&self, name: &str, volumes: &[&str]) -> Result<(), BedError> {
-        if self.node_play.is_none() {
-            update_vmi(&self.vmis(), name, |vmi| {
-                vmi.spec
-                    .volumes
-                    .retain(|v| !volumes.contains(&v.name.as_str()));
-                vmi.spec
-                    .domain
-                    .devices
-                    .disks
-                    .retain(|d| !volumes.contains(&d.name.as_str()));
-                if let Some(s) = vmi.status.as_mut() {
-                    s.volume_status
-                        .retain(|v| !volumes.contains(&v.name.as_str()));
-                }
-            })
-            .await?
-            .ok_or_else(|| BedError::Api(format!("VMI {name} not found")))?;
-            return Ok(());
-        }
+        self.kubevirt_play("drop_from_vmi")?;
         for volume in volumes {
             let url = format!(
                 "/apis/subresources.kubevirt.io/v1/namespaces/{}/virtualmachineinstances/{name}/removevolume",
